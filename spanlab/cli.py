@@ -1,0 +1,100 @@
+"""The ``spanlab`` command. Each subcommand is a thin shell over a library function.
+
+Run ``spanlab --help`` for the list.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.table import Table
+
+from spanlab.errors import SpanlabError
+from spanlab.store import sql as sqlmod
+
+app = typer.Typer(
+    name="spanlab",
+    help="Optimize LLM agents from their own traces: record exact token IDs, query spans with SQL, train.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+DbOption = Annotated[
+    Path | None,
+    typer.Option("--db", help="span store file (default: $SPANLAB_DB, else ./spanlab.duckdb)", show_default=False),
+]
+
+
+@app.callback()
+def _main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug logging")] = False) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(message)s",
+        handlers=[RichHandler(console=Console(stderr=True), show_path=False)],
+    )
+
+
+def _fail(exc: Exception) -> None:
+    Console(stderr=True).print(f"[bold red]error:[/] {exc}", markup=True, highlight=False)
+    raise typer.Exit(2)
+
+
+@app.command()
+def sql(
+    query: Annotated[str, typer.Argument(help="SQL to run against the span store (read-only)")],
+    db: DbOption = None,
+    format: Annotated[sqlmod.OutputFormat, typer.Option("--format", "-f", help="table | csv | json")] = "table",
+    max_rows: Annotated[int, typer.Option(help="rows shown in table format (csv/json print all)")] = 100,
+) -> None:
+    """Query spans with SQL: views llm_calls, rewards, rollout_summary; tables rollouts, attempts, spans."""
+    try:
+        path = sqlmod.resolve_db(db)
+        table = sqlmod.run_query(path, query, max_rows=max_rows + 1 if format == "table" else None)
+    except SpanlabError as exc:
+        _fail(exc)
+        return
+    if format == "csv":
+        sys.stdout.write(sqlmod.to_csv(table))
+    elif format == "json":
+        sys.stdout.write(sqlmod.to_json(table) + "\n")
+    else:
+        out = Table(*table.column_names, show_lines=False)
+        for i, row in enumerate(sqlmod.rows(table)):
+            if i == max_rows:
+                break
+            out.add_row(*(sqlmod.cell_text(v) for v in row.values()))
+        console = Console()
+        console.print(out)
+        more = " (more rows: raise --max-rows or use --format csv)" if table.num_rows > max_rows else ""
+        console.print(f"{min(table.num_rows, max_rows)} rows{more}", style="dim")
+
+
+@app.command()
+def demo(
+    db: DbOption = None,
+    rollouts: Annotated[int, typer.Option(help="how many rollouts to simulate")] = 24,
+    seed: Annotated[int, typer.Option(help="random seed")] = 0,
+) -> None:
+    """Write a small synthetic run (rollouts, LLM calls with token IDs, rewards, one retry) and summarize it.
+
+    No model is involved: token IDs are random. It shows the store, the queue and the SQL views.
+    """
+    from spanlab.demo import run_demo
+
+    try:
+        path = sqlmod.resolve_db(db)
+        summary = run_demo(path, n_rollouts=rollouts, seed=seed)
+    except SpanlabError as exc:
+        _fail(exc)
+        return
+    Console().print(summary)
+
+
+if __name__ == "__main__":
+    app()

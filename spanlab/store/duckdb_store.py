@@ -1,0 +1,301 @@
+"""The DuckDB span store: rollout queue, spans with exact token IDs, versioned resources.
+
+One ``SpanStore`` owns one DuckDB file (DuckDB lets a single process write it). All mutations run
+under one lock and inside a transaction, so the queue is atomic across threads; reads use their own
+cursor and stream Arrow batches. A write call that returns has committed to DuckDB's WAL: a SIGKILL
+afterwards loses nothing.
+
+    store = SpanStore("runs/spans.duckdb")
+    rollout, attempt = store.dequeue(worker_id="w0")
+    store.add_spans([...]); store.finish_attempt(attempt.attempt_id, "succeeded")
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+from pydantic import ValidationError
+
+from spanlab.errors import InvalidSpanError, NotFoundError, StoreError
+from spanlab.store import queue
+from spanlab.store.arrow import spans_to_arrow
+from spanlab.store.base import StoreAPI
+from spanlab.store.connection import MEMORY, connect, cursor, dumps, fetch_dicts, loads
+from spanlab.store.ingest import AttemptIndex, check_batch, check_json_sizes
+from spanlab.store.schema import SCHEMA_VERSION, SPAN_COLUMNS, TABLES_DDL
+from spanlab.store.views import VIEWS_DDL
+from spanlab.types import Attempt, FinishedAttemptStatus, Resource, ResourceKind, Rollout, Span
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_TOKENS_PER_SPAN = 1_048_576
+DEFAULT_MAX_JSON_BYTES = 16 * 1024 * 1024
+
+
+class SpanStore(StoreAPI):
+    """DuckDB-backed store. ``path=":memory:"`` gives a throwaway store for tests and notebooks."""
+
+    def __init__(
+        self,
+        path: str | Path = MEMORY,
+        *,
+        max_tokens_per_span: int = DEFAULT_MAX_TOKENS_PER_SPAN,
+        max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
+        stale_check_interval_s: float = 1.0,
+    ) -> None:
+        self.path = str(path)
+        self.max_tokens_per_span = max_tokens_per_span
+        self.max_json_bytes = max_json_bytes
+        self._stale_check_interval_s = stale_check_interval_s
+        self._last_stale_check = 0.0
+        self._lock = threading.RLock()
+        self._conn = connect(self.path)
+        self._index = AttemptIndex()
+        self._closed = False
+        self._init_schema()
+
+    # --- lifecycle -----------------------------------------------------------------------------
+    def _init_schema(self) -> None:
+        try:
+            with self._transaction() as cur:
+                cur.execute(TABLES_DDL)
+                row = cur.execute("SELECT value FROM spanlab_meta WHERE key = 'schema_version'").fetchone()
+                if row is None:
+                    cur.execute("INSERT INTO spanlab_meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+                elif int(row[0]) > SCHEMA_VERSION:
+                    raise StoreError(
+                        f"{self.path} was written by a newer spanlab (schema {row[0]} > {SCHEMA_VERSION}); "
+                        "upgrade spanlab"
+                    )
+                cur.execute(VIEWS_DDL)
+        except StoreError:
+            self._conn.close()
+            raise
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                if self.path != MEMORY:
+                    self._conn.execute("CHECKPOINT")
+            finally:
+                self._conn.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """Lock + BEGIN/COMMIT; DuckDB errors become ``StoreError`` and roll back."""
+        with self._lock:
+            if self._closed:
+                raise StoreError("the span store is closed")
+            cur = self._conn
+            cur.execute("BEGIN TRANSACTION")
+            try:
+                yield cur
+                cur.execute("COMMIT")
+            except BaseException as exc:
+                cur.execute("ROLLBACK")
+                if isinstance(exc, duckdb.Error):
+                    raise StoreError(f"span store {self.path}: {exc}") from exc
+                raise
+
+    def _cursor(self) -> duckdb.DuckDBPyConnection:
+        with self._lock:
+            if self._closed:
+                raise StoreError("the span store is closed")
+            return cursor(self._conn, self.path)
+
+    # --- rollout queue -------------------------------------------------------------------------
+    def enqueue(self, rollouts: Sequence[Rollout]) -> list[Rollout]:
+        rollouts = [_validated(Rollout, r, i) for i, r in enumerate(rollouts)]
+        if not rollouts:
+            return []
+        ids = [r.rollout_id for r in rollouts]
+        if len(set(ids)) != len(ids):
+            raise InvalidSpanError("enqueue: the batch repeats a rollout_id")
+        tbl = queue.rollouts_to_arrow(rollouts)
+        with self._transaction() as cur:
+            dup = cur.execute(
+                "SELECT rollout_id FROM rollouts WHERE rollout_id IN (SELECT unnest(?::VARCHAR[])) LIMIT 1", [ids]
+            ).fetchone()
+            if dup:
+                raise InvalidSpanError(f"enqueue: rollout_id {dup[0]!r} already exists")
+            cur.register("_new_rollouts", tbl)
+            try:
+                cur.execute(f"INSERT INTO rollouts ({queue.ROLLOUT_COLUMNS}) SELECT * FROM _new_rollouts")
+            finally:
+                cur.unregister("_new_rollouts")
+        return rollouts
+
+    def dequeue(self, worker_id: str | None = None, mode: str | None = None) -> tuple[Rollout, Attempt] | None:
+        now = time.time()
+        self._maybe_expire(now)
+        with self._transaction() as cur:
+            got = queue.dequeue(cur, worker_id, now, mode)
+        if got is not None:
+            with self._lock:
+                self._index.add_attempt(got[1].attempt_id, got[1].rollout_id)
+        return got
+
+    def heartbeat(self, attempt_id: str) -> Attempt:
+        with self._transaction() as cur:
+            return queue.heartbeat(cur, attempt_id, time.time())
+
+    def finish_attempt(self, attempt_id: str, status: FinishedAttemptStatus) -> Rollout:
+        if status not in ("failed", "succeeded", "timeout", "unresponsive"):
+            raise InvalidSpanError(
+                f"finish_attempt: status must be failed|succeeded|timeout|unresponsive, not {status!r}"
+            )
+        with self._transaction() as cur:
+            return queue.finish_attempt(cur, attempt_id, status, time.time())
+
+    def expire_stale_attempts(self) -> list[Attempt]:
+        with self._transaction() as cur:
+            expired = queue.expire_stale_attempts(cur, time.time())
+        for a in expired:
+            logger.warning("attempt %s of rollout %s ended %s", a.attempt_id, a.rollout_id, a.status)
+        return expired
+
+    def _maybe_expire(self, now: float) -> None:
+        if now - self._last_stale_check >= self._stale_check_interval_s:
+            self._last_stale_check = now
+            self.expire_stale_attempts()
+
+    def cancel_rollout(self, rollout_id: str) -> Rollout:
+        with self._transaction() as cur:
+            return queue.cancel_rollout(cur, rollout_id, time.time())
+
+    def get_rollout(self, rollout_id: str) -> Rollout:
+        return queue.get_rollout(self._cursor(), rollout_id)
+
+    def get_attempt(self, attempt_id: str) -> Attempt:
+        return queue.get_attempt(self._cursor(), attempt_id)
+
+    def list_rollouts(
+        self, *, status: str | None = None, mode: str | None = None, limit: int = 1000, offset: int = 0
+    ) -> list[Rollout]:
+        where, params = _where({"status": status, "mode": mode})
+        rows = fetch_dicts(
+            self._cursor().execute(
+                f"SELECT {queue.ROLLOUT_COLUMNS} FROM rollouts {where} ORDER BY enqueue_time, rollout_id "
+                "LIMIT ? OFFSET ?",
+                [*params, limit, offset],
+            )
+        )
+        return [queue.row_to_rollout(r) for r in rows]
+
+    def list_attempts(self, rollout_id: str) -> list[Attempt]:
+        rows = fetch_dicts(
+            self._cursor().execute(
+                f"SELECT {queue.ATTEMPT_COLUMNS} FROM attempts WHERE rollout_id = ? ORDER BY sequence_id", [rollout_id]
+            )
+        )
+        return [queue.row_to_attempt(r) for r in rows]
+
+    # --- spans ---------------------------------------------------------------------------------
+    def add_spans(self, spans: Sequence[Span]) -> int:
+        spans = [_validated(Span, s, i) for i, s in enumerate(spans)]
+        if not spans:
+            return 0
+        check_batch(spans, self.max_tokens_per_span)
+        with self._lock:
+            fresh = self._index.new_spans(self._conn, spans)
+            if not fresh:
+                return 0
+            tbl = spans_to_arrow(fresh)
+            check_json_sizes(tbl, self.max_json_bytes)
+            with self._transaction() as cur:
+                cur.register("_new_spans", tbl)
+                try:
+                    cur.execute(f"INSERT INTO spans ({', '.join(SPAN_COLUMNS)}) SELECT * FROM _new_spans")
+                finally:
+                    cur.unregister("_new_spans")
+            self._index.mark_stored(fresh)
+        return len(fresh)
+
+    def spans_reader(
+        self,
+        *,
+        rollout_ids: Sequence[str] | None = None,
+        attempt_ids: Sequence[str] | None = None,
+        kinds: Sequence[str] | None = None,
+        columns: Sequence[str] | None = None,
+        batch_size: int = 1024,
+    ) -> pa.RecordBatchReader:
+        cols = list(columns) if columns else list(SPAN_COLUMNS)
+        unknown = [c for c in cols if c not in SPAN_COLUMNS]
+        if unknown:
+            raise InvalidSpanError(f"unknown span columns {unknown}; known: {', '.join(SPAN_COLUMNS)}")
+        where, params = _where_in({"rollout_id": rollout_ids, "attempt_id": attempt_ids, "kind": kinds})
+        sql = f"SELECT {', '.join(cols)} FROM spans {where} ORDER BY rollout_id, attempt_id, sequence_id"
+        try:
+            return self._cursor().sql(sql, params=params).to_arrow_reader(batch_size)
+        except duckdb.Error as exc:
+            raise StoreError(f"cannot read spans: {exc}") from exc
+
+    # --- resources -----------------------------------------------------------------------------
+    def add_resource(self, name: str, payload: dict[str, Any], kind: ResourceKind = "other") -> Resource:
+        res = _validated(Resource, {"name": name, "payload": payload, "kind": kind}, 0)
+        with self._transaction() as cur:
+            (latest,) = cur.execute("SELECT max(version) FROM resources WHERE name = ?", [name]).fetchone()
+            res.version = (latest or 0) + 1
+            cur.execute(
+                "INSERT INTO resources VALUES (?, ?, ?, ?, ?)",
+                [res.name, res.version, res.kind, dumps(res.payload), res.created_time],
+            )
+        return res
+
+    def get_resource(self, name: str, version: int | None = None) -> Resource:
+        sql = "SELECT * FROM resources WHERE name = ? "
+        sql += "AND version = ?" if version is not None else "ORDER BY version DESC LIMIT 1"
+        rows = fetch_dicts(self._cursor().execute(sql, [name] + ([version] if version is not None else [])))
+        if not rows:
+            raise NotFoundError(f"unknown resource {name!r}" + (f" version {version}" if version else ""))
+        return _row_to_resource(rows[0])
+
+    def list_resources(self, name: str | None = None) -> list[Resource]:
+        where, params = _where({"name": name})
+        rows = fetch_dicts(self._cursor().execute(f"SELECT * FROM resources {where} ORDER BY name, version", params))
+        return [_row_to_resource(r) for r in rows]
+
+    # --- SQL -----------------------------------------------------------------------------------
+    def query(self, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
+        try:
+            return self._cursor().sql(sql, params=list(params or [])).to_arrow_table()
+        except duckdb.Error as exc:
+            raise StoreError(f"query failed: {exc}") from exc
+
+
+def _validated(model: type, value: Any, index: int) -> Any:
+    """Accept a model instance or a dict; turn pydantic's error into one that names the item."""
+    if isinstance(value, model):
+        return value
+    try:
+        return model.model_validate(value)
+    except ValidationError as exc:
+        raise InvalidSpanError(
+            f"{model.__name__} #{index} is invalid; nothing of this batch was stored:\n{exc}"
+        ) from exc
+
+
+def _where(equals: dict[str, Any]) -> tuple[str, list[Any]]:
+    parts = [(f"{k} = ?", v) for k, v in equals.items() if v is not None]
+    return ("WHERE " + " AND ".join(p for p, _ in parts) if parts else ""), [v for _, v in parts]
+
+
+def _where_in(lists: dict[str, Sequence[str] | None]) -> tuple[str, list[Any]]:
+    parts = [(f"{k} IN (SELECT unnest(?::VARCHAR[]))", list(v)) for k, v in lists.items() if v is not None]
+    return ("WHERE " + " AND ".join(p for p, _ in parts) if parts else ""), [v for _, v in parts]
+
+
+def _row_to_resource(row: dict[str, Any]) -> Resource:
+    return Resource(**{**row, "payload": loads(row["payload"]) or {}})

@@ -1,0 +1,210 @@
+"""The rollout queue as plain SQL functions over one DuckDB connection.
+
+Callers (``SpanStore``) hold the store's lock and run each function inside a transaction, so a
+dequeue that picks a rollout and creates its attempt is atomic: two workers never get the same
+rollout. The retry policy lives in :func:`next_rollout_status`, one pure function that tests can
+read like a table.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from spanlab.errors import NotFoundError
+from spanlab.store.connection import dumps, fetch_dicts, loads
+from spanlab.types import (
+    ACTIVE_ATTEMPT_STATUSES,
+    Attempt,
+    FinishedAttemptStatus,
+    Rollout,
+    RolloutConfig,
+    RolloutStatus,
+    new_id,
+)
+
+ROLLOUT_COLUMNS = (
+    "rollout_id, input, mode, status, resources_version, timeout_s, unresponsive_s, max_attempts, "
+    "retry_on, metadata, enqueue_time, start_time, end_time, num_attempts"
+)
+ATTEMPT_COLUMNS = (
+    "attempt_id, rollout_id, sequence_id, worker_id, status, start_time, end_time, last_heartbeat_time, metadata"
+)
+
+
+def rollouts_to_arrow(rollouts: list[Rollout]) -> pa.Table:
+    return pa.table(
+        {
+            "rollout_id": [r.rollout_id for r in rollouts],
+            "input": [dumps(r.input) for r in rollouts],
+            "mode": [r.mode for r in rollouts],
+            "status": [r.status for r in rollouts],
+            "resources_version": pa.array([r.resources_version for r in rollouts], pa.string()),
+            "timeout_s": pa.array([r.config.timeout_s for r in rollouts], pa.float64()),
+            "unresponsive_s": pa.array([r.config.unresponsive_s for r in rollouts], pa.float64()),
+            "max_attempts": pa.array([r.config.max_attempts for r in rollouts], pa.int32()),
+            "retry_on": pa.array([list(r.config.retry_on) for r in rollouts], pa.list_(pa.string())),
+            "metadata": [dumps(r.metadata) for r in rollouts],
+            "enqueue_time": pa.array([r.enqueue_time for r in rollouts], pa.float64()),
+            "start_time": pa.array([r.start_time for r in rollouts], pa.float64()),
+            "end_time": pa.array([r.end_time for r in rollouts], pa.float64()),
+            "num_attempts": pa.array([r.num_attempts for r in rollouts], pa.int32()),
+        }
+    )
+
+
+def row_to_rollout(row: dict[str, Any]) -> Rollout:
+    return Rollout(
+        rollout_id=row["rollout_id"],
+        input=loads(row["input"]),
+        mode=row["mode"],
+        status=row["status"],
+        resources_version=row["resources_version"],
+        config=RolloutConfig(
+            timeout_s=row["timeout_s"],
+            unresponsive_s=row["unresponsive_s"],
+            max_attempts=row["max_attempts"],
+            retry_on=tuple(row["retry_on"]),
+        ),
+        metadata=loads(row["metadata"]) or {},
+        enqueue_time=row["enqueue_time"],
+        start_time=row["start_time"],
+        end_time=row["end_time"],
+        num_attempts=row["num_attempts"],
+    )
+
+
+def row_to_attempt(row: dict[str, Any]) -> Attempt:
+    return Attempt(**{**row, "metadata": loads(row["metadata"]) or {}})
+
+
+def get_rollout(cur: duckdb.DuckDBPyConnection, rollout_id: str) -> Rollout:
+    rows = fetch_dicts(cur.execute(f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = ?", [rollout_id]))
+    if not rows:
+        raise NotFoundError(f"unknown rollout_id {rollout_id!r}")
+    return row_to_rollout(rows[0])
+
+
+def get_attempt(cur: duckdb.DuckDBPyConnection, attempt_id: str) -> Attempt:
+    rows = fetch_dicts(cur.execute(f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE attempt_id = ?", [attempt_id]))
+    if not rows:
+        raise NotFoundError(f"unknown attempt_id {attempt_id!r}")
+    return row_to_attempt(rows[0])
+
+
+def next_rollout_status(rollout: Rollout, attempt_status: FinishedAttemptStatus) -> RolloutStatus:
+    """Where a rollout goes when its current attempt ends with ``attempt_status``."""
+    if rollout.status == "cancelled":
+        return "cancelled"
+    if attempt_status == "succeeded":
+        return "succeeded"
+    retryable = attempt_status in rollout.config.retry_on
+    if retryable and rollout.num_attempts < rollout.config.max_attempts:
+        return "requeuing"
+    return "failed"
+
+
+def dequeue(
+    cur: duckdb.DuckDBPyConnection, worker_id: str | None, now: float, mode: str | None = None
+) -> tuple[Rollout, Attempt] | None:
+    """Pick the oldest waiting rollout and open its next attempt (caller holds a transaction)."""
+    mode_sql, params = ("AND mode = ?", [mode]) if mode else ("", [])
+    rows = fetch_dicts(
+        cur.execute(
+            f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE status IN ('queuing', 'requeuing') {mode_sql} "
+            "ORDER BY enqueue_time, rollout_id LIMIT 1",
+            params,
+        )
+    )
+    if not rows:
+        return None
+    rollout = row_to_rollout(rows[0])
+    attempt = Attempt(
+        rollout_id=rollout.rollout_id,
+        attempt_id=new_id("at"),
+        sequence_id=rollout.num_attempts + 1,
+        worker_id=worker_id,
+        status="preparing",
+        start_time=now,
+        last_heartbeat_time=now,
+    )
+    cur.execute(
+        f"INSERT INTO attempts ({ATTEMPT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?)",
+        [attempt.attempt_id, attempt.rollout_id, attempt.sequence_id, worker_id, "preparing", now, now, "{}"],
+    )
+    cur.execute(
+        "UPDATE rollouts SET status = 'preparing', num_attempts = num_attempts + 1, "
+        "start_time = coalesce(start_time, ?) WHERE rollout_id = ?",
+        [now, rollout.rollout_id],
+    )
+    rollout = rollout.model_copy(
+        update={"status": "preparing", "num_attempts": attempt.sequence_id, "start_time": rollout.start_time or now}
+    )
+    return rollout, attempt
+
+
+def heartbeat(cur: duckdb.DuckDBPyConnection, attempt_id: str, now: float) -> Attempt:
+    """Mark an attempt alive (and running); returns it so a worker can see it was timed out meanwhile."""
+    attempt = get_attempt(cur, attempt_id)
+    if attempt.status not in ACTIVE_ATTEMPT_STATUSES:
+        return attempt
+    cur.execute(
+        "UPDATE attempts SET last_heartbeat_time = ?, status = 'running' WHERE attempt_id = ?", [now, attempt_id]
+    )
+    cur.execute(
+        "UPDATE rollouts SET status = 'running' WHERE rollout_id = ? AND status = 'preparing'", [attempt.rollout_id]
+    )
+    return attempt.model_copy(update={"status": "running", "last_heartbeat_time": now})
+
+
+def finish_attempt(
+    cur: duckdb.DuckDBPyConnection, attempt_id: str, status: FinishedAttemptStatus, now: float
+) -> Rollout:
+    """End an active attempt and apply the retry policy; an already-ended attempt is left as it is."""
+    attempt = get_attempt(cur, attempt_id)
+    rollout = get_rollout(cur, attempt.rollout_id)
+    if attempt.status not in ACTIVE_ATTEMPT_STATUSES:
+        return rollout
+    cur.execute("UPDATE attempts SET status = ?, end_time = ? WHERE attempt_id = ?", [status, now, attempt_id])
+    new_status = next_rollout_status(rollout, status)
+    end_time = rollout.end_time if new_status in ("requeuing", "cancelled") else now
+    cur.execute(
+        "UPDATE rollouts SET status = ?, end_time = ? WHERE rollout_id = ?", [new_status, end_time, rollout.rollout_id]
+    )
+    return rollout.model_copy(update={"status": new_status, "end_time": end_time})
+
+
+def expire_stale_attempts(cur: duckdb.DuckDBPyConnection, now: float) -> list[Attempt]:
+    """Time out attempts past ``timeout_s`` and mark silent ones ``unresponsive``; retry per policy."""
+    rows = cur.execute(
+        """
+        SELECT a.attempt_id,
+               CASE WHEN r.timeout_s IS NOT NULL AND ? - a.start_time > r.timeout_s THEN 'timeout'
+                    ELSE 'unresponsive' END AS verdict
+        FROM attempts a JOIN rollouts r USING (rollout_id)
+        WHERE a.status IN ('preparing', 'running')
+          AND ((r.timeout_s IS NOT NULL AND ? - a.start_time > r.timeout_s)
+            OR (r.unresponsive_s IS NOT NULL AND ? - coalesce(a.last_heartbeat_time, a.start_time) > r.unresponsive_s))
+        """,
+        [now, now, now],
+    ).fetchall()
+    expired = []
+    for attempt_id, verdict in rows:
+        finish_attempt(cur, attempt_id, verdict, now)
+        expired.append(get_attempt(cur, attempt_id))
+    return expired
+
+
+def cancel_rollout(cur: duckdb.DuckDBPyConnection, rollout_id: str, now: float) -> Rollout:
+    rollout = get_rollout(cur, rollout_id)
+    if rollout.status in ("succeeded", "failed", "cancelled"):
+        return rollout
+    cur.execute(
+        "UPDATE attempts SET status = 'failed', end_time = ? "
+        "WHERE rollout_id = ? AND status IN ('preparing', 'running')",
+        [now, rollout_id],
+    )
+    cur.execute("UPDATE rollouts SET status = 'cancelled', end_time = ? WHERE rollout_id = ?", [now, rollout_id])
+    return rollout.model_copy(update={"status": "cancelled", "end_time": now})

@@ -1,0 +1,120 @@
+"""DuckDB tables of the span store and the Arrow schema spans are ingested with.
+
+Token IDs are ``INTEGER[]`` and logprobs ``FLOAT[]``: a column store keeps them compact and reads
+them back as Arrow list arrays without ever building Python ints. Everything the user might want to
+filter on (kind, model, finish reason, reward value, token counts) is its own column; free-form
+payloads (messages, tools, attributes) are JSON.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+
+TABLES_DDL = """
+CREATE TABLE IF NOT EXISTS spanlab_meta (
+    key VARCHAR PRIMARY KEY,
+    value VARCHAR
+);
+CREATE TABLE IF NOT EXISTS rollouts (
+    rollout_id VARCHAR PRIMARY KEY,
+    input JSON,
+    mode VARCHAR NOT NULL,
+    status VARCHAR NOT NULL,
+    resources_version VARCHAR,
+    timeout_s DOUBLE,
+    unresponsive_s DOUBLE,
+    max_attempts INTEGER NOT NULL,
+    retry_on VARCHAR[] NOT NULL,
+    metadata JSON,
+    enqueue_time DOUBLE NOT NULL,
+    start_time DOUBLE,
+    end_time DOUBLE,
+    num_attempts INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS attempts (
+    attempt_id VARCHAR PRIMARY KEY,
+    rollout_id VARCHAR NOT NULL,
+    sequence_id INTEGER NOT NULL,
+    worker_id VARCHAR,
+    status VARCHAR NOT NULL,
+    start_time DOUBLE NOT NULL,
+    end_time DOUBLE,
+    last_heartbeat_time DOUBLE,
+    metadata JSON
+);
+CREATE TABLE IF NOT EXISTS spans (
+    -- no PRIMARY KEY: an ART index cuts ingest ~4x; the store dedupes span_id per attempt itself
+    span_id VARCHAR NOT NULL,
+    rollout_id VARCHAR,
+    attempt_id VARCHAR,
+    sequence_id INTEGER NOT NULL,
+    parent_id VARCHAR,
+    name VARCHAR NOT NULL,
+    kind VARCHAR NOT NULL,
+    start_time DOUBLE NOT NULL,
+    end_time DOUBLE,
+    status VARCHAR NOT NULL,
+    attributes JSON,
+    model VARCHAR,
+    request_messages JSON,
+    request_tools JSON,
+    response_message JSON,
+    finish_reason VARCHAR,
+    prompt_token_ids INTEGER[],
+    response_token_ids INTEGER[],
+    response_logprobs FLOAT[],
+    loss_mask UTINYINT[],
+    prompt_tokens INTEGER,
+    completion_tokens INTEGER,
+    total_tokens INTEGER,
+    reward_name VARCHAR,
+    reward_value DOUBLE,
+    reward_call_span_id VARCHAR
+);
+CREATE TABLE IF NOT EXISTS resources (
+    name VARCHAR NOT NULL,
+    version INTEGER NOT NULL,
+    kind VARCHAR NOT NULL,
+    payload JSON,
+    created_time DOUBLE NOT NULL,
+    PRIMARY KEY (name, version)
+);
+"""
+
+SPAN_ARROW_SCHEMA = pa.schema(
+    [
+        ("span_id", pa.string()),
+        ("rollout_id", pa.string()),
+        ("attempt_id", pa.string()),
+        ("sequence_id", pa.int32()),
+        ("parent_id", pa.string()),
+        ("name", pa.string()),
+        ("kind", pa.string()),
+        ("start_time", pa.float64()),
+        ("end_time", pa.float64()),
+        ("status", pa.string()),
+        ("attributes", pa.string()),
+        ("model", pa.string()),
+        ("request_messages", pa.string()),
+        ("request_tools", pa.string()),
+        ("response_message", pa.string()),
+        ("finish_reason", pa.string()),
+        ("prompt_token_ids", pa.list_(pa.int32())),
+        ("response_token_ids", pa.list_(pa.int32())),
+        ("response_logprobs", pa.list_(pa.float32())),
+        ("loss_mask", pa.list_(pa.uint8())),
+        ("prompt_tokens", pa.int32()),
+        ("completion_tokens", pa.int32()),
+        ("total_tokens", pa.int32()),
+        ("reward_name", pa.string()),
+        ("reward_value", pa.float64()),
+        ("reward_call_span_id", pa.string()),
+    ]
+)
+
+SPAN_COLUMNS: tuple[str, ...] = tuple(SPAN_ARROW_SCHEMA.names)
+JSON_SPAN_COLUMNS: frozenset[str] = frozenset(
+    {"attributes", "request_messages", "request_tools", "response_message"}
+)

@@ -1,0 +1,239 @@
+"""The data model every spanlab component speaks: rollouts, attempts, spans, rewards, resources.
+
+Pydantic models sit at the boundaries (store API, HTTP, config) and validate on construction, so a
+span that reaches the store is already well-formed: token IDs are real ints (never strings or
+floats), logprobs are finite floats, an ``llm_call`` span carries its LLM fields and a ``reward``
+span its reward. Timestamps are Unix epoch seconds (float) to keep conversions cheap.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+
+from spanlab.vectors import float_vector, int_vector, to_list
+
+RolloutStatus = Literal["queuing", "preparing", "running", "failed", "succeeded", "cancelled", "requeuing"]
+AttemptStatus = Literal["preparing", "running", "failed", "succeeded", "timeout", "unresponsive"]
+FinishedAttemptStatus = Literal["failed", "succeeded", "timeout", "unresponsive"]
+RetryableStatus = Literal["failed", "timeout", "unresponsive"]
+RolloutMode = Literal["train", "val", "test"]
+SpanKind = Literal["llm_call", "tool_call", "reward", "message", "custom"]
+SpanStatus = Literal["ok", "error", "unset"]
+ResourceKind = Literal["prompt_template", "model_checkpoint", "lora_adapter", "llm_endpoint", "other"]
+
+TERMINAL_ROLLOUT_STATUSES: frozenset[str] = frozenset({"failed", "succeeded", "cancelled"})
+ACTIVE_ATTEMPT_STATUSES: frozenset[str] = frozenset({"preparing", "running"})
+
+MAX_TOKEN_ID = 2**31 - 1  # stored as INTEGER (int32)
+
+
+_ListSerializer = PlainSerializer(to_list, when_used="json")
+# PlainValidator: our NumPy check is the whole validation (pydantic must not walk elements again).
+TokenIds = Annotated[
+    Any,
+    PlainValidator(lambda v: int_vector(v, "token IDs", 0, MAX_TOKEN_ID, np.int32)),
+    _ListSerializer,
+    WithJsonSchema({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": MAX_TOKEN_ID}}),
+]
+LossMask = Annotated[
+    Any,
+    PlainValidator(lambda v: int_vector(v, "loss_mask", 0, 1, np.uint8)),
+    _ListSerializer,
+    WithJsonSchema({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 1}}),
+]
+Logprobs = Annotated[
+    Any,
+    PlainValidator(lambda v: float_vector(v, "response_logprobs")),
+    _ListSerializer,
+    WithJsonSchema({"type": "array", "items": {"type": "number"}}),
+]
+
+
+def now() -> float:
+    return time.time()
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:16]}"
+
+
+class StrictModel(BaseModel):
+    """Base for boundary models: unknown keys are an error, not silently dropped."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class RolloutConfig(StrictModel):
+    """Per-rollout policy: how long an attempt may run and when a failed attempt is retried."""
+
+    timeout_s: float | None = Field(default=None, gt=0, description="wall-clock limit per attempt")
+    unresponsive_s: float | None = Field(default=None, gt=0, description="max seconds between heartbeats")
+    max_attempts: int = Field(default=1, ge=1)
+    retry_on: tuple[RetryableStatus, ...] = ("failed", "timeout", "unresponsive")
+
+
+class Rollout(StrictModel):
+    """One task to run: its input, which split it belongs to, and where it stands in the queue."""
+
+    rollout_id: str = Field(default_factory=lambda: new_id("ro"), min_length=1)
+    input: Any = None
+    mode: RolloutMode = "train"
+    status: RolloutStatus = "queuing"
+    resources_version: str | None = None
+    config: RolloutConfig = Field(default_factory=RolloutConfig)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    enqueue_time: float = Field(default_factory=now)
+    start_time: float | None = None
+    end_time: float | None = None
+    num_attempts: int = 0
+
+
+class Attempt(StrictModel):
+    """One try at a rollout by one worker; spans belong to attempts."""
+
+    rollout_id: str
+    attempt_id: str
+    sequence_id: int = Field(ge=1, description="1 for the first attempt of the rollout, 2 for the retry, ...")
+    worker_id: str | None = None
+    status: AttemptStatus = "preparing"
+    start_time: float = Field(default_factory=now)
+    end_time: float | None = None
+    last_heartbeat_time: float | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class Usage(StrictModel):
+    prompt_tokens: int = Field(ge=0)
+    completion_tokens: int = Field(ge=0)
+    total_tokens: int = Field(ge=0)
+
+
+class LLMCall(StrictModel):
+    """The first-class fields of an ``llm_call`` span: what went in, what came out, as exact token IDs.
+
+    Token fields accept lists or 1-D NumPy arrays (kept as given; arrays make bulk ingest cheap).
+    ``response_token_ids`` includes the stop token as vLLM returns it. ``loss_mask`` (0/1 per token of
+    prompt + response) is set for session buffers, where tool-result tokens inside the sequence must not
+    be trained on.
+    """
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    model: str
+    request_messages: list[dict[str, Any]] = Field(default_factory=list)
+    request_tools: list[dict[str, Any]] | None = None
+    response_message: dict[str, Any] | None = None
+    finish_reason: str | None = None
+    prompt_token_ids: TokenIds = Field(default_factory=list)
+    response_token_ids: TokenIds = Field(default_factory=list)
+    response_logprobs: Logprobs | None = None
+    loss_mask: LossMask | None = None
+    usage: Usage | None = None
+
+    @model_validator(mode="after")
+    def _lengths_agree(self) -> LLMCall:
+        n_resp = len(self.response_token_ids)
+        if self.response_logprobs is not None and len(self.response_logprobs) != n_resp:
+            raise ValueError(
+                f"response_logprobs has {len(self.response_logprobs)} entries "
+                f"but response_token_ids has {n_resp}"
+            )
+        n_all = len(self.prompt_token_ids) + n_resp
+        if self.loss_mask is not None and len(self.loss_mask) != n_all:
+            raise ValueError(f"loss_mask has {len(self.loss_mask)} entries but prompt+response has {n_all} tokens")
+        return self
+
+
+class Reward(StrictModel):
+    """A scalar reward; ``call_span_id`` attaches it to one LLM call (an intermediate reward)."""
+
+    name: str = "reward"
+    value: float
+    call_span_id: str | None = None
+
+    @field_validator("value")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("reward value must be finite")
+        return v
+
+
+class Span(StrictModel):
+    """One recorded event of an attempt. ``sequence_id`` orders spans within the attempt.
+
+    ``rollout_id``/``attempt_id`` are both None for an unattributed call (the gateway saw a request
+    that named no rollout). ``sequence_id`` is assigned by the store when left None.
+    """
+
+    rollout_id: str | None = None
+    attempt_id: str | None = None
+    sequence_id: int | None = Field(default=None, ge=0)
+    span_id: str = Field(default_factory=lambda: new_id("sp"), min_length=1)
+    parent_id: str | None = None
+    name: str
+    kind: SpanKind
+    start_time: float = Field(default_factory=now)
+    end_time: float | None = None
+    status: SpanStatus = "ok"
+    attributes: dict[str, Any] = Field(default_factory=dict)
+    llm: LLMCall | None = None
+    reward: Reward | None = None
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> Span:
+        if (self.rollout_id is None) != (self.attempt_id is None):
+            raise ValueError("rollout_id and attempt_id must both be set or both be None")
+        if self.kind == "llm_call" and self.llm is None:
+            raise ValueError("an llm_call span needs its `llm` fields")
+        if self.kind != "llm_call" and self.llm is not None:
+            raise ValueError(f"only llm_call spans carry `llm` fields, not {self.kind!r}")
+        if self.kind == "reward" and self.reward is None:
+            raise ValueError("a reward span needs its `reward` field")
+        if self.kind != "reward" and self.reward is not None:
+            raise ValueError(f"only reward spans carry `reward`, not {self.kind!r}")
+        return self
+
+
+def reward_span(rollout_id: str, attempt_id: str, value: float, *, name: str = "reward",
+                call_span_id: str | None = None) -> Span:
+    """A reward span for an attempt: the final reward, or a per-call one when ``call_span_id`` is set."""
+    return Span(
+        rollout_id=rollout_id,
+        attempt_id=attempt_id,
+        name=name,
+        kind="reward",
+        reward=Reward(name=name, value=value, call_span_id=call_span_id),
+    )
+
+
+class Resource(StrictModel):
+    """A versioned named payload: a prompt template, a checkpoint path, a LoRA adapter reference.
+
+    Versions count up from 1 per name; rollouts record the version string ``name@version`` they used.
+    """
+
+    name: str = Field(min_length=1)
+    version: int | None = Field(default=None, ge=1, description="assigned by the store")
+    kind: ResourceKind = "other"
+    payload: dict[str, Any] = Field(default_factory=dict)
+    created_time: float = Field(default_factory=now)
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}@{self.version}"

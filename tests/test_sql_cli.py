@@ -1,0 +1,100 @@
+"""`spanlab sql` and `spanlab demo` through the real console command: formats, defaults, refusals."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SPANLAB = str(Path(sys.executable).with_name("spanlab"))
+
+
+def spanlab(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k != "SPANLAB_DB"}
+    full_env = {**base, "COLUMNS": "200", **(env or {})}
+    return subprocess.run([SPANLAB, *args], capture_output=True, text=True, cwd=cwd, env=full_env, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def demo_db(tmp_path_factory) -> Path:
+    db = tmp_path_factory.mktemp("demo") / "demo.duckdb"
+    out = spanlab("demo", "--db", str(db), "--rollouts", "30", "--seed", "3")
+    assert out.returncode == 0, out.stderr
+    assert "wrote 30 rollouts" in out.stdout
+    return db
+
+
+def test_help_lists_subcommands() -> None:
+    out = spanlab("--help")
+    assert out.returncode == 0
+    for cmd in ("sql", "demo"):
+        assert cmd in out.stdout
+
+
+def test_json_and_csv_output(demo_db: Path) -> None:
+    q = "SELECT rollout_id, status, attempts, llm_calls FROM rollout_summary ORDER BY rollout_id"
+    as_json = json.loads(spanlab("sql", q, "--db", str(demo_db), "--format", "json").stdout)
+    assert len(as_json) == 30
+    assert all(r["status"] in ("succeeded", "failed") for r in as_json)
+    assert sum(r["attempts"] for r in as_json) > 30  # the demo's crashing attempts were retried
+    as_csv = list(csv.DictReader(io.StringIO(spanlab("sql", q, "--db", str(demo_db), "-f", "csv").stdout)))
+    assert [r["rollout_id"] for r in as_csv] == [r["rollout_id"] for r in as_json]
+
+
+def test_token_ids_come_back_as_lists(demo_db: Path) -> None:
+    q = "SELECT prompt_len, prompt_token_ids FROM llm_calls LIMIT 3"
+    rows = json.loads(spanlab("sql", q, "--db", str(demo_db), "-f", "json").stdout)
+    assert all(len(r["prompt_token_ids"]) == r["prompt_len"] for r in rows)
+    assert all(isinstance(t, int) for r in rows for t in r["prompt_token_ids"])
+
+
+def test_table_output_and_row_cap(demo_db: Path) -> None:
+    out = spanlab("sql", "SELECT span_id, kind FROM spans", "--db", str(demo_db), "--max-rows", "5")
+    assert out.returncode == 0, out.stderr
+    assert "5 rows (more rows" in out.stdout
+
+
+def test_default_db_from_env_and_cwd(demo_db: Path, tmp_path: Path) -> None:
+    via_env = spanlab("sql", "SELECT count(*) AS n FROM rollouts", "-f", "json", env={"SPANLAB_DB": str(demo_db)})
+    assert json.loads(via_env.stdout) == [{"n": 30}]
+    (tmp_path / "spanlab.duckdb").write_bytes(demo_db.read_bytes())
+    via_cwd = spanlab("sql", "SELECT count(*) AS n FROM rollouts", "-f", "json", cwd=tmp_path)
+    assert json.loads(via_cwd.stdout) == [{"n": 30}], via_cwd.stderr
+
+
+@pytest.mark.parametrize(
+    ("query", "reason"),
+    [
+        ("SELECT * FROM read_csv('/etc/passwd')", "cannot touch files"),
+        ("SELECT * FROM read_text('/etc/hostname')", "cannot touch files"),
+        ("COPY spans TO '/tmp/spanlab-leak.csv'", "cannot touch files"),
+        ("ATTACH '/tmp/spanlab-other.duckdb' AS other", "cannot touch files"),
+        ("INSTALL httpfs", "cannot touch files"),
+        ("LOAD httpfs", "cannot touch files"),
+        ("INSERT INTO rollouts (rollout_id) VALUES ('x')", "read-only"),
+        ("DELETE FROM spans", "read-only"),
+        ("DROP VIEW llm_calls", "read-only"),
+        ("SET enable_external_access = true", "configuration"),
+    ],
+)
+def test_forbidden_statements_fail_clearly_and_change_nothing(demo_db: Path, query: str, reason: str) -> None:
+    before = demo_db.read_bytes()
+    out = spanlab("sql", query, "--db", str(demo_db))
+    assert out.returncode == 2
+    assert "error:" in out.stderr and reason in out.stderr.replace("\n", " ")
+    assert not Path("/tmp/spanlab-leak.csv").exists()
+    assert demo_db.read_bytes() == before
+
+
+def test_bad_sql_and_missing_db(demo_db: Path, tmp_path: Path) -> None:
+    out = spanlab("sql", "SELEC nonsense", "--db", str(demo_db))
+    assert out.returncode == 2 and "syntax error" in out.stderr.lower()
+    out = spanlab("sql", "SELECT 1", "--db", str(tmp_path / "nope.duckdb"))
+    assert out.returncode == 2 and "does not exist" in out.stderr
+    assert not (tmp_path / "nope.duckdb").exists()
