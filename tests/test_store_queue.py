@@ -111,11 +111,12 @@ def test_success_ends_rollout_and_late_finish_is_ignored(store: SpanStore) -> No
 def test_timeout_and_unresponsive_detection(store: SpanStore) -> None:
     slow = store.enqueue_one({"k": "slow"}, config=RolloutConfig(timeout_s=0.2, max_attempts=2, retry_on=("timeout",)))
     silent = store.enqueue_one({"k": "silent"}, config=RolloutConfig(unresponsive_s=0.2, max_attempts=1))
-    healthy = store.enqueue_one({"k": "ok"}, config=RolloutConfig(unresponsive_s=0.2, timeout_s=30))
+    # generous margin for the heartbeating one: a loaded CI machine may stall the loop for a while
+    healthy = store.enqueue_one({"k": "ok"}, config=RolloutConfig(unresponsive_s=3.0, timeout_s=60))
     _, a_slow = store.dequeue()
     _, a_silent = store.dequeue()
     _, a_healthy = store.dequeue()
-    deadline = time.time() + 0.5
+    deadline = time.time() + 0.6
     while time.time() < deadline:
         store.heartbeat(a_slow.attempt_id)  # heartbeats do not save an attempt past its timeout
         store.heartbeat(a_healthy.attempt_id)
