@@ -50,13 +50,23 @@ def test_numpy_arrays_are_accepted_and_stored_the_same(store: SpanStore, started
     assert table["response_token_ids"].type == pa.list_(pa.int32())
 
 
-def test_sequence_ids_continue_across_batches_and_restarts(tmp_path) -> None:
+def test_spans_df(store: SpanStore, started) -> None:
+    rollout, attempt = started
+    store.add_spans([llm_span(rollout, attempt, n_prompt=7, seed=i) for i in range(3)])
+    df = store.spans_df(kinds=["llm_call"], columns=["span_id", "prompt_token_ids"])
+    assert list(df.columns) == ["span_id", "prompt_token_ids"] and len(df) == 3
+    assert [len(x) for x in df["prompt_token_ids"]] == [7, 7, 7]
+
+
+def test_sequence_ids_and_dedupe_survive_restarts(tmp_path) -> None:
     path = tmp_path / "s.duckdb"
     with SpanStore(path) as store:
         store.enqueue_one({})
         rollout, attempt = store.dequeue()
-        store.add_spans([llm_span(rollout, attempt, seed=i) for i in range(3)])
+        first = [llm_span(rollout, attempt, seed=i) for i in range(3)]
+        store.add_spans(first)
     with SpanStore(path) as store:
+        assert store.add_spans(first[1:]) == 0  # the reopened store still knows what it holds
         store.add_spans([llm_span(rollout, attempt, seed=9)])
         seqs = store.spans_table(columns=["sequence_id"])["sequence_id"].to_pylist()
     assert seqs == [0, 1, 2, 3]

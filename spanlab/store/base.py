@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 from spanlab.types import (
     Attempt,
@@ -109,6 +112,10 @@ class StoreAPI(ABC):
     def spans_table(self, **filters: Any) -> pa.Table:
         """All matching spans as one Arrow table (materializes them; prefer ``spans_reader``)."""
         return self.spans_reader(**filters).read_all()
+
+    def spans_df(self, **filters: Any) -> pd.DataFrame:
+        """Matching spans as a pandas DataFrame (token columns hold NumPy arrays; materializes them)."""
+        return self.spans_table(**filters).to_pandas()
 
     def iter_spans(self, **filters: Any) -> Iterator[Span]:
         """Typed spans, streamed batch by batch."""
