@@ -29,8 +29,9 @@ from spanlab.store import queue
 from spanlab.store.arrow import spans_to_arrow
 from spanlab.store.base import StoreAPI
 from spanlab.store.connection import MEMORY, connect, cursor, dumps, fetch_dicts, loads
-from spanlab.store.ingest import AttemptIndex, check_batch, check_json_sizes
+from spanlab.store.ingest import AttemptIndex, check_batch
 from spanlab.store.schema import SCHEMA_VERSION, SPAN_COLUMNS, TABLES_DDL
+from spanlab.store.validate import conform, validate_span_table
 from spanlab.store.views import VIEWS_DDL
 from spanlab.types import Attempt, FinishedAttemptStatus, Resource, ResourceKind, Rollout, Span
 
@@ -104,9 +105,21 @@ class SpanStore(StoreAPI):
                 cur.execute("COMMIT")
             except BaseException as exc:
                 cur.execute("ROLLBACK")
+                if isinstance(exc, (duckdb.ConversionException, duckdb.ConstraintException)):
+                    raise InvalidSpanError(f"rejected by DuckDB: {exc}; nothing of this batch was stored") from exc
                 if isinstance(exc, duckdb.Error):
                     raise StoreError(f"span store {self.path}: {exc}") from exc
                 raise
+
+    @contextmanager
+    def _registered(self, name: str, tbl: pa.Table) -> Iterator[None]:
+        """Make an Arrow table visible to SQL as ``name``; unregistered outside any transaction."""
+        with self._lock:
+            self._conn.register(name, tbl)
+            try:
+                yield
+            finally:
+                self._conn.unregister(name)
 
     def _cursor(self) -> duckdb.DuckDBPyConnection:
         with self._lock:
@@ -123,17 +136,13 @@ class SpanStore(StoreAPI):
         if len(set(ids)) != len(ids):
             raise InvalidSpanError("enqueue: the batch repeats a rollout_id")
         tbl = queue.rollouts_to_arrow(rollouts)
-        with self._transaction() as cur:
+        with self._registered("_new_rollouts", tbl), self._transaction() as cur:
             dup = cur.execute(
                 "SELECT rollout_id FROM rollouts WHERE rollout_id IN (SELECT unnest(?::VARCHAR[])) LIMIT 1", [ids]
             ).fetchone()
             if dup:
                 raise InvalidSpanError(f"enqueue: rollout_id {dup[0]!r} already exists")
-            cur.register("_new_rollouts", tbl)
-            try:
-                cur.execute(f"INSERT INTO rollouts ({queue.ROLLOUT_COLUMNS}) SELECT * FROM _new_rollouts")
-            finally:
-                cur.unregister("_new_rollouts")
+            cur.execute(f"INSERT INTO rollouts ({queue.ROLLOUT_COLUMNS}) SELECT * FROM _new_rollouts")
         return rollouts
 
     def dequeue(self, worker_id: str | None = None, mode: str | None = None) -> tuple[Rollout, Attempt] | None:
@@ -204,23 +213,26 @@ class SpanStore(StoreAPI):
     # --- spans ---------------------------------------------------------------------------------
     def add_spans(self, spans: Sequence[Span]) -> int:
         spans = [_validated(Span, s, i) for i, s in enumerate(spans)]
-        if not spans:
+        return self.add_span_table(spans_to_arrow(spans)) if spans else 0
+
+    def add_span_table(self, tbl: pa.Table) -> int:
+        """Store a batch given as an Arrow table with the ``spans`` columns (any subset of the optional ones).
+
+        The bulk and wire path: no Python object per span. Checked by the same rules as ``add_spans``.
+        """
+        tbl = conform(tbl)
+        if tbl.num_rows == 0:
             return 0
-        check_batch(spans, self.max_tokens_per_span)
+        validate_span_table(tbl)
+        check_batch(tbl, self.max_tokens_per_span, self.max_json_bytes)
         with self._lock:
-            fresh = self._index.new_spans(self._conn, spans)
-            if not fresh:
+            fresh = self._index.new_rows(self._conn, tbl)
+            if fresh.num_rows == 0:
                 return 0
-            tbl = spans_to_arrow(fresh)
-            check_json_sizes(tbl, self.max_json_bytes)
-            with self._transaction() as cur:
-                cur.register("_new_spans", tbl)
-                try:
-                    cur.execute(f"INSERT INTO spans ({', '.join(SPAN_COLUMNS)}) SELECT * FROM _new_spans")
-                finally:
-                    cur.unregister("_new_spans")
+            with self._registered("_new_spans", fresh), self._transaction() as cur:
+                cur.execute(f"INSERT INTO spans ({', '.join(SPAN_COLUMNS)}) SELECT * FROM _new_spans")
             self._index.mark_stored(fresh)
-        return len(fresh)
+        return fresh.num_rows
 
     def spans_reader(
         self,

@@ -1,7 +1,7 @@
 """What span ingest checks before anything is written, and the attempt index that keeps it cheap.
 
-A batch is all-or-nothing: every check runs before the insert, so a bad span names itself and the
-rest of its batch is not half-stored. The :class:`AttemptIndex` remembers, per recently seen attempt,
+A batch is all-or-nothing: every check runs on the Arrow batch before the insert, so a bad span names
+itself and the rest of its batch is not half-stored. The :class:`AttemptIndex` remembers, per recently seen attempt,
 its rollout, its stored span IDs and its last sequence number, so ingest asks DuckDB once per attempt
 instead of once per span (a DuckDB point query costs milliseconds; REFERENCE.md §8).
 """
@@ -9,7 +9,6 @@ instead of once per span (a DuckDB point query costs milliseconds; REFERENCE.md 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import duckdb
@@ -17,35 +16,35 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spanlab.errors import InvalidSpanError
-from spanlab.types import Span
 
 JSON_COLUMNS = ("attributes", "request_messages", "request_tools", "response_message")
 
 
-def check_batch(spans: Sequence[Span], max_tokens_per_span: int) -> None:
-    """No span_id twice in one batch; no span over the token limit."""
-    seen: set[str] = set()
-    for i, s in enumerate(spans):
-        if s.span_id in seen:
-            raise InvalidSpanError(f"span #{i}: span_id {s.span_id!r} appears twice in the batch")
-        seen.add(s.span_id)
-        if s.llm is not None:
-            n = len(s.llm.prompt_token_ids) + len(s.llm.response_token_ids)
-            if n > max_tokens_per_span:
-                raise InvalidSpanError(
-                    f"span #{i} ({s.span_id}): {n} token IDs exceed max_tokens_per_span={max_tokens_per_span}"
-                )
-
-
-def check_json_sizes(tbl: pa.Table, max_json_bytes: int) -> None:
-    """Measured on the serialized Arrow columns, so the limit is on what would really be stored."""
+def check_batch(tbl: pa.Table, max_tokens_per_span: int, max_json_bytes: int) -> None:
+    """Limits that protect the store: no span_id twice in a batch, no span over the token or JSON limit."""
+    ids = tbl["span_id"]
+    if pc.count_distinct(ids).as_py() != tbl.num_rows:
+        counts = pc.value_counts(ids)
+        dup = next(v["values"] for v in counts.to_pylist() if v["counts"] > 1)
+        raise InvalidSpanError(f"span_id {dup!r} appears twice in the batch; nothing stored")
+    n_tokens = pc.add(
+        pc.fill_null(pc.list_value_length(tbl["prompt_token_ids"]), 0),
+        pc.fill_null(pc.list_value_length(tbl["response_token_ids"]), 0),
+    )
+    biggest = pc.max(n_tokens).as_py() or 0
+    if biggest > max_tokens_per_span:
+        i = pc.index(n_tokens, biggest).as_py()
+        raise InvalidSpanError(
+            f"span #{i} ({ids[i].as_py()}): {biggest} token IDs exceed max_tokens_per_span={max_tokens_per_span}; "
+            "nothing stored"
+        )
     for col in JSON_COLUMNS:
         lengths = pc.binary_length(tbl[col])
         biggest = pc.max(lengths).as_py()
         if biggest is not None and biggest > max_json_bytes:
             i = pc.index(lengths, biggest).as_py()
             raise InvalidSpanError(
-                f"span #{i} ({tbl['span_id'][i].as_py()}): `{col}` is {biggest} bytes of JSON, "
+                f"span #{i} ({ids[i].as_py()}): `{col}` is {biggest} bytes of JSON, "
                 f"over max_json_bytes={max_json_bytes}; nothing of this batch was stored"
             )
 
@@ -56,13 +55,10 @@ class AttemptState:
     last_seq: int = -1
     span_ids: set[str] = field(default_factory=set)
 
-    def assign_sequence_id(self, span: Span) -> None:
-        """Fill a missing ``sequence_id`` with the next number of the attempt."""
-        if span.sequence_id is None:
-            self.last_seq += 1
-            span.sequence_id = self.last_seq
-        else:
-            self.last_seq = max(self.last_seq, span.sequence_id)
+    def next_sequence_id(self, given: int | None) -> int:
+        """``given``, or the next number of the attempt when the span left it empty."""
+        self.last_seq = self.last_seq + 1 if given is None else max(self.last_seq, given)
+        return self.last_seq if given is None else given
 
 
 class AttemptIndex:
@@ -76,14 +72,15 @@ class AttemptIndex:
     def add_attempt(self, attempt_id: str, rollout_id: str) -> None:
         self._put(attempt_id, AttemptState(rollout_id))
 
-    def states_for(self, conn: duckdb.DuckDBPyConnection, spans: Sequence[Span]) -> dict[str | None, AttemptState]:
-        """State of every attempt the batch names; an unknown or mismatched attempt is an error."""
-        wanted = {s.attempt_id: s.rollout_id for s in spans}
-        missing = [a for a in wanted if a not in self._states]
+    def states_for(
+        self, conn: duckdb.DuckDBPyConnection, pairs: dict[str | None, str | None]
+    ) -> dict[str | None, AttemptState]:
+        """State of each ``attempt_id -> rollout_id`` pair; an unknown or mismatched attempt is an error."""
+        missing = [a for a in pairs if a not in self._states]
         if missing:
             self._load(conn, missing)
         states = {}
-        for attempt_id, rollout_id in wanted.items():
+        for attempt_id, rollout_id in pairs.items():
             state = self._states.get(attempt_id)
             if state is None:
                 raise InvalidSpanError(f"unknown attempt_id {attempt_id!r} (rollout {rollout_id!r}); nothing stored")
@@ -96,29 +93,40 @@ class AttemptIndex:
             states[attempt_id] = state
         return states
 
-    def new_spans(self, conn: duckdb.DuckDBPyConnection, spans: Sequence[Span]) -> list[Span]:
-        """The spans not stored yet: a retried write is skipped instead of duplicated."""
-        states = self.states_for(conn, spans)
-        unattributed = [s.span_id for s in spans if s.attempt_id is None]
+    def new_rows(self, conn: duckdb.DuckDBPyConnection, tbl: pa.Table) -> pa.Table:
+        """The rows not stored yet, with sequence numbers filled in.
+
+        A retried write is skipped instead of duplicated. Nothing is remembered until
+        :meth:`mark_stored`, so a failed insert leaves the index as it was (except sequence numbers,
+        where a gap is harmless).
+        """
+        span_ids = tbl["span_id"].to_pylist()
+        attempt_ids = tbl["attempt_id"].to_pylist()
+        states = self.states_for(conn, dict(zip(attempt_ids, tbl["rollout_id"].to_pylist(), strict=True)))
         stored_unattributed: set[str] = set()
-        if unattributed:
+        if None in states:
             rows = conn.execute(
                 "SELECT span_id FROM spans WHERE attempt_id IS NULL AND span_id IN (SELECT unnest(?::VARCHAR[]))",
-                [unattributed],
+                [[s for s, a in zip(span_ids, attempt_ids, strict=True) if a is None]],
             ).fetchall()
             stored_unattributed = {r[0] for r in rows}
-        fresh = [
-            s for s in spans
-            if s.span_id not in (stored_unattributed if s.attempt_id is None else states[s.attempt_id].span_ids)
-        ]
-        for s in fresh:
-            states[s.attempt_id].assign_sequence_id(s)
-        return fresh
+        keep, seqs = [], []
+        for i, (span_id, attempt_id, given) in enumerate(
+            zip(span_ids, attempt_ids, tbl["sequence_id"].to_pylist(), strict=True)
+        ):
+            stored = stored_unattributed if attempt_id is None else states[attempt_id].span_ids
+            if span_id not in stored:
+                keep.append(i)
+                seqs.append(states[attempt_id].next_sequence_id(given))
+        if len(keep) != tbl.num_rows:
+            tbl = tbl.take(pa.array(keep, pa.int64()))
+        idx = tbl.schema.get_field_index("sequence_id")
+        return tbl.set_column(idx, tbl.schema.field(idx), pa.array(seqs, pa.int32()))
 
-    def mark_stored(self, spans: Sequence[Span]) -> None:
-        for s in spans:
-            if s.attempt_id is not None and (state := self._states.get(s.attempt_id)) is not None:
-                state.span_ids.add(s.span_id)
+    def mark_stored(self, tbl: pa.Table) -> None:
+        for span_id, attempt_id in zip(tbl["span_id"].to_pylist(), tbl["attempt_id"].to_pylist(), strict=True):
+            if attempt_id is not None and (state := self._states.get(attempt_id)) is not None:
+                state.span_ids.add(span_id)
 
     def _load(self, conn: duckdb.DuckDBPyConnection, attempt_ids: list[str | None]) -> None:
         named = [a for a in attempt_ids if a is not None]
