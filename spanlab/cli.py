@@ -75,6 +75,30 @@ def sql(
         console.print(f"{min(table.num_rows, max_rows)} rows{more}", style="dim")
 
 
+store_app = typer.Typer(help="The span store: serve it over HTTP.", no_args_is_help=True)
+app.add_typer(store_app, name="store")
+
+
+@store_app.command("serve")
+def store_serve(
+    db: DbOption = None,
+    host: Annotated[str, typer.Option(help="interface to bind (127.0.0.1 unless workers are remote)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port")] = 8700,
+    max_body_mb: Annotated[float, typer.Option(help="largest request body accepted (413 above)")] = 256.0,
+    token: Annotated[
+        str | None, typer.Option(envvar="SPANLAB_STORE_TOKEN", help="require `Authorization: Bearer TOKEN`")
+    ] = None,
+) -> None:
+    """Own the DuckDB file and serve the store API (OpenAPI at /docs) to workers in other processes."""
+    from spanlab.store.server import serve_store
+
+    try:
+        serve_store(str(sqlmod.resolve_db(db)), host=host, port=port, token=token,
+                    max_body_bytes=int(max_body_mb * 1024 * 1024))
+    except SpanlabError as exc:
+        _fail(exc)
+
+
 @app.command()
 def demo(
     db: DbOption = None,

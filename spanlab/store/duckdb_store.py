@@ -24,11 +24,11 @@ import duckdb
 import pyarrow as pa
 from pydantic import ValidationError
 
-from spanlab.errors import InvalidSpanError, NotFoundError, StoreError
+from spanlab.errors import InvalidSpanError, NotFoundError, QueryError, StoreError
 from spanlab.store import queue
 from spanlab.store.arrow import spans_to_arrow
 from spanlab.store.base import StoreAPI
-from spanlab.store.connection import MEMORY, connect, cursor, dumps, fetch_dicts, loads
+from spanlab.store.connection import MEMORY, SAFE_QUERY_CONFIG, connect, cursor, dumps, fetch_dicts, loads
 from spanlab.store.ingest import AttemptIndex, check_batch
 from spanlab.store.schema import SCHEMA_VERSION, SPAN_COLUMNS, TABLES_DDL
 from spanlab.store.validate import conform, validate_span_table
@@ -220,19 +220,23 @@ class SpanStore(StoreAPI):
 
         The bulk and wire path: no Python object per span. Checked by the same rules as ``add_spans``.
         """
+        return len(self.ingest(tbl))
+
+    def ingest(self, tbl: pa.Table) -> list[str]:
+        """``add_span_table`` that returns the span_ids it stored (the rest were already there)."""
         tbl = conform(tbl)
         if tbl.num_rows == 0:
-            return 0
+            return []
         validate_span_table(tbl)
         check_batch(tbl, self.max_tokens_per_span, self.max_json_bytes)
         with self._lock:
             fresh = self._index.new_rows(self._conn, tbl)
             if fresh.num_rows == 0:
-                return 0
+                return []
             with self._registered("_new_spans", fresh), self._transaction() as cur:
                 cur.execute(f"INSERT INTO spans ({', '.join(SPAN_COLUMNS)}) SELECT * FROM _new_spans")
             self._index.mark_stored(fresh)
-        return fresh.num_rows
+        return fresh["span_id"].to_pylist()
 
     def spans_reader(
         self,
@@ -280,6 +284,36 @@ class SpanStore(StoreAPI):
         return [_row_to_resource(r) for r in rows]
 
     # --- SQL -----------------------------------------------------------------------------------
+    def restrict_to_store(self) -> None:
+        """Turn off DuckDB's access to other files, the network and extensions for this database.
+
+        For a process that serves user SQL (the store server): the store's own file stays open and
+        writable, but no query can read /etc/passwd, COPY out, ATTACH or INSTALL. Irreversible.
+        """
+        with self._lock:
+            for key, value in SAFE_QUERY_CONFIG.items():
+                self._conn.execute(f"SET {key} = {str(value).lower()}")
+
+    def query_read_only(self, sql: str, max_rows: int | None = None) -> pa.Table:
+        """One SELECT (or EXPLAIN), refused otherwise; for user-facing SQL over a live store."""
+        cur = self._cursor()
+        try:
+            statements = cur.extract_statements(sql)
+        except duckdb.Error as exc:
+            raise QueryError(str(exc)) from exc
+        if len(statements) != 1:
+            raise QueryError(f"send exactly one statement, not {len(statements)}")
+        kind = statements[0].type
+        if kind not in (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN):
+            raise QueryError(f"not allowed: only SELECT queries run here (read-only), not {kind.name}")
+        try:
+            rel = cur.sql(sql)
+            return (rel.limit(max_rows) if max_rows is not None else rel).to_arrow_table()
+        except duckdb.PermissionException as exc:
+            raise QueryError(f"not allowed: no access to files, the network or extensions. DuckDB said: {exc}") from exc
+        except duckdb.Error as exc:
+            raise QueryError(str(exc)) from exc
+
     def query(self, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
         try:
             return self._cursor().sql(sql, params=list(params or [])).to_arrow_table()

@@ -1,0 +1,167 @@
+"""``StoreClient``: the store API over HTTP, for workers in other processes or on other machines.
+
+It implements :class:`StoreAPI`, so a runner, gateway or algorithm takes either a ``SpanStore`` or a
+``StoreClient``. Span batches go as Arrow IPC. Calls that are safe to repeat (reads, span writes,
+which the server deduplicates by span_id, heartbeats, finishing an attempt) are retried across
+connection failures and server restarts; the others are retried only when the request never reached
+the server.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import httpx
+import pyarrow as pa
+
+from spanlab.errors import InvalidSpanError, NotFoundError, QueryError, StoreError
+from spanlab.store.arrow import spans_to_arrow
+from spanlab.store.base import StoreAPI
+from spanlab.store.wire import ARROW_STREAM, open_chunked_stream, table_to_bytes
+from spanlab.types import Attempt, FinishedAttemptStatus, Resource, ResourceKind, Rollout, Span
+
+logger = logging.getLogger(__name__)
+
+_ERRORS: dict[int, type[Exception]] = {
+    400: QueryError, 404: NotFoundError, 413: InvalidSpanError, 422: InvalidSpanError,
+}
+
+
+class StoreClient(StoreAPI):
+    def __init__(self, url: str, *, token: str | None = None, timeout_s: float = 60.0,
+                 retry_for_s: float = 30.0, transport: httpx.BaseTransport | None = None) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout_s, transport=transport)
+        self.retry_for_s = retry_for_s
+
+    def close(self) -> None:
+        self._http.close()
+
+    # --- transport -----------------------------------------------------------------------------
+    def _call(self, method: str, path: str, *, idempotent: bool, **kw: Any) -> httpx.Response:
+        deadline = time.monotonic() + self.retry_for_s
+        delay = 0.05
+        while True:
+            try:
+                resp = self._http.request(method, path, **kw)
+            except httpx.ConnectError as exc:  # never reached the server: always safe to retry
+                err: Exception = exc
+            except httpx.TransportError as exc:  # may have reached it
+                if not idempotent:
+                    raise StoreError(f"store server {self._http.base_url}: {exc}") from exc
+                err = exc
+            else:
+                if resp.status_code < 500 or not idempotent:
+                    return self._check(resp)
+                err = StoreError(f"store server answered {resp.status_code}: {resp.text[:300]}")
+            if time.monotonic() + delay > deadline:
+                raise StoreError(f"store server {self._http.base_url} unreachable: {err}") from err
+            logger.warning("store server call %s %s failed (%s); retrying", method, path, err)
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    @staticmethod
+    def _check(resp: httpx.Response) -> httpx.Response:
+        if resp.is_success:
+            return resp
+        try:
+            detail = resp.json().get("detail", resp.text)
+        except ValueError:
+            detail = resp.text
+        if resp.status_code == 401:
+            raise StoreError(f"store server refused the request: {detail}")
+        raise _ERRORS.get(resp.status_code, StoreError)(str(detail))
+
+    def _json(self, method: str, path: str, *, idempotent: bool = True, **kw: Any) -> Any:
+        return self._call(method, path, idempotent=idempotent, **kw).json()
+
+    # --- queue ---------------------------------------------------------------------------------
+    def enqueue(self, rollouts: Sequence[Rollout]) -> list[Rollout]:
+        body = [Rollout.model_validate(r).model_dump(mode="json") for r in rollouts]
+        return [Rollout.model_validate(r) for r in self._json("POST", "/rollouts", idempotent=False, json=body)]
+
+    def dequeue(self, worker_id: str | None = None, mode: str | None = None) -> tuple[Rollout, Attempt] | None:
+        got = self._json("POST", "/dequeue", idempotent=False, json={"worker_id": worker_id, "mode": mode})
+        return None if got is None else (Rollout.model_validate(got["rollout"]), Attempt.model_validate(got["attempt"]))
+
+    def heartbeat(self, attempt_id: str) -> Attempt:
+        return Attempt.model_validate(self._json("POST", f"/attempts/{attempt_id}/heartbeat"))
+
+    def finish_attempt(self, attempt_id: str, status: FinishedAttemptStatus) -> Rollout:
+        return Rollout.model_validate(self._json("POST", f"/attempts/{attempt_id}/finish", json={"status": status}))
+
+    def expire_stale_attempts(self) -> list[Attempt]:
+        return [Attempt.model_validate(a) for a in self._json("POST", "/expire")]
+
+    def cancel_rollout(self, rollout_id: str) -> Rollout:
+        return Rollout.model_validate(self._json("POST", f"/rollouts/{rollout_id}/cancel"))
+
+    def get_rollout(self, rollout_id: str) -> Rollout:
+        return Rollout.model_validate(self._json("GET", f"/rollouts/{rollout_id}"))
+
+    def get_attempt(self, attempt_id: str) -> Attempt:
+        return Attempt.model_validate(self._json("GET", f"/attempts/{attempt_id}"))
+
+    def list_rollouts(self, *, status: str | None = None, mode: str | None = None, limit: int = 1000,
+                      offset: int = 0) -> list[Rollout]:
+        params = {k: v for k, v in {"status": status, "mode": mode, "limit": limit, "offset": offset}.items()
+                  if v is not None}
+        return [Rollout.model_validate(r) for r in self._json("GET", "/rollouts", params=params)]
+
+    def list_attempts(self, rollout_id: str) -> list[Attempt]:
+        return [Attempt.model_validate(a) for a in self._json("GET", f"/rollouts/{rollout_id}/attempts")]
+
+    # --- spans ---------------------------------------------------------------------------------
+    def add_spans(self, spans: Sequence[Span]) -> int:
+        spans = [s if isinstance(s, Span) else Span.model_validate(s) for s in spans]
+        return self.add_span_table(spans_to_arrow(spans)) if spans else 0
+
+    def add_span_table(self, tbl: pa.Table) -> int:
+        resp = self._json("POST", "/spans/arrow", content=table_to_bytes(tbl), headers={"Content-Type": ARROW_STREAM})
+        return int(resp["inserted"])
+
+    def spans_reader(self, *, rollout_ids: Sequence[str] | None = None, attempt_ids: Sequence[str] | None = None,
+                     kinds: Sequence[str] | None = None, columns: Sequence[str] | None = None,
+                     batch_size: int = 1024) -> pa.RecordBatchReader:
+        params: dict[str, Any] = {"batch_size": batch_size}
+        for key, values in (("rollout_ids", rollout_ids), ("attempt_ids", attempt_ids), ("kinds", kinds),
+                            ("columns", columns)):
+            if values is not None:
+                params[key] = list(values)
+        request = self._http.build_request("GET", "/spans/arrow", params=params)
+        resp = self._http.send(request, stream=True)
+        if not resp.is_success:
+            resp.read()
+            self._check(resp)
+        return open_chunked_stream(_chunks(resp))
+
+    # --- resources -----------------------------------------------------------------------------
+    def add_resource(self, name: str, payload: dict[str, Any], kind: ResourceKind = "other") -> Resource:
+        body = {"name": name, "payload": payload, "kind": kind}
+        return Resource.model_validate(self._json("POST", "/resources", idempotent=False, json=body))
+
+    def get_resource(self, name: str, version: int | None = None) -> Resource:
+        params = {"version": version} if version is not None else {}
+        return Resource.model_validate(self._json("GET", f"/resources/{name}", params=params))
+
+    def list_resources(self, name: str | None = None) -> list[Resource]:
+        params = {"name": name} if name else {}
+        return [Resource.model_validate(r) for r in self._json("GET", "/resources", params=params)]
+
+    # --- SQL -----------------------------------------------------------------------------------
+    def query(self, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
+        if params:
+            raise QueryError("the store server takes plain SQL without parameters")
+        rows = self._json("POST", "/sql", json={"query": sql})
+        return pa.Table.from_pylist(rows)
+
+
+def _chunks(resp: httpx.Response) -> Iterator[bytes]:
+    try:
+        yield from resp.iter_bytes()
+    finally:
+        resp.close()
+

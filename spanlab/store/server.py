@@ -1,0 +1,234 @@
+"""The store server: one process owns the DuckDB file and serves the store API over HTTP.
+
+DuckDB lets one process write a file, so workers on other processes or machines reach the store
+through this server (``StoreClient`` speaks to it and implements the same ``StoreAPI``). Span batches
+travel as Arrow IPC and are group-committed (``SpanBatcher``); every answer to a write comes after its
+commit. The OpenAPI description is at ``/openapi.json``. With a token, every request needs
+``Authorization: Bearer <token>``. ``/sql`` runs SELECT only, with DuckDB's external access disabled.
+
+Run: spanlab store serve --db runs/spans.duckdb --port 8700 [--token T]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pyarrow as pa
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.middleware.base import BaseHTTPMiddleware
+
+from spanlab.errors import InvalidSpanError, NotFoundError, QueryError, StoreError
+from spanlab.store.arrow import spans_to_arrow
+from spanlab.store.batcher import SpanBatcher
+from spanlab.store.duckdb_store import SpanStore
+from spanlab.store.validate import conform, validate_span_table
+from spanlab.store.wire import ARROW_STREAM, bytes_to_table, reader_to_chunks
+from spanlab.types import Attempt, FinishedAttemptStatus, Resource, ResourceKind, Rollout, RolloutMode, Span
+
+logger = logging.getLogger(__name__)
+DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DequeueRequest(_Strict):
+    worker_id: str | None = None
+    mode: RolloutMode | None = None
+
+
+class DequeueResponse(_Strict):
+    rollout: Rollout
+    attempt: Attempt
+
+
+class FinishRequest(_Strict):
+    status: FinishedAttemptStatus
+
+
+class ResourceRequest(_Strict):
+    name: str = Field(min_length=1)
+    payload: dict[str, Any] = Field(default_factory=dict)
+    kind: ResourceKind = "other"
+
+
+class SqlRequest(_Strict):
+    query: str = Field(min_length=1)
+    max_rows: int = Field(default=10_000, ge=1, le=1_000_000)
+
+
+class InsertedResponse(_Strict):
+    inserted: int
+    span_ids: list[str]
+
+
+class _BodyLimit(BaseHTTPMiddleware):
+    """413 for bodies over the limit, checked on the declared length before anything is read."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        super().__init__(app)
+        self.max_bytes = max_bytes
+
+    async def dispatch(self, request: Request, call_next: Any) -> Response:
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
+            return JSONResponse({"detail": f"body of {length} bytes is over the {self.max_bytes}-byte limit"}, 413)
+        return await call_next(request)
+
+
+def create_store_app(store: SpanStore, *, token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                     batch_rows: int = 4096, batch_wait_s: float = 0.005) -> FastAPI:
+    """The FastAPI app over ``store``; the caller owns the store and closes it after the app stops."""
+    store.restrict_to_store()
+    batcher = SpanBatcher(store, max_rows=batch_rows, max_wait_s=batch_wait_s)
+    bearer = HTTPBearer(auto_error=False)
+
+    def authorize(cred: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+        if token is None:
+            return
+        if cred is None or not hmac.compare_digest(cred.credentials.encode(), token.encode()):
+            raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        batcher.close()  # answer every queued write before the server goes away
+
+    app = FastAPI(title="spanlab store", version="1", dependencies=[Depends(authorize)], lifespan=lifespan)
+    app.add_middleware(_BodyLimit, max_bytes=max_body_bytes)
+    app.state.batcher = batcher
+
+    @app.exception_handler(InvalidSpanError)
+    async def _invalid(_: Request, exc: InvalidSpanError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, 422)
+
+    @app.exception_handler(NotFoundError)
+    async def _not_found(_: Request, exc: NotFoundError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, 404)
+
+    @app.exception_handler(QueryError)
+    async def _query(_: Request, exc: QueryError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, 400)
+
+    @app.exception_handler(StoreError)
+    async def _store(_: Request, exc: StoreError) -> JSONResponse:
+        logger.error("store error: %s", exc)
+        return JSONResponse({"detail": str(exc)}, 503)
+
+    async def run(fn: Any, *args: Any) -> Any:
+        return await asyncio.to_thread(fn, *args)
+
+    async def write_spans(tbl: pa.Table) -> InsertedResponse:
+        tbl = conform(tbl)
+        validate_span_table(tbl)  # here, so a bad batch fails alone, before it is combined with others
+        new_ids = await asyncio.wrap_future(batcher.submit(tbl))
+        return InsertedResponse(inserted=len(new_ids), span_ids=new_ids)
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.post("/rollouts")
+    async def enqueue(rollouts: list[Rollout]) -> list[Rollout]:
+        return await run(store.enqueue, rollouts)
+
+    @app.get("/rollouts")
+    async def list_rollouts(status: str | None = None, mode: str | None = None,
+                            limit: int = Query(1000, ge=1, le=100_000), offset: int = Query(0, ge=0)) -> list[Rollout]:
+        return await run(lambda: store.list_rollouts(status=status, mode=mode, limit=limit, offset=offset))
+
+    @app.get("/rollouts/{rollout_id}")
+    async def get_rollout(rollout_id: str) -> Rollout:
+        return await run(store.get_rollout, rollout_id)
+
+    @app.get("/rollouts/{rollout_id}/attempts")
+    async def list_attempts(rollout_id: str) -> list[Attempt]:
+        return await run(store.list_attempts, rollout_id)
+
+    @app.post("/rollouts/{rollout_id}/cancel")
+    async def cancel(rollout_id: str) -> Rollout:
+        return await run(store.cancel_rollout, rollout_id)
+
+    @app.post("/dequeue")
+    async def dequeue(req: DequeueRequest) -> DequeueResponse | None:
+        got = await run(store.dequeue, req.worker_id, req.mode)
+        return None if got is None else DequeueResponse(rollout=got[0], attempt=got[1])
+
+    @app.get("/attempts/{attempt_id}")
+    async def get_attempt(attempt_id: str) -> Attempt:
+        return await run(store.get_attempt, attempt_id)
+
+    @app.post("/attempts/{attempt_id}/heartbeat")
+    async def heartbeat(attempt_id: str) -> Attempt:
+        return await run(store.heartbeat, attempt_id)
+
+    @app.post("/attempts/{attempt_id}/finish")
+    async def finish(attempt_id: str, req: FinishRequest) -> Rollout:
+        return await run(store.finish_attempt, attempt_id, req.status)
+
+    @app.post("/expire")
+    async def expire() -> list[Attempt]:
+        return await run(store.expire_stale_attempts)
+
+    @app.post("/spans")
+    async def add_spans(spans: list[Span]) -> InsertedResponse:
+        """Spans as JSON (any language); the Arrow route below is the fast path."""
+        return await write_spans(await run(spans_to_arrow, spans))
+
+    @app.post("/spans/arrow", openapi_extra={"requestBody": {"content": {ARROW_STREAM: {"schema": {}}}}})
+    async def add_spans_arrow(request: Request) -> InsertedResponse:
+        """A span batch as an Arrow IPC stream with the `spans` table's columns."""
+        return await write_spans(bytes_to_table(await request.body()))
+
+    @app.get("/spans/arrow", response_class=StreamingResponse)
+    async def read_spans(rollout_ids: list[str] | None = Query(None), attempt_ids: list[str] | None = Query(None),
+                         kinds: list[str] | None = Query(None), columns: list[str] | None = Query(None),
+                         batch_size: int = Query(1024, ge=1, le=65_536)) -> StreamingResponse:
+        reader = store.spans_reader(rollout_ids=rollout_ids, attempt_ids=attempt_ids, kinds=kinds,
+                                    columns=columns, batch_size=batch_size)
+        return StreamingResponse(reader_to_chunks(reader), media_type=ARROW_STREAM)
+
+    @app.post("/resources")
+    async def add_resource(req: ResourceRequest) -> Resource:
+        return await run(store.add_resource, req.name, req.payload, req.kind)
+
+    @app.get("/resources")
+    async def list_resources(name: str | None = None) -> list[Resource]:
+        return await run(store.list_resources, name)
+
+    @app.get("/resources/{name}")
+    async def get_resource(name: str, version: int | None = Query(None, ge=1)) -> Resource:
+        return await run(store.get_resource, name, version)
+
+    @app.post("/sql")
+    async def sql(req: SqlRequest) -> list[dict[str, Any]]:
+        """SELECT queries over the tables and views; rows as JSON objects."""
+        from spanlab.store.sql import rows
+
+        table = await run(store.query_read_only, req.query, req.max_rows)
+        return list(rows(table))
+
+    return app
+
+
+def serve_store(db: str, *, host: str = "127.0.0.1", port: int = 8700, token: str | None = None,
+                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+    """Open the store, serve it until SIGINT/SIGTERM, then drain pending writes and close the file."""
+    import uvicorn
+
+    store = SpanStore(db)
+    try:
+        app = create_store_app(store, token=token, max_body_bytes=max_body_bytes)
+        logger.info("store server for %s on http://%s:%d", db, host, port)
+        uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    finally:
+        store.close()

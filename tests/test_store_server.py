@@ -1,0 +1,198 @@
+"""The store server over real HTTP (`spanlab store serve` in a subprocess) and its client."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from spanlab.errors import InvalidSpanError, NotFoundError, QueryError, StoreError
+from spanlab.store.client import StoreClient
+from spanlab.types import RolloutConfig
+from tests.conftest import llm_span
+
+SPANLAB = str(Path(sys.executable).with_name("spanlab"))
+TOKEN = "t0k3n"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    def __init__(self, db: Path, port: int, *extra: str) -> None:
+        self.db, self.port, self.extra = db, port, extra
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        cmd = [SPANLAB, "store", "serve", "--db", str(self.db), "--port", str(self.port), "--token", TOKEN,
+               *self.extra]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"store server exited: {self.proc.stderr.read()}")
+            try:
+                if httpx.get(f"{self.url}/health", headers={"Authorization": f"Bearer {TOKEN}"}).is_success:
+                    return
+            except httpx.TransportError:
+                time.sleep(0.1)
+        raise RuntimeError("store server did not come up")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[ServerProcess]:
+    srv = ServerProcess(tmp_path_factory.mktemp("srv") / "store.duckdb", free_port(), "--max-body-mb", "1")
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def client(server: ServerProcess) -> Iterator[StoreClient]:
+    with StoreClient(server.url, token=TOKEN, retry_for_s=5) as c:
+        yield c
+
+
+def test_token_is_required(server: ServerProcess) -> None:
+    assert httpx.get(f"{server.url}/health").status_code == 401
+    assert httpx.get(f"{server.url}/health", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    with pytest.raises(StoreError, match="refused"):
+        StoreClient(server.url, token="wrong").list_rollouts()
+
+
+def test_client_speaks_the_store_api(client: StoreClient) -> None:
+    r = client.enqueue_one({"q": "2+2"}, mode="val", config=RolloutConfig(max_attempts=2))
+    rollout, attempt = client.dequeue(worker_id="remote", mode="val")
+    assert rollout.rollout_id == r.rollout_id and attempt.worker_id == "remote"
+    assert client.heartbeat(attempt.attempt_id).status == "running"
+    spans = [llm_span(rollout, attempt, n_prompt=300, seed=i) for i in range(4)]
+    assert client.add_spans(spans) == 4
+    assert client.add_spans(spans) == 0  # retried write: deduplicated on the server
+    table = client.spans_table(attempt_ids=[attempt.attempt_id], columns=["span_id", "prompt_token_ids"])
+    assert table["span_id"].to_pylist() == [s.span_id for s in spans]
+    assert table["prompt_token_ids"].to_pylist() == [s.llm.prompt_token_ids for s in spans]
+    typed = list(client.iter_spans(attempt_ids=[attempt.attempt_id]))
+    assert [s.llm.response_token_ids for s in typed] == [s.llm.response_token_ids for s in spans]
+    assert client.finish_attempt(attempt.attempt_id, "failed").status == "requeuing"
+    assert [a.status for a in client.list_attempts(r.rollout_id)] == ["failed"]
+    assert client.get_rollout(r.rollout_id).num_attempts == 1
+    v = client.add_resource("prompt", {"text": "be brief"}, kind="prompt_template")
+    assert client.get_resource("prompt").version == v.version
+    rows = client.query(f"SELECT llm_calls FROM rollout_summary WHERE rollout_id = '{r.rollout_id}'").to_pylist()
+    assert rows == [{"llm_calls": 4}]
+    assert client.spans_table(kinds=["no-such-kind"]).num_rows == 0
+
+
+def test_errors_are_4xx_with_a_message(server: ServerProcess, client: StoreClient) -> None:
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    json_header = {**auth, "Content-Type": "application/json"}
+    bad_json = httpx.post(f"{server.url}/rollouts", content=b"[{not json", headers=json_header)
+    assert bad_json.status_code == 422
+    wrong_type = httpx.post(f"{server.url}/dequeue", json={"worker_id": 5, "mode": "nope"}, headers=auth)
+    assert wrong_type.status_code == 422 and "mode" in wrong_type.text
+    bad_arrow = httpx.post(f"{server.url}/spans/arrow", content=b"garbage", headers=auth)
+    assert bad_arrow.status_code == 422 and "Arrow IPC" in bad_arrow.text
+    huge = httpx.post(f"{server.url}/spans", content=b"[" + b" " * (2 * 1024 * 1024) + b"]", headers=auth)
+    assert huge.status_code == 413
+    with pytest.raises(NotFoundError, match="unknown rollout_id"):
+        client.get_rollout("ro-nope")
+    with pytest.raises(NotFoundError):
+        client.heartbeat("at-nope")
+    client.enqueue_one({})
+    rollout, attempt = client.dequeue()
+    ghost = llm_span(rollout, attempt).model_copy(update={"attempt_id": "at-ghost"})
+    with pytest.raises(InvalidSpanError, match="unknown attempt_id 'at-ghost'"):
+        client.add_spans([ghost])
+    with pytest.raises(QueryError, match="only SELECT"):
+        client.query("DELETE FROM spans")
+    with pytest.raises(QueryError, match="no access to files"):
+        client.query("SELECT * FROM read_csv('/etc/passwd')")
+    with pytest.raises(QueryError, match="only SELECT"):
+        client.query("ATTACH '/tmp/other.duckdb' AS o")
+
+
+def test_openapi_is_served(server: ServerProcess) -> None:
+    spec = httpx.get(f"{server.url}/openapi.json", headers={"Authorization": f"Bearer {TOKEN}"}).json()
+    assert {"/dequeue", "/spans", "/spans/arrow", "/sql"} <= set(spec["paths"])
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=12,
+)
+routes = st.sampled_from([
+    ("POST", "/rollouts"), ("POST", "/dequeue"), ("POST", "/attempts/{id}/heartbeat"),
+    ("POST", "/attempts/{id}/finish"), ("POST", "/rollouts/{id}/cancel"), ("POST", "/spans"),
+    ("POST", "/resources"), ("POST", "/sql"), ("GET", "/rollouts/{id}"), ("GET", "/resources/{id}"),
+    ("GET", "/attempts/{id}"),
+])
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(route=routes, body=json_values, ident=st.text(min_size=1, max_size=12))
+def test_fuzzed_requests_never_get_a_5xx(server: ServerProcess, route, body, ident) -> None:
+    method, path = route
+    url = server.url + path.replace("{id}", quote(ident, safe=""))
+    resp = httpx.request(method, url, json=body if method == "POST" else None,
+                         headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
+    assert resp.status_code < 500, (method, path, body, resp.text)
+
+
+def test_sigkilled_server_loses_no_acknowledged_span(tmp_path: Path) -> None:
+    srv = ServerProcess(tmp_path / "kill.duckdb", free_port())
+    srv.start()
+    client = StoreClient(srv.url, token=TOKEN, retry_for_s=60)
+    client.enqueue_one({})
+    rollout, attempt = client.dequeue()
+    acked: list[str] = []
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def writer() -> None:
+        try:
+            i = 0
+            while not stop.is_set():
+                batch = [llm_span(rollout, attempt, seed=i + j, span_id=f"k{i + j}") for j in range(20)]
+                client.add_spans(batch)  # retried across the restart; the server dedupes repeats
+                acked.extend(s.span_id for s in batch)
+                i += 20
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    time.sleep(1.5)
+    srv.stop(signal.SIGKILL)
+    before_restart = len(acked)
+    srv.start()
+    time.sleep(1.0)
+    stop.set()
+    thread.join(timeout=60)
+    assert not errors, errors
+    assert before_restart > 0 and len(acked) > before_restart  # it wrote before the kill and after the restart
+    ids = client.spans_table(columns=["span_id"])["span_id"].to_pylist()
+    assert set(acked) <= set(ids), f"{len(set(acked) - set(ids))} acknowledged spans lost"
+    assert len(ids) == len(set(ids)), "a span was stored twice"
+    client.close()
+    srv.stop()
