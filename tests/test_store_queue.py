@@ -169,3 +169,19 @@ def test_list_rollouts_filters(store: SpanStore) -> None:
     assert len(store.list_rollouts(mode="val")) == 3
     assert len(store.list_rollouts(status="queuing")) == 5
     assert [r.input for r in store.list_rollouts(limit=2, offset=1)] == [1, 2]
+
+
+def test_queue_state_survives_reopening(tmp_path) -> None:
+    path = tmp_path / "reopen.duckdb"
+    with SpanStore(path) as store:
+        ids = [store.enqueue_one({"i": i}, config=RolloutConfig(unresponsive_s=0.2, max_attempts=2)).rollout_id
+               for i in range(3)]
+        _, first_attempt = store.dequeue()
+    with SpanStore(path, stale_check_interval_s=0.0) as store:
+        time.sleep(0.3)
+        # the attempt left running before the restart is found silent and its rollout requeued first
+        rollout, attempt = store.dequeue()
+        assert store.get_attempt(first_attempt.attempt_id).status == "unresponsive"
+        assert (rollout.rollout_id, attempt.sequence_id) == (ids[0], 2)
+        assert [store.dequeue()[0].rollout_id for _ in range(2)] == ids[1:]
+        assert store.dequeue() is None

@@ -30,6 +30,7 @@ from spanlab.store.arrow import spans_to_arrow
 from spanlab.store.base import StoreAPI
 from spanlab.store.connection import MEMORY, SAFE_QUERY_CONFIG, connect, cursor, dumps, fetch_dicts, loads
 from spanlab.store.ingest import AttemptIndex, check_batch
+from spanlab.store.queue_index import QueueIndex
 from spanlab.store.schema import SCHEMA_VERSION, SPAN_COLUMNS, TABLES_DDL
 from spanlab.store.validate import conform, validate_span_table
 from spanlab.store.views import VIEWS_DDL
@@ -59,9 +60,11 @@ class SpanStore(StoreAPI):
         self._last_stale_check = 0.0
         self._lock = threading.RLock()
         self._conn = connect(self.path)
-        self._index = AttemptIndex()
+        self._span_index = AttemptIndex()
+        self._queue = QueueIndex()
         self._closed = False
         self._init_schema()
+        self._load_queue()
 
     # --- lifecycle -----------------------------------------------------------------------------
     def _init_schema(self) -> None:
@@ -128,6 +131,12 @@ class SpanStore(StoreAPI):
             return cursor(self._conn, self.path)
 
     # --- rollout queue -------------------------------------------------------------------------
+    def _load_queue(self) -> None:
+        for enqueue_time, rollout_id, mode in queue.waiting_rollouts(self._conn):
+            self._queue.push(enqueue_time, rollout_id, mode)
+        for rollout, attempt in queue.active_attempts(self._conn):
+            self._queue.active[attempt.attempt_id] = (rollout, attempt)
+
     def enqueue(self, rollouts: Sequence[Rollout]) -> list[Rollout]:
         rollouts = [_validated(Rollout, r, i) for i, r in enumerate(rollouts)]
         if not rollouts:
@@ -143,36 +152,66 @@ class SpanStore(StoreAPI):
             if dup:
                 raise InvalidSpanError(f"enqueue: rollout_id {dup[0]!r} already exists")
             cur.execute(f"INSERT INTO rollouts ({queue.ROLLOUT_COLUMNS}) SELECT * FROM _new_rollouts")
+            for r in rollouts:
+                if r.status in ("queuing", "requeuing"):
+                    self._queue.push(r.enqueue_time, r.rollout_id, r.mode)
         return rollouts
 
     def dequeue(self, worker_id: str | None = None, mode: str | None = None) -> tuple[Rollout, Attempt] | None:
         now = time.time()
         self._maybe_expire(now)
-        with self._transaction() as cur:
-            got = queue.dequeue(cur, worker_id, now, mode)
-        if got is not None:
-            with self._lock:
-                self._index.add_attempt(got[1].attempt_id, got[1].rollout_id)
-        return got
+        with self._lock:
+            picked = self._queue.pop(mode)
+            if picked is None:
+                return None
+            enqueue_time, rollout_id, picked_mode = picked
+            try:
+                with self._transaction() as cur:
+                    rollout, attempt = queue.open_attempt(cur, rollout_id, worker_id, now)
+            except BaseException:
+                self._queue.push(enqueue_time, rollout_id, picked_mode)  # nothing changed: it still waits
+                raise
+            self._queue.active[attempt.attempt_id] = (rollout, attempt)
+            self._span_index.add_attempt(attempt.attempt_id, rollout_id)
+        return rollout, attempt
 
     def heartbeat(self, attempt_id: str) -> Attempt:
-        with self._transaction() as cur:
-            return queue.heartbeat(cur, attempt_id, time.time())
+        with self._lock:
+            live = self._queue.active.get(attempt_id)
+            if live is None:  # unknown, or already ended: the stored state says which
+                return self.get_attempt(attempt_id)
+            rollout, attempt = live
+            with self._transaction() as cur:
+                attempt = queue.record_heartbeat(cur, attempt, time.time())
+            self._queue.active[attempt_id] = (rollout.model_copy(update={"status": "running"}), attempt)
+            return attempt
 
     def finish_attempt(self, attempt_id: str, status: FinishedAttemptStatus) -> Rollout:
         if status not in ("failed", "succeeded", "timeout", "unresponsive"):
             raise InvalidSpanError(
                 f"finish_attempt: status must be failed|succeeded|timeout|unresponsive, not {status!r}"
             )
-        with self._transaction() as cur:
-            return queue.finish_attempt(cur, attempt_id, status, time.time())
+        with self._lock:
+            live = self._queue.active.get(attempt_id)
+            if live is None:  # already ended (timed out, cancelled, finished twice) or unknown
+                return self.get_rollout(self.get_attempt(attempt_id).rollout_id)
+            rollout = live[0]
+            now = time.time()
+            with self._transaction() as cur:
+                rollout = queue.close_attempt(cur, rollout, attempt_id, status, now)
+            del self._queue.active[attempt_id]
+            if rollout.status == "requeuing":
+                self._queue.push(rollout.enqueue_time, rollout.rollout_id, rollout.mode)
+            return rollout
 
     def expire_stale_attempts(self) -> list[Attempt]:
-        with self._transaction() as cur:
-            expired = queue.expire_stale_attempts(cur, time.time())
-        for a in expired:
-            logger.warning("attempt %s of rollout %s ended %s", a.attempt_id, a.rollout_id, a.status)
-        return expired
+        with self._lock:
+            overdue = self._queue.overdue(time.time())
+            for attempt_id, verdict in overdue:
+                _, attempt = self._queue.active[attempt_id]
+                logger.warning("attempt %s of rollout %s ended %s", attempt_id, attempt.rollout_id, verdict)
+                self.finish_attempt(attempt_id, verdict)
+            return [self.get_attempt(a) for a, _ in overdue]
 
     def _maybe_expire(self, now: float) -> None:
         if now - self._last_stale_check >= self._stale_check_interval_s:
@@ -180,8 +219,13 @@ class SpanStore(StoreAPI):
             self.expire_stale_attempts()
 
     def cancel_rollout(self, rollout_id: str) -> Rollout:
-        with self._transaction() as cur:
-            return queue.cancel_rollout(cur, rollout_id, time.time())
+        with self._lock:
+            with self._transaction() as cur:
+                rollout = queue.cancel_rollout(cur, rollout_id, time.time())
+            self._queue.discard(rollout_id)
+            for attempt_id in [a for a, (r, _) in self._queue.active.items() if r.rollout_id == rollout_id]:
+                del self._queue.active[attempt_id]
+            return rollout
 
     def get_rollout(self, rollout_id: str) -> Rollout:
         return queue.get_rollout(self._cursor(), rollout_id)
@@ -230,12 +274,12 @@ class SpanStore(StoreAPI):
         validate_span_table(tbl)
         check_batch(tbl, self.max_tokens_per_span, self.max_json_bytes)
         with self._lock:
-            fresh = self._index.new_rows(self._conn, tbl)
+            fresh = self._span_index.new_rows(self._conn, tbl)
             if fresh.num_rows == 0:
                 return []
             with self._registered("_new_spans", fresh), self._transaction() as cur:
                 cur.execute(f"INSERT INTO spans ({', '.join(SPAN_COLUMNS)}) SELECT * FROM _new_spans")
-            self._index.mark_stored(fresh)
+            self._span_index.mark_stored(fresh)
         return fresh["span_id"].to_pylist()
 
     def spans_reader(

@@ -3,7 +3,8 @@
 Callers (``SpanStore``) hold the store's lock and run each function inside a transaction, so a
 dequeue that picks a rollout and creates its attempt is atomic: two workers never get the same
 rollout. The retry policy lives in :func:`next_rollout_status`, one pure function that tests can
-read like a table.
+read like a table. Which rollout to dequeue and which attempts are overdue is decided in memory
+(:mod:`spanlab.store.queue_index`); these functions only read and write the tables.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import pyarrow as pa
 from spanlab.errors import NotFoundError
 from spanlab.store.connection import dumps, fetch_dicts, loads
 from spanlab.types import (
-    ACTIVE_ATTEMPT_STATUSES,
     Attempt,
     FinishedAttemptStatus,
     Rollout,
@@ -106,25 +106,24 @@ def next_rollout_status(rollout: Rollout, attempt_status: FinishedAttemptStatus)
     return "failed"
 
 
-def dequeue(
-    cur: duckdb.DuckDBPyConnection, worker_id: str | None, now: float, mode: str | None = None
-) -> tuple[Rollout, Attempt] | None:
-    """Pick the oldest waiting rollout and open its next attempt (caller holds a transaction)."""
-    mode_sql, params = ("AND mode = ?", [mode]) if mode else ("", [])
+def open_attempt(
+    cur: duckdb.DuckDBPyConnection, rollout_id: str, worker_id: str | None, now: float
+) -> tuple[Rollout, Attempt]:
+    """Start the next attempt of a waiting rollout (caller holds a transaction and picked the rollout)."""
     rows = fetch_dicts(
         cur.execute(
-            f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE status IN ('queuing', 'requeuing') {mode_sql} "
-            "ORDER BY enqueue_time, rollout_id LIMIT 1",
-            params,
+            "UPDATE rollouts SET status = 'preparing', num_attempts = num_attempts + 1, "
+            f"start_time = coalesce(start_time, ?) WHERE rollout_id = ? RETURNING {ROLLOUT_COLUMNS}",
+            [now, rollout_id],
         )
     )
     if not rows:
-        return None
+        raise NotFoundError(f"unknown rollout_id {rollout_id!r}")
     rollout = row_to_rollout(rows[0])
     attempt = Attempt(
-        rollout_id=rollout.rollout_id,
+        rollout_id=rollout_id,
         attempt_id=new_id("at"),
-        sequence_id=rollout.num_attempts + 1,
+        sequence_id=rollout.num_attempts,
         worker_id=worker_id,
         status="preparing",
         start_time=now,
@@ -132,41 +131,29 @@ def dequeue(
     )
     cur.execute(
         f"INSERT INTO attempts ({ATTEMPT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?)",
-        [attempt.attempt_id, attempt.rollout_id, attempt.sequence_id, worker_id, "preparing", now, now, "{}"],
-    )
-    cur.execute(
-        "UPDATE rollouts SET status = 'preparing', num_attempts = num_attempts + 1, "
-        "start_time = coalesce(start_time, ?) WHERE rollout_id = ?",
-        [now, rollout.rollout_id],
-    )
-    rollout = rollout.model_copy(
-        update={"status": "preparing", "num_attempts": attempt.sequence_id, "start_time": rollout.start_time or now}
+        [attempt.attempt_id, rollout_id, attempt.sequence_id, worker_id, "preparing", now, now, "{}"],
     )
     return rollout, attempt
 
 
-def heartbeat(cur: duckdb.DuckDBPyConnection, attempt_id: str, now: float) -> Attempt:
-    """Mark an attempt alive (and running); returns it so a worker can see it was timed out meanwhile."""
-    attempt = get_attempt(cur, attempt_id)
-    if attempt.status not in ACTIVE_ATTEMPT_STATUSES:
-        return attempt
+def record_heartbeat(cur: duckdb.DuckDBPyConnection, attempt: Attempt, now: float) -> Attempt:
+    """Mark an active attempt alive and running (its rollout too, on the first beat)."""
     cur.execute(
-        "UPDATE attempts SET last_heartbeat_time = ?, status = 'running' WHERE attempt_id = ?", [now, attempt_id]
+        "UPDATE attempts SET last_heartbeat_time = ?, status = 'running' WHERE attempt_id = ?",
+        [now, attempt.attempt_id],
     )
-    cur.execute(
-        "UPDATE rollouts SET status = 'running' WHERE rollout_id = ? AND status = 'preparing'", [attempt.rollout_id]
-    )
+    if attempt.status == "preparing":
+        cur.execute(
+            "UPDATE rollouts SET status = 'running' WHERE rollout_id = ? AND status = 'preparing'",
+            [attempt.rollout_id],
+        )
     return attempt.model_copy(update={"status": "running", "last_heartbeat_time": now})
 
 
-def finish_attempt(
-    cur: duckdb.DuckDBPyConnection, attempt_id: str, status: FinishedAttemptStatus, now: float
+def close_attempt(
+    cur: duckdb.DuckDBPyConnection, rollout: Rollout, attempt_id: str, status: FinishedAttemptStatus, now: float
 ) -> Rollout:
-    """End an active attempt and apply the retry policy; an already-ended attempt is left as it is."""
-    attempt = get_attempt(cur, attempt_id)
-    rollout = get_rollout(cur, attempt.rollout_id)
-    if attempt.status not in ACTIVE_ATTEMPT_STATUSES:
-        return rollout
+    """End an active attempt of ``rollout`` and apply the retry policy; returns the rollout's new state."""
     cur.execute("UPDATE attempts SET status = ?, end_time = ? WHERE attempt_id = ?", [status, now, attempt_id])
     new_status = next_rollout_status(rollout, status)
     end_time = rollout.end_time if new_status in ("requeuing", "cancelled") else now
@@ -176,25 +163,21 @@ def finish_attempt(
     return rollout.model_copy(update={"status": new_status, "end_time": end_time})
 
 
-def expire_stale_attempts(cur: duckdb.DuckDBPyConnection, now: float) -> list[Attempt]:
-    """Time out attempts past ``timeout_s`` and mark silent ones ``unresponsive``; retry per policy."""
-    rows = cur.execute(
-        """
-        SELECT a.attempt_id,
-               CASE WHEN r.timeout_s IS NOT NULL AND ? - a.start_time > r.timeout_s THEN 'timeout'
-                    ELSE 'unresponsive' END AS verdict
-        FROM attempts a JOIN rollouts r USING (rollout_id)
-        WHERE a.status IN ('preparing', 'running')
-          AND ((r.timeout_s IS NOT NULL AND ? - a.start_time > r.timeout_s)
-            OR (r.unresponsive_s IS NOT NULL AND ? - coalesce(a.last_heartbeat_time, a.start_time) > r.unresponsive_s))
-        """,
-        [now, now, now],
+def active_attempts(cur: duckdb.DuckDBPyConnection) -> list[tuple[Rollout, Attempt]]:
+    """Attempts still preparing or running, with their rollouts (to rebuild the queue index on open)."""
+    ids = cur.execute("SELECT attempt_id FROM attempts WHERE status IN ('preparing', 'running')").fetchall()
+    out = []
+    for (attempt_id,) in ids:
+        attempt = get_attempt(cur, attempt_id)
+        out.append((get_rollout(cur, attempt.rollout_id), attempt))
+    return out
+
+
+def waiting_rollouts(cur: duckdb.DuckDBPyConnection) -> list[tuple[float, str, str]]:
+    """(enqueue_time, rollout_id, mode) of every rollout waiting for an attempt."""
+    return cur.execute(
+        "SELECT enqueue_time, rollout_id, mode FROM rollouts WHERE status IN ('queuing', 'requeuing')"
     ).fetchall()
-    expired = []
-    for attempt_id, verdict in rows:
-        finish_attempt(cur, attempt_id, verdict, now)
-        expired.append(get_attempt(cur, attempt_id))
-    return expired
 
 
 def cancel_rollout(cur: duckdb.DuckDBPyConnection, rollout_id: str, now: float) -> Rollout:

@@ -1,0 +1,55 @@
+"""The in-memory side of the rollout queue: who waits, in what order, and which attempts are live.
+
+A DuckDB statement costs about a millisecond, so scanning the rollouts table for the oldest waiting
+rollout, or for overdue attempts, on every dequeue caps the queue at a few dozen rollouts/s. The
+store process owns its file, so it can keep this index in memory: rebuilt from the tables on open,
+updated only after each transaction commits. DuckDB stays the source of truth.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+from spanlab.types import Attempt, Rollout
+
+
+@dataclass
+class QueueIndex:
+    _heaps: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
+    _waiting: set[str] = field(default_factory=set)
+    active: dict[str, tuple[Rollout, Attempt]] = field(default_factory=dict)
+
+    def push(self, enqueue_time: float, rollout_id: str, mode: str) -> None:
+        heapq.heappush(self._heaps.setdefault(mode, []), (enqueue_time, rollout_id))
+        self._waiting.add(rollout_id)
+
+    def discard(self, rollout_id: str) -> None:
+        """Stop a rollout from being dequeued (lazy: its heap entry is skipped when reached)."""
+        self._waiting.discard(rollout_id)
+
+    def pop(self, mode: str | None) -> tuple[float, str, str] | None:
+        """(enqueue_time, rollout_id, mode) of the oldest waiting rollout (of ``mode``, if given), removed."""
+        modes = [mode] if mode else list(self._heaps)
+        while True:
+            candidates = [m for m in modes if self._heaps.get(m)]
+            if not candidates:
+                return None
+            best = min(candidates, key=lambda m: self._heaps[m][0])
+            enqueue_time, rollout_id = heapq.heappop(self._heaps[best])
+            if rollout_id in self._waiting:
+                self._waiting.discard(rollout_id)
+                return enqueue_time, rollout_id, best
+
+    def overdue(self, now: float) -> list[tuple[str, str]]:
+        """(attempt_id, "timeout" | "unresponsive") for live attempts past their rollout's limits."""
+        out = []
+        for attempt_id, (rollout, attempt) in self.active.items():
+            cfg = rollout.config
+            if cfg.timeout_s is not None and now - attempt.start_time > cfg.timeout_s:
+                out.append((attempt_id, "timeout"))
+                continue
+            last_sign_of_life = attempt.last_heartbeat_time or attempt.start_time
+            if cfg.unresponsive_s is not None and now - last_sign_of_life > cfg.unresponsive_s:
+                out.append((attempt_id, "unresponsive"))
+        return out
