@@ -100,6 +100,27 @@ def store_serve(
 
 
 @app.command()
+def run(
+    config: Annotated[Path, typer.Option("--config", "-c", help="YAML with store, agent, runner, gateway sections")],
+    workers: Annotated[int | None, typer.Option(help="worker processes (default: runner.workers)")] = None,
+) -> None:
+    """Run rollout workers on the store's queue until it is drained."""
+    from spanlab.config import RunConfig, load_config
+    from spanlab.runner.pool import run_pool
+
+    try:
+        cfg = load_config(RunConfig, config)
+        stats = run_pool(cfg, workers)
+    except SpanlabError as exc:
+        _fail(exc)
+        return
+    Console().print(
+        f"attempts: {stats.succeeded} succeeded, {stats.failed} failed, {stats.timeout} timed out, "
+        f"{stats.lost} ended by the store"
+    )
+
+
+@app.command()
 def demo(
     db: DbOption = None,
     rollouts: Annotated[int, typer.Option(help="how many rollouts to simulate")] = 24,

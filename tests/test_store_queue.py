@@ -108,7 +108,8 @@ def test_success_ends_rollout_and_late_finish_is_ignored(store: SpanStore) -> No
     assert store.get_rollout(r.rollout_id).status == "succeeded"
 
 
-def test_timeout_and_unresponsive_detection(store: SpanStore) -> None:
+def test_timeout_and_unresponsive_detection() -> None:
+    store = SpanStore(":memory:", timeout_grace_s=0.0)
     slow = store.enqueue_one({"k": "slow"}, config=RolloutConfig(timeout_s=0.2, max_attempts=2, retry_on=("timeout",)))
     silent = store.enqueue_one({"k": "silent"}, config=RolloutConfig(unresponsive_s=0.2, max_attempts=1))
     # generous margin for the heartbeating one: a loaded CI machine may stall the loop for a while
@@ -131,6 +132,17 @@ def test_timeout_and_unresponsive_detection(store: SpanStore) -> None:
     assert store.finish_attempt(a_slow.attempt_id, "succeeded").status == "requeuing"
     retry_rollout, retry_attempt = store.dequeue()
     assert retry_rollout.rollout_id == slow.rollout_id and retry_attempt.sequence_id == 2
+    store.close()
+
+
+def test_timeouts_wait_for_the_grace_period() -> None:
+    with SpanStore(":memory:", timeout_grace_s=0.5) as store:
+        store.enqueue_one({}, config=RolloutConfig(timeout_s=0.1))
+        _, attempt = store.dequeue()
+        time.sleep(0.3)
+        assert store.expire_stale_attempts() == []  # the worker's own timeout should fire first
+        time.sleep(0.4)
+        assert [a.attempt_id for a in store.expire_stale_attempts()] == [attempt.attempt_id]
 
 
 def test_dequeue_runs_stale_detection(tmp_path) -> None:

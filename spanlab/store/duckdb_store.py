@@ -52,11 +52,13 @@ class SpanStore(StoreAPI):
         max_tokens_per_span: int = DEFAULT_MAX_TOKENS_PER_SPAN,
         max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
         stale_check_interval_s: float = 1.0,
+        timeout_grace_s: float = 2.0,
     ) -> None:
         self.path = str(path)
         self.max_tokens_per_span = max_tokens_per_span
         self.max_json_bytes = max_json_bytes
         self._stale_check_interval_s = stale_check_interval_s
+        self.timeout_grace_s = timeout_grace_s
         self._last_stale_check = 0.0
         self._lock = threading.RLock()
         self._conn = connect(self.path)
@@ -131,7 +133,13 @@ class SpanStore(StoreAPI):
             return cursor(self._conn, self.path)
 
     # --- rollout queue -------------------------------------------------------------------------
+    def _resources_ref(self) -> str | None:
+        """The latest version of every resource, as recorded on the rollouts that use them."""
+        return ",".join(f"{n}@{v}" for n, v in sorted(self._latest_resources.items())) or None
+
     def _load_queue(self) -> None:
+        latest = self._conn.execute("SELECT name, max(version) FROM resources GROUP BY name").fetchall()
+        self._latest_resources: dict[str, int] = dict(latest)
         for enqueue_time, rollout_id, mode in queue.waiting_rollouts(self._conn):
             self._queue.push(enqueue_time, rollout_id, mode)
         for rollout, attempt in queue.active_attempts(self._conn):
@@ -158,16 +166,17 @@ class SpanStore(StoreAPI):
         return rollouts
 
     def dequeue(self, worker_id: str | None = None, mode: str | None = None) -> tuple[Rollout, Attempt] | None:
-        now = time.time()
-        self._maybe_expire(now)
+        self._maybe_expire(time.time())
         with self._lock:
+            now = time.time()  # read under the lock: attempt times then order like the operations do
             picked = self._queue.pop(mode)
             if picked is None:
                 return None
             enqueue_time, rollout_id, picked_mode = picked
             try:
                 with self._transaction() as cur:
-                    rollout, attempt = queue.open_attempt(cur, rollout_id, worker_id, now)
+                    resources = self._resources_ref()
+                    rollout, attempt = queue.open_attempt(cur, rollout_id, worker_id, now, resources)
             except BaseException:
                 self._queue.push(enqueue_time, rollout_id, picked_mode)  # nothing changed: it still waits
                 raise
@@ -206,7 +215,7 @@ class SpanStore(StoreAPI):
 
     def expire_stale_attempts(self) -> list[Attempt]:
         with self._lock:
-            overdue = self._queue.overdue(time.time())
+            overdue = self._queue.overdue(time.time(), self.timeout_grace_s)
             for attempt_id, verdict in overdue:
                 _, attempt = self._queue.active[attempt_id]
                 logger.warning("attempt %s of rollout %s ended %s", attempt_id, attempt.rollout_id, verdict)
@@ -305,13 +314,15 @@ class SpanStore(StoreAPI):
     # --- resources -----------------------------------------------------------------------------
     def add_resource(self, name: str, payload: dict[str, Any], kind: ResourceKind = "other") -> Resource:
         res = _validated(Resource, {"name": name, "payload": payload, "kind": kind}, 0)
-        with self._transaction() as cur:
-            (latest,) = cur.execute("SELECT max(version) FROM resources WHERE name = ?", [name]).fetchone()
-            res.version = (latest or 0) + 1
-            cur.execute(
-                "INSERT INTO resources VALUES (?, ?, ?, ?, ?)",
-                [res.name, res.version, res.kind, dumps(res.payload), res.created_time],
-            )
+        with self._lock:
+            with self._transaction() as cur:
+                (latest,) = cur.execute("SELECT max(version) FROM resources WHERE name = ?", [name]).fetchone()
+                res.version = (latest or 0) + 1
+                cur.execute(
+                    "INSERT INTO resources VALUES (?, ?, ?, ?, ?)",
+                    [res.name, res.version, res.kind, dumps(res.payload), res.created_time],
+                )
+            self._latest_resources[res.name] = res.version  # only once committed
         return res
 
     def get_resource(self, name: str, version: int | None = None) -> Resource:

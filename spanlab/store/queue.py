@@ -107,14 +107,19 @@ def next_rollout_status(rollout: Rollout, attempt_status: FinishedAttemptStatus)
 
 
 def open_attempt(
-    cur: duckdb.DuckDBPyConnection, rollout_id: str, worker_id: str | None, now: float
+    cur: duckdb.DuckDBPyConnection, rollout_id: str, worker_id: str | None, now: float, resources: str | None
 ) -> tuple[Rollout, Attempt]:
-    """Start the next attempt of a waiting rollout (caller holds a transaction and picked the rollout)."""
+    """Start the next attempt of a waiting rollout (caller holds a transaction and picked the rollout).
+
+    A rollout enqueued without ``resources_version`` takes ``resources`` (the latest versions, as
+    ``name@version,...``) when first dequeued, and keeps it across retries.
+    """
     rows = fetch_dicts(
         cur.execute(
             "UPDATE rollouts SET status = 'preparing', num_attempts = num_attempts + 1, "
-            f"start_time = coalesce(start_time, ?) WHERE rollout_id = ? RETURNING {ROLLOUT_COLUMNS}",
-            [now, rollout_id],
+            "start_time = coalesce(start_time, ?), resources_version = coalesce(resources_version, ?) "
+            f"WHERE rollout_id = ? RETURNING {ROLLOUT_COLUMNS}",
+            [now, resources, rollout_id],
         )
     )
     if not rows:

@@ -41,12 +41,16 @@ class QueueIndex:
                 self._waiting.discard(rollout_id)
                 return enqueue_time, rollout_id, best
 
-    def overdue(self, now: float) -> list[tuple[str, str]]:
-        """(attempt_id, "timeout" | "unresponsive") for live attempts past their rollout's limits."""
+    def overdue(self, now: float, timeout_grace_s: float = 0.0) -> list[tuple[str, str]]:
+        """(attempt_id, "timeout" | "unresponsive") for live attempts past their rollout's limits.
+
+        ``timeout_grace_s`` lets the worker, which enforces ``timeout_s`` itself from the moment it got
+        the attempt, act first: the store only steps in for workers that died or hang.
+        """
         out = []
         for attempt_id, (rollout, attempt) in self.active.items():
             cfg = rollout.config
-            if cfg.timeout_s is not None and now - attempt.start_time > cfg.timeout_s:
+            if cfg.timeout_s is not None and now - attempt.start_time > cfg.timeout_s + timeout_grace_s:
                 out.append((attempt_id, "timeout"))
                 continue
             last_sign_of_life = attempt.last_heartbeat_time or attempt.start_time

@@ -1,0 +1,73 @@
+"""What an agent is to the runner: an async function of a task that returns a reward.
+
+Agents talk to the model through ``ctx.llm_base_url`` (the gateway's URL for this attempt, so every
+call is recorded as a span of the attempt) and may report intermediate rewards with
+``ctx.add_reward``. The runner records the returned reward as the attempt's final reward.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+from spanlab.errors import ConfigError
+from spanlab.store.base import StoreAPI
+from spanlab.types import Attempt, Resource, Rollout, Span, reward_span
+
+# Tutorial agents by short name; anything else is given as "package.module:ClassName".
+REGISTERED_AGENTS: dict[str, str] = {}
+
+
+@dataclass
+class RolloutContext:
+    """Everything an agent may use during one attempt."""
+
+    rollout: Rollout
+    attempt: Attempt
+    store: StoreAPI
+    llm_base_url: str | None = None
+    resources: dict[str, Resource] = field(default_factory=dict)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """Headers that tie a call to this attempt, for clients that cannot change the base URL."""
+        return {"x-spanlab-rollout-id": self.rollout.rollout_id, "x-spanlab-attempt-id": self.attempt.attempt_id}
+
+    def add_reward(self, value: float, *, name: str = "reward", call_span_id: str | None = None) -> None:
+        """An intermediate reward (``call_span_id`` ties it to one LLM call)."""
+        self.store.add_spans([reward_span(self.rollout.rollout_id, self.attempt.attempt_id, value, name=name,
+                                          call_span_id=call_span_id)])
+
+    def add_span(self, name: str, kind: str = "custom", **attributes: Any) -> None:
+        """A custom span (a tool call the agent ran itself, a note) in this attempt."""
+        self.store.add_spans([Span(rollout_id=self.rollout.rollout_id, attempt_id=self.attempt.attempt_id,
+                                   name=name, kind=kind, attributes=attributes)])
+
+
+class Agent(ABC):
+    """Subclass and implement :meth:`run`. Keep it async: a blocking agent stalls its worker's heartbeats."""
+
+    @abstractmethod
+    async def run(self, task: Any, ctx: RolloutContext) -> float | None:
+        """Solve ``task`` (the rollout's input); return the final reward, or None to record none."""
+
+
+def load_agent(name: str, kwargs: dict[str, Any] | None = None) -> Agent:
+    """An agent instance from a registered name or a ``module:Class`` path."""
+    target = REGISTERED_AGENTS.get(name, name)
+    if ":" not in target:
+        known = ", ".join(sorted(REGISTERED_AGENTS)) or "none yet"
+        raise ConfigError(f"agent {name!r} is not registered (known: {known}) and is not a 'module:Class' path")
+    module_name, _, class_name = target.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot load agent {target!r}: {exc}") from exc
+    if not (isinstance(cls, type) and issubclass(cls, Agent)):
+        raise ConfigError(f"{target} is not a spanlab.runner.Agent subclass")
+    try:
+        return cls(**(kwargs or {}))
+    except TypeError as exc:
+        raise ConfigError(f"agent {target}: bad kwargs {kwargs}: {exc}") from exc

@@ -1,0 +1,58 @@
+"""Serving an ASGI app with uvicorn on a daemon thread: the store server and gateway inside a process.
+
+``port=0`` binds any free port, and the socket is bound before the thread starts, so ``url`` is
+known immediately and two servers never race for a port.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+import uvicorn
+
+
+class ThreadedServer:
+    def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int = 0, name: str = "server") -> None:
+        self.app, self.host, self.name = app, host, name
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((host, port))
+        self.port: int = self._sock.getsockname()[1]
+        self._server = uvicorn.Server(
+            uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=5)
+        )
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, name=f"spanlab-{name}-{self.port}", daemon=True
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> ThreadedServer:
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive():
+                raise RuntimeError(f"the {self.name} on {self.url} failed to start (see the log)")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"the {self.name} on {self.url} did not start within {timeout}s")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        """Stop serving; the app's shutdown hooks (draining writes) run before this returns."""
+        self._server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join()
+        self._sock.close()
+
+    def __enter__(self) -> ThreadedServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
