@@ -10,6 +10,7 @@ import pytest
 
 from spanlab.store import SpanStore
 from spanlab.types import Attempt, LLMCall, Rollout, Span
+from tests.engine_fixtures import *  # noqa: F403  (one real vLLM server per session: vllm_server)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED = REPO_ROOT.parent / "shared"

@@ -1,0 +1,1 @@
+"""Package data: chat templates spanlab ships (a package so setuptools package-data includes them)."""
