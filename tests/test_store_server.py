@@ -129,6 +129,9 @@ def test_errors_are_4xx_with_a_message(server: ServerProcess, client: StoreClien
         client.query("SELECT * FROM read_csv('/etc/passwd')")
     with pytest.raises(QueryError, match="only SELECT"):
         client.query("ATTACH '/tmp/other.duckdb' AS o")
+    # values JSON cannot hold are sent as strings, not a 500
+    odd = client.query("SELECT 'inf'::DOUBLE AS a, '-inf'::DOUBLE AS b, 'nan'::DOUBLE AS c").to_pylist()
+    assert odd == [{"a": "Infinity", "b": "-Infinity", "c": "NaN"}]
 
 
 def test_openapi_is_served(server: ServerProcess) -> None:
@@ -137,7 +140,7 @@ def test_openapi_is_served(server: ServerProcess) -> None:
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20),
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
     max_leaves=12,
 )

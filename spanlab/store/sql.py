@@ -13,6 +13,7 @@ import datetime as dt
 import decimal
 import io
 import json
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -59,6 +60,9 @@ def run_query(db: str | Path, sql: str, *, max_rows: int | None = None) -> pa.Ta
 
 
 def _jsonable(value: Any) -> Any:
+    """A value strict JSON can carry (non-finite floats become the strings JavaScript would print)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
     if isinstance(value, decimal.Decimal):
         return int(value) if value == value.to_integral_value() else float(value)
     if isinstance(value, (dt.datetime, dt.date, dt.time)):
