@@ -39,6 +39,12 @@ def test_token_columns_are_typed_lists_not_json(store: SpanStore) -> None:
     assert types["response_logprobs"] == "FLOAT[]"
 
 
+def test_arrow_schema_follows_the_table_column_order(store: SpanStore) -> None:
+    from spanlab.store.schema import SPAN_COLUMNS
+
+    assert tuple(store.query("SELECT * FROM spans LIMIT 0").column_names) == SPAN_COLUMNS
+
+
 def test_numpy_arrays_are_accepted_and_stored_the_same(store: SpanStore, started) -> None:
     rollout, attempt = started
     ids = np.arange(100, 140, dtype=np.int64)

@@ -34,7 +34,7 @@ class SpanBatcher:
         self._thread.start()
 
     def submit(self, tbl: pa.Table) -> Future[list[str]]:
-        """Queue a conformed span table; the future resolves to the span_ids that were new."""
+        """Queue a conformed, validated span table; the future resolves to the span_ids that were new."""
         fut: Future[list[str]] = Future()
         if not self._thread.is_alive():
             fut.set_exception(StoreError("the span batcher is stopped"))
@@ -71,7 +71,7 @@ class SpanBatcher:
     def _write(self, pending: list[tuple[pa.Table, Future[list[str]]]]) -> None:
         if len(pending) > 1:
             try:
-                new_ids = set(self.store.ingest(pa.concat_tables([t for t, _ in pending])))
+                new_ids = set(self.store.ingest(pa.concat_tables([t for t, _ in pending]), validated=True))
             except InvalidSpanError:
                 logger.debug("combined batch of %d requests rejected; writing them one by one", len(pending))
             except Exception as exc:  # the store failed as a whole: every waiter must hear it
@@ -84,6 +84,6 @@ class SpanBatcher:
                 return
         for tbl, fut in pending:
             try:
-                fut.set_result(self.store.ingest(tbl))
+                fut.set_result(self.store.ingest(tbl, validated=True))
             except Exception as exc:
                 fut.set_exception(exc)
