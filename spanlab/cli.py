@@ -99,6 +99,23 @@ def store_serve(
         _fail(exc)
 
 
+@app.command("serve")
+def serve_cmd(
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="YAML: db, engine, gateway, store_server")
+    ] = None,
+) -> None:
+    """Start the engine (vLLM), the recording gateway and the span store; print the base URL; Ctrl-C stops all."""
+    from spanlab.config import load_yaml, parse
+    from spanlab.serve import ServeConfig, serve
+
+    try:
+        cfg = parse(ServeConfig, load_yaml(config), source=str(config)) if config else ServeConfig()
+        serve(cfg)
+    except SpanlabError as exc:
+        _fail(exc)
+
+
 @app.command()
 def run(
     config: Annotated[Path, typer.Option("--config", "-c", help="YAML with store, agent, runner, gateway sections")],

@@ -1,0 +1,43 @@
+"""Serve the gateway as its own process.
+
+    python -m spanlab.gateway --upstream http://127.0.0.1:8000 --db runs/spans.duckdb --port 9000
+
+Agents then use ``base_url=http://127.0.0.1:9000/rollout/<rid>/attempt/<aid>/v1``. The process holds
+the DuckDB file read-write (DuckDB allows one such process): runners that must dequeue rollouts from
+the same file should run the gateway in-process instead (``spanlab.gateway.GatewayServer``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+import uvicorn
+
+from spanlab.gateway.app import create_app
+from spanlab.gateway.config import GatewayConfig
+from spanlab.store import SpanStore
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m spanlab.gateway", description=__doc__.splitlines()[0])
+    p.add_argument("--upstream", required=True, help="engine base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--db", default=":memory:", help="span store file (default: a throwaway in-memory store)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=9000)
+    p.add_argument("--fallback", default=None, help="JSONL file for spans the store cannot take")
+    p.add_argument("--flush-interval", type=float, default=None, help="seconds the writer gathers spans per batch")
+    p.add_argument("--log-level", default="info")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    overrides = {} if args.flush_interval is None else {"flush_interval_s": args.flush_interval}
+    config = GatewayConfig(upstream_base_url=args.upstream, fallback_path=args.fallback, **overrides)
+    with SpanStore(args.db) as store:
+        app = create_app(store, config=config)
+        uvicorn.run(
+            app, host=args.host, port=args.port, log_level=args.log_level, access_log=False, proxy_headers=False
+        )
+
+
+if __name__ == "__main__":
+    main()

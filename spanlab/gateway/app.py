@@ -1,0 +1,101 @@
+"""Building the gateway app, and serving it in-process.
+
+``create_app`` returns a plain Starlette app (no FastAPI: its validation layer would cost latency on
+every call and the bodies are forwarded as they are anyway). ``GatewayServer`` runs it with uvicorn on
+a loopback port in a background thread, so tests, notebooks and in-process runners can start and stop
+a gateway without a subprocess:
+
+    with GatewayServer(store, "http://127.0.0.1:8000") as gw:
+        client = AsyncOpenAI(base_url=gw.base_url(rollout.rollout_id, attempt.attempt_id), api_key="x")
+        ...
+        gw.flush()   # spans are written a few ms after each response; flush before reading them
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from spanlab.gateway.config import GatewayConfig
+from spanlab.gateway.protocol import error_body
+from spanlab.gateway.proxy import Gateway
+from spanlab.serving import ThreadedServer
+from spanlab.store.base import StoreAPI
+
+logger = logging.getLogger(__name__)
+
+
+async def _not_found(request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse(
+        error_body(
+            f"no route {request.method} {request.url.path}; the gateway serves /v1/chat/completions, "
+            "/v1/completions and /v1/models, optionally under /rollout/{rid}/attempt/{aid}",
+            code="not_found",
+        ),
+        status_code=404,
+    )
+
+
+def create_app(
+    store: StoreAPI, upstream_base_url: str | None = None, *, config: GatewayConfig | None = None, **overrides: Any
+) -> Starlette:
+    """A gateway in front of ``upstream_base_url`` recording into ``store`` (which the caller owns).
+
+    Pass a full ``config``, or the URL plus any :class:`GatewayConfig` fields as keywords. The app's
+    lifespan starts the upstream client and span writer, and on shutdown flushes every queued span.
+    """
+    if config is None:
+        if upstream_base_url is None:
+            raise TypeError("create_app needs upstream_base_url or config")
+        config = GatewayConfig(upstream_base_url=upstream_base_url, **overrides)
+    elif upstream_base_url is not None or overrides:
+        raise TypeError("pass either config or upstream_base_url/overrides, not both")
+    gateway = Gateway(store, config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await gateway.start()
+        logger.info("gateway up, forwarding to %s", config.upstream_base_url)
+        try:
+            yield
+        finally:
+            await gateway.stop()
+
+    app = Starlette(routes=gateway.routes(), lifespan=lifespan, exception_handlers={404: _not_found})
+    app.state.gateway = gateway
+    return app
+
+
+class GatewayServer(ThreadedServer):
+    """A gateway served by uvicorn on ``host:port`` in a daemon thread (``port=0``: any free port)."""
+
+    def __init__(self, store: StoreAPI, upstream_base_url: str | None = None, *, host: str = "127.0.0.1",
+                 port: int = 0, config: GatewayConfig | None = None, **overrides: Any) -> None:
+        super().__init__(create_app(store, upstream_base_url, config=config, **overrides), host=host, port=port,
+                         name="gateway")
+        self.gateway: Gateway = self.app.state.gateway
+
+    def base_url(self, rollout_id: str | None = None, attempt_id: str | None = None) -> str:
+        """The OpenAI ``base_url`` an agent should use (attributed when IDs are given)."""
+        if rollout_id is None and attempt_id is None:
+            return f"{self.url}/v1"
+        if rollout_id is None or attempt_id is None:
+            raise ValueError("give both rollout_id and attempt_id, or neither")
+        return f"{self.url}/rollout/{rollout_id}/attempt/{attempt_id}/v1"
+
+    def flush(self, timeout: float | None = 30.0) -> bool:
+        """Block until every span recorded so far is in the store."""
+        return self.gateway.writer.flush(timeout)
+
+    def start(self, timeout: float = 30.0) -> GatewayServer:
+        super().start(timeout)
+        return self
+
+    def __enter__(self) -> GatewayServer:
+        return self.start()

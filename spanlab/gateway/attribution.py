@@ -1,0 +1,72 @@
+"""Which rollout and attempt a call belongs to, checked against the store before tokens are spent.
+
+A call names its attempt in the URL (``/rollout/{rid}/attempt/{aid}/v1/...``, what an agent gets by
+setting its OpenAI ``base_url``) or in the headers ``x-spanlab-rollout-id`` + ``x-spanlab-attempt-id``
+(for clients whose base URL is fixed); neither means unattributed. An unknown attempt, or one of
+another rollout, is a 404 now rather than a span the store would reject later. Known pairs are cached:
+the store is asked once per attempt, off the event loop (a DuckDB lookup costs milliseconds).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping
+
+import anyio
+
+from spanlab.errors import StoreError
+from spanlab.gateway.protocol import BadRequestError
+from spanlab.store.base import StoreAPI
+
+ROLLOUT_HEADER = "x-spanlab-rollout-id"
+ATTEMPT_HEADER = "x-spanlab-attempt-id"
+
+
+def requested_attribution(path_params: Mapping[str, str], headers: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """(rollout_id, attempt_id) the request names, or (None, None); contradictions are a 400."""
+    rid, aid = path_params.get("rollout_id"), path_params.get("attempt_id")
+    h_rid, h_aid = headers.get(ROLLOUT_HEADER), headers.get(ATTEMPT_HEADER)
+    if rid is None:
+        if (h_rid is None) != (h_aid is None):
+            raise BadRequestError(f"send both {ROLLOUT_HEADER} and {ATTEMPT_HEADER}, or neither")
+        return h_rid, h_aid
+    if (h_rid is not None and h_rid != rid) or (h_aid is not None and h_aid != aid):
+        raise BadRequestError("the rollout/attempt in the headers differ from those in the URL path")
+    return rid, aid
+
+
+class AttemptChecker:
+    """Confirms (rollout, attempt) pairs exist in the store; remembers the last ``cache_size`` of them."""
+
+    def __init__(self, store: StoreAPI, cache_size: int) -> None:
+        self.store = store
+        self.cache_size = cache_size
+        self._known: OrderedDict[str, str] = OrderedDict()  # attempt_id -> rollout_id
+
+    async def check(self, rollout_id: str, attempt_id: str) -> None:
+        known = self._known.get(attempt_id)
+        if known is None:
+            known = await self._lookup(rollout_id, attempt_id)
+        if known != rollout_id:
+            raise BadRequestError(
+                f"attempt {attempt_id!r} belongs to rollout {known!r}, not {rollout_id!r}", 404, "unknown_attempt"
+            )
+
+    async def _lookup(self, rollout_id: str, attempt_id: str) -> str:
+        try:
+            attempt = await anyio.to_thread.run_sync(self.store.get_attempt, attempt_id)
+        except KeyError as exc:  # NotFoundError
+            raise BadRequestError(
+                f"unknown attempt {attempt_id!r} (rollout {rollout_id!r}): open it with store.dequeue() before "
+                "calling through the gateway",
+                404,
+                "unknown_attempt",
+            ) from exc
+        except StoreError as exc:
+            raise BadRequestError(
+                f"span store unavailable, cannot check attempt {attempt_id!r}: {exc}", 503, "store_unavailable"
+            ) from exc
+        self._known[attempt_id] = attempt.rollout_id
+        if len(self._known) > self.cache_size:
+            self._known.popitem(last=False)
+        return attempt.rollout_id

@@ -1,0 +1,299 @@
+"""The request handlers: forward to the engine, answer the agent, hand spans to the writer.
+
+A call is attributed by its URL (``/rollout/{rid}/attempt/{aid}/v1/...``) or by the headers
+``x-spanlab-rollout-id`` + ``x-spanlab-attempt-id``; with neither it is forwarded and recorded as
+unattributed. The attempt is checked against the store once (then cached), so a typo gets a 404
+before any tokens are spent instead of a span the store would later reject.
+
+What the agent sees: the engine's own status and body (minus the fields the gateway added), 502
+when the engine cannot be reached, 504 when it does not answer in time; every one of those calls
+is recorded, failures as ``status="error"`` spans with ``attributes.error``. Only requests that
+cannot be forwarded at all (invalid JSON, unknown attempt) get a 4xx without a span.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import random
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import anyio
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import BaseRoute, Route
+
+from spanlab.gateway.attribution import AttemptChecker, requested_attribution
+from spanlab.gateway.config import GatewayConfig
+from spanlab.gateway.protocol import (
+    ENDPOINT_PATHS,
+    BadRequestError,
+    Endpoint,
+    dumps,
+    error_body,
+    loads,
+    needs_rewrite,
+    prepare_upstream,
+    strip_for_agent,
+)
+from spanlab.gateway.recording import CallContext, error_span, spans_from_record
+from spanlab.gateway.records import StreamAccumulator, record_from_response
+from spanlab.gateway.upstream import UpstreamClient, UpstreamError
+from spanlab.gateway.writer import SpanWriter
+from spanlab.store.base import StoreAPI
+
+logger = logging.getLogger(__name__)
+
+SPAN_IDS_HEADER = "x-spanlab-span-ids"
+ROLLOUT_PREFIX = "/rollout/{rollout_id}/attempt/{attempt_id}"
+_FORWARDED_HEADERS = ("authorization",)
+# Stream failures the agent has not been told about yet (an in-stream vLLM error event already reached it).
+_GATEWAY_STREAM_ERRORS = frozenset({"upstream_timeout", "upstream_stream_broken", "upstream_stream_truncated"})
+
+
+def _error(status: int, message: str, code: str, err_type: str = "invalid_request_error") -> Response:
+    return Response(dumps(error_body(message, code=code, err_type=err_type)), status, media_type="application/json")
+
+
+class Gateway:
+    """Handlers of one gateway app; owns the upstream HTTP client and the span writer."""
+
+    def __init__(self, store: StoreAPI, config: GatewayConfig) -> None:
+        self.store = store
+        self.config = config
+        self.writer = SpanWriter(
+            store,
+            flush_interval_s=config.flush_interval_s,
+            max_batch=config.max_batch_spans,
+            fallback_path=config.fallback_path,
+        )
+        self.upstream = UpstreamClient(config)
+        self.attempts = AttemptChecker(store, config.attempt_cache_size)
+        self._rng = random.Random()  # seeded from os.urandom; span IDs need uniqueness, not secrecy
+
+    def _span_id(self) -> str:
+        """``sp-`` + 16 hex digits like ``types.new_id``, without a uuid4 syscall on the hot path."""
+        return f"sp-{self._rng.getrandbits(64):016x}"
+
+    # --- lifecycle -------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self.writer.start()
+        await self.upstream.start()
+
+    async def stop(self) -> None:
+        await self.upstream.close()
+        await anyio.to_thread.run_sync(self.writer.close, self.config.close_timeout_s)
+
+    def routes(self) -> list[BaseRoute]:
+        """Generation routes first: Starlette tries routes in order, and they take nearly all traffic."""
+        routes: list[BaseRoute] = [
+            Route(prefix + path, functools.partial(self.generate, endpoint), methods=["POST"])
+            for prefix in (ROLLOUT_PREFIX, "")
+            for endpoint, path in ENDPOINT_PATHS.items()
+        ]
+        routes += [Route(prefix + "/v1/models", self.models, methods=["GET"]) for prefix in (ROLLOUT_PREFIX, "")]
+        routes += [
+            Route("/health", self.health, methods=["GET"]),
+            Route("/spanlab/flush", self.flush, methods=["POST"]),
+        ]
+        return routes
+
+    # --- small routes ----------------------------------------------------------------------------
+    async def health(self, request: Request) -> Response:
+        w = self.writer
+        return JSONResponse(
+            {
+                "status": "ok",
+                "upstream": self.config.upstream_base_url,
+                "spans": {
+                    "pending": w.pending,
+                    "written": w.written,
+                    "given_up": w.given_up,
+                    "write_failures": w.write_failures,
+                },
+            }
+        )
+
+    async def flush(self, request: Request) -> Response:
+        """Wait until every span recorded so far is in the store (runners call it before scoring)."""
+        timeout = float(request.query_params.get("timeout", "30"))
+        done = await anyio.to_thread.run_sync(self.writer.flush, timeout)
+        return JSONResponse({"flushed": done, "pending": self.writer.pending}, status_code=200 if done else 504)
+
+    async def models(self, request: Request) -> Response:
+        try:
+            resp = await self.upstream.send("GET", "/v1/models", headers=self._upstream_headers(request))
+            content = await self.upstream.read(resp)
+        except UpstreamError as exc:
+            return _error(exc.status_code, str(exc), exc.code, "upstream_error")
+        return Response(content, resp.status, media_type=resp.headers.get("content-type"))
+
+    # --- generation ------------------------------------------------------------------------------
+    async def generate(self, endpoint: Endpoint, request: Request) -> Response:
+        start = time.time()
+        try:
+            body = self._parse_body(await request.body())
+            upstream_body, asked = prepare_upstream(endpoint, body)
+            rollout_id, attempt_id = requested_attribution(request.path_params, request.headers)
+            if rollout_id is not None and attempt_id is not None:
+                await self.attempts.check(rollout_id, attempt_id)
+        except BadRequestError as exc:
+            logger.warning("rejected %s %s: %s", request.method, request.url.path, exc)
+            return _error(exc.status_code, str(exc), exc.code)
+        ctx = CallContext(
+            endpoint=endpoint,
+            rollout_id=rollout_id,
+            attempt_id=attempt_id,
+            body=body,
+            asked=asked,
+            span_ids=[self._span_id() for _ in range(asked.n)],
+            start_time=start,
+        )
+        content = dumps(upstream_body)
+        headers = self._upstream_headers(request)
+        path = ENDPOINT_PATHS[endpoint]
+        try:
+            upstream = await self.upstream.send("POST", path, body=content, headers=headers)
+            if upstream.status >= 300:
+                return self._upstream_error(ctx, upstream, await self.upstream.read(upstream))
+            if asked.stream:
+                return StreamingResponse(
+                    self._relay(ctx, upstream),
+                    media_type="text/event-stream",
+                    headers={SPAN_IDS_HEADER: ",".join(ctx.span_ids)},
+                )
+            raw = await self.upstream.read(upstream)
+        except UpstreamError as exc:
+            return self._fail(ctx, exc.status_code, exc.code, str(exc))
+        return self._unary(ctx, upstream.status, raw)
+
+    def _unary(self, ctx: CallContext, status: int, raw: bytes) -> Response:
+        end = time.time()
+        try:
+            data = loads(raw)
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):
+            return self._fail(ctx, 502, "upstream_bad_response", "upstream sent a body that is not a JSON object")
+        record = record_from_response(ctx.endpoint, data)  # before stripping: it keeps the IDs
+        self.writer.submit(lambda: spans_from_record(ctx, record, end_time=end))
+        content = dumps(strip_for_agent(data, ctx.endpoint, ctx.asked)) if needs_rewrite(ctx.asked) else raw
+        return Response(
+            content, status, media_type="application/json", headers={SPAN_IDS_HEADER: ",".join(ctx.span_ids)}
+        )
+
+    async def _relay(self, ctx: CallContext, upstream: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+        """Pass SSE events on as they arrive; record one complete span set when the stream ends."""
+        acc = StreamAccumulator(ctx.endpoint)
+        rewrite = needs_rewrite(ctx.asked)
+        error: dict[str, Any] | None = None
+        saw_done = False
+        try:
+            async for lines in self.upstream.line_batches(upstream):
+                out: list[bytes] = []
+                for line in lines:
+                    if not line.startswith(b"data:"):
+                        continue  # blank separators and comments: events are re-framed below
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        saw_done = True
+                    elif (chunk := self._chunk(data)) is not None:
+                        acc.add(chunk)
+                        if rewrite:
+                            data = dumps(strip_for_agent(chunk, ctx.endpoint, ctx.asked))
+                    out += (b"data: ", data, b"\n\n")
+                if out:
+                    yield b"".join(out)
+        except UpstreamError as exc:
+            error = {
+                "type": "upstream_timeout" if exc.code == "upstream_timeout" else "upstream_stream_broken",
+                "message": str(exc),
+            }
+        except BaseException:  # cancelled: the agent went away; record what was generated, then re-raise
+            error = {"type": "client_disconnected", "message": "the agent closed the stream before it ended"}
+            raise
+        finally:
+            if saw_done:
+                upstream.release()  # keep the connection for the next call
+            else:
+                upstream.close()  # abandoned midway: closing tells vLLM to stop generating
+            if error is None and acc.error is not None:
+                error = {"type": "upstream_stream_error", "message": str(acc.error.get("message")), "body": acc.error}
+            if error is None and not saw_done:
+                error = {"type": "upstream_stream_truncated", "message": "the stream ended without [DONE]"}
+            record, end = acc.result(), time.time()
+            self.writer.submit(lambda: spans_from_record(ctx, record, end_time=end, error=error))
+        if error is not None and error["type"] in _GATEWAY_STREAM_ERRORS:
+            yield (
+                b"data: " + dumps(error_body(error["message"], code=error["type"], err_type="upstream_error")) + b"\n\n"
+            )
+
+    @staticmethod
+    def _chunk(data: bytes) -> dict[str, Any] | None:
+        """An SSE event's JSON object; None (passed on unrecorded) for anything else."""
+        try:
+            chunk = loads(data)
+        except ValueError:
+            chunk = None
+        if not isinstance(chunk, dict):
+            logger.warning("upstream sent an SSE event that is not a JSON object; passed on unrecorded: %.200r", data)
+            return None
+        return chunk
+
+    def _upstream_error(self, ctx: CallContext, upstream: aiohttp.ClientResponse, content: bytes) -> Response:
+        """Pass the engine's 4xx/5xx through unchanged, and record it."""
+        try:
+            body: Any = loads(content)
+        except ValueError:
+            body = content[:4096].decode("utf-8", "replace")
+        message = (
+            body.get("error", {}).get("message")
+            if isinstance(body, dict) and isinstance(body.get("error"), dict)
+            else None
+        )
+        error = {
+            "type": "upstream_http_error",
+            "status_code": upstream.status,
+            "message": message or str(body)[:500],
+            "body": body,
+        }
+        end = time.time()
+        self.writer.submit(lambda: [error_span(ctx, end_time=end, upstream_status=upstream.status, error=error)])
+        return Response(
+            content,
+            upstream.status,
+            media_type=upstream.headers.get("content-type"),
+            headers={SPAN_IDS_HEADER: ctx.span_ids[0]},
+        )
+
+    def _fail(self, ctx: CallContext, status: int, code: str, message: str) -> Response:
+        """No usable answer from the engine: record an error span, tell the agent ``status``."""
+        logger.error("call %s failed: %s", ctx.span_ids[0], message)
+        error = {"type": code, "status_code": status, "message": message}
+        end = time.time()
+        self.writer.submit(lambda: [error_span(ctx, end_time=end, upstream_status=None, error=error)])
+        return _error(status, message, code, "upstream_error")
+
+    # --- request checks --------------------------------------------------------------------------
+    @staticmethod
+    def _parse_body(raw: bytes) -> dict[str, Any]:
+        try:
+            body = loads(raw)
+        except ValueError as exc:
+            raise BadRequestError(f"the request body is not valid JSON: {exc}", code="invalid_json") from exc
+        if not isinstance(body, dict):
+            raise BadRequestError(
+                f"the request body must be a JSON object, not {type(body).__name__}", code="invalid_json"
+            )
+        return body
+
+    @staticmethod
+    def _upstream_headers(request: Request) -> dict[str, str]:
+        headers = {"content-type": "application/json"}
+        for name in _FORWARDED_HEADERS:
+            if name in request.headers:
+                headers[name] = request.headers[name]
+        return headers

@@ -1,0 +1,153 @@
+"""Turning one proxied call into ``llm_call`` spans.
+
+Responses and streams arrive here as a :class:`~spanlab.gateway.records.ResponseRecord`; one
+function turns a record into spans, another records a call that got no response at all.
+
+``n > 1``: one span per choice, each a complete (prompt IDs, response IDs) sample that shares the
+prompt IDs; ``attributes.choice_index`` and ``attributes.n`` tie them together, the span IDs are
+allocated up front (the agent gets them in the ``x-spanlab-span-ids`` header).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from spanlab.gateway.protocol import ENDPOINT_PATHS, AgentAsked, Endpoint, request_params
+from spanlab.gateway.records import ResponseRecord
+from spanlab.types import LLMCall, Span, SpanStatus
+
+logger = logging.getLogger(__name__)
+
+SPAN_NAMES: dict[Endpoint, str] = {"chat": "chat.completions", "completions": "completions"}
+
+
+@dataclass(slots=True)
+class CallContext:
+    """Everything about one agent call known before the upstream answers."""
+
+    endpoint: Endpoint
+    rollout_id: str | None
+    attempt_id: str | None
+    body: dict[str, Any]
+    asked: AgentAsked
+    span_ids: list[str]
+    start_time: float
+
+
+def base_attributes(ctx: CallContext, upstream_status: int | None) -> dict[str, Any]:
+    attrs: dict[str, Any] = {
+        "endpoint": ENDPOINT_PATHS[ctx.endpoint],
+        "stream": ctx.asked.stream,
+        "request_params": request_params(ctx.body),
+        "upstream_status": upstream_status,
+    }
+    prompt = ctx.body.get("prompt")
+    if ctx.endpoint == "completions" and isinstance(prompt, str):
+        attrs["request_prompt"] = prompt  # token-ID prompts are already in prompt_token_ids
+    return attrs
+
+
+def _llm_fields(ctx: CallContext, model: str | None) -> dict[str, Any]:
+    return {
+        "model": str(model or ctx.body.get("model") or ""),
+        "request_messages": (ctx.body.get("messages") or []) if ctx.endpoint == "chat" else [],
+        "request_tools": ctx.body.get("tools"),
+    }
+
+
+def spans_from_record(
+    ctx: CallContext,
+    record: ResponseRecord,
+    *,
+    end_time: float,
+    upstream_status: int = 200,
+    error: dict[str, Any] | None = None,
+) -> list[Span]:
+    """One span per choice; ``error`` marks them all ``status="error"`` (e.g. a stream cut midway)."""
+    n = len(record.choices)
+    if n == 0:
+        return [
+            error_span(
+                ctx,
+                end_time=end_time,
+                upstream_status=upstream_status,
+                error=error or {"type": "empty_response", "message": "upstream returned no choices"},
+            )
+        ]
+    spans = []
+    for choice in record.choices:
+        prompt_ids = choice.prompt_token_ids or record.prompt_token_ids or []
+        attrs = base_attributes(ctx, upstream_status)
+        attrs.update(response_id=record.response_id, choice_index=choice.index, n=n)
+        if not choice.token_ids or not prompt_ids:
+            attrs["warning"] = "upstream returned no token IDs (is it vLLM >= 0.10.2?)"
+        if error is not None:
+            attrs["error"] = error
+        usage = record.usage or {}
+        if n > 1 and usage:
+            attrs["upstream_usage"] = usage  # totals over all choices
+        prompt_tokens = usage.get("prompt_tokens", len(prompt_ids))
+        completion_tokens = (
+            usage["completion_tokens"] if n == 1 and "completion_tokens" in usage else len(choice.token_ids)
+        )
+        fields = _llm_fields(ctx, record.model)
+        fields.update(
+            response_message=choice.message,
+            finish_reason=choice.finish_reason,
+            prompt_token_ids=prompt_ids,
+            response_token_ids=choice.token_ids,
+            response_logprobs=choice.logprobs,
+            usage={
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+        )
+        span_id = ctx.span_ids[choice.index] if choice.index < len(ctx.span_ids) else None
+        spans.append(_span(ctx, span_id, fields, attrs, "error" if error else "ok", end_time))
+    return spans
+
+
+def error_span(ctx: CallContext, *, end_time: float, upstream_status: int | None, error: dict[str, Any]) -> Span:
+    """The span of a call that produced no response: upstream 4xx/5xx, timeout, unreachable engine."""
+    attrs = base_attributes(ctx, upstream_status)
+    attrs["error"] = error
+    return _span(ctx, ctx.span_ids[0] if ctx.span_ids else None, _llm_fields(ctx, None), attrs, "error", end_time)
+
+
+def _span(
+    ctx: CallContext,
+    span_id: str | None,
+    fields: dict[str, Any],
+    attrs: dict[str, Any],
+    status: SpanStatus,
+    end_time: float,
+) -> Span:
+    """Build the span; a field that fails validation is dropped (and named), never the whole call."""
+    try:
+        llm = LLMCall(**fields)
+    except ValidationError as exc:
+        logger.warning("recording call %s without some fields that failed validation: %s", span_id, exc)
+        attrs["recording_error"] = str(exc)[:4000]
+        try:
+            llm = LLMCall(**{**fields, "response_logprobs": None})
+        except ValidationError:
+            llm = LLMCall(model=fields["model"])
+            status = "error"
+    extra = {"span_id": span_id} if span_id else {}
+    return Span(
+        rollout_id=ctx.rollout_id,
+        attempt_id=ctx.attempt_id,
+        name=SPAN_NAMES[ctx.endpoint],
+        kind="llm_call",
+        start_time=ctx.start_time,
+        end_time=end_time,
+        status=status,
+        attributes=attrs,
+        llm=llm,
+        **extra,
+    )

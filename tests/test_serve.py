@@ -1,0 +1,61 @@
+"""`spanlab serve` end to end: gateway + store in one process, a recorded call, a clean Ctrl-C."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from spanlab.config import parse
+from spanlab.errors import ConfigError
+from spanlab.serve import ServeConfig
+from spanlab.store import SpanStore
+
+SPANLAB = str(Path(sys.executable).with_name("spanlab"))
+
+
+def test_serve_config_errors_name_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"gateway\.prot: Extra inputs"):
+        parse(ServeConfig, {"gateway": {"prot": 1}})
+    with pytest.raises(ConfigError, match="must differ"):
+        parse(ServeConfig, {"gateway": {"port": 9000}, "store_server": {"port": 9000}})
+    assert parse(ServeConfig, {}).engine.model  # the embedded default model
+
+
+@pytest.mark.vllm
+def test_serve_records_calls_and_stops_on_ctrl_c(vllm_server, tmp_path: Path) -> None:
+    db = tmp_path / "served.duckdb"
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "db": str(db),
+        "gateway": {"port": 0, "upstream_url": vllm_server.root_url},
+        "store_server": {"port": 0},
+    }))
+    proc = subprocess.Popen([SPANLAB, "serve", "--config", str(cfg)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        base_url = None
+        for line in proc.stdout:
+            if line.startswith("base URL:"):
+                base_url = line.split()[-1]
+                break
+        assert base_url, proc.stderr.read()
+        resp = httpx.post(f"{base_url}/chat/completions", timeout=120, json={
+            "model": vllm_server.model, "max_tokens": 4, "temperature": 0,
+            "messages": [{"role": "user", "content": "Say hi"}],
+        })
+        assert resp.status_code == 200, resp.text
+        text = resp.json()["choices"][0]["message"]["content"]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=60)
+    assert rc == 0, proc.stderr.read()[-2000:]
+    with SpanStore(db) as store:
+        rows = store.query("SELECT rollout_id, response_len, response_message FROM llm_calls").to_pylist()
+    assert len(rows) == 1 and rows[0]["rollout_id"] is None and rows[0]["response_len"] >= 1
+    assert text in rows[0]["response_message"]
