@@ -99,6 +99,77 @@ def store_serve(
         _fail(exc)
 
 
+template_app = typer.Typer(help="Chat templates: TITO prefix checks and known fixes.", no_args_is_help=True)
+app.add_typer(template_app, name="template")
+TokenizerOption = Annotated[
+    Path | None, typer.Option("--tokenizer", help="HF tokenizer folder: adds the token-level check", show_default=False)
+]
+
+
+@template_app.command("check")
+def template_check(
+    template: Annotated[Path, typer.Argument(help="chat template file (.jinja)")],
+    tokenizer: TokenizerOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object instead of a table")] = False,
+) -> None:
+    """Is appending a tool message prefix-preserving (TITO)? Exit 0 yes, 1 no, 2 the check could not run.
+
+    Also reports whether tool calls and results render at all, whether a tools list is needed, and the
+    stop gap (text after the end-of-turn token that the model never samples).
+    """
+    from spanlab.tito.templates import TemplateReport, check_template_file, load_tokenizer
+
+    try:
+        tok = load_tokenizer(tokenizer) if tokenizer is not None else None
+        report = check_template_file(template, tok)
+    except SpanlabError as exc:
+        report = TemplateReport(template=str(template), error=str(exc))
+    if as_json:
+        sys.stdout.write(report.model_dump_json() + "\n")
+    else:
+        from spanlab.tito.view import print_report
+
+        print_report(report, Console())
+    raise typer.Exit(report.exit_code)
+
+
+@template_app.command("fix")
+def template_fix(
+    template: Annotated[Path, typer.Argument(help="chat template file (.jinja)")],
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="write here (default: stdout)")] = None,
+    tokenizer: TokenizerOption = None,
+) -> None:
+    """Apply known one-line fixes (Qwen3's think block), write the result, and re-check it.
+
+    Exit 1 when no known fix applies (nothing is written) or the fixed template still fails the check.
+    """
+    from spanlab.tito.templates import check_template, fix_template, load_tokenizer
+    from spanlab.tito.view import print_verdict
+
+    try:
+        text = template.read_text(encoding="utf-8")
+        fixed, changes = fix_template(text)
+        if not changes:
+            Console(stderr=True).print(f"no known fix applies to {template}", markup=False, highlight=False,
+                                       soft_wrap=True)
+            raise typer.Exit(1)
+        tok = load_tokenizer(tokenizer) if tokenizer is not None else None
+        if out is not None:
+            out.write_text(fixed, encoding="utf-8")
+        else:
+            sys.stdout.write(fixed)
+    except (OSError, UnicodeDecodeError, SpanlabError) as exc:
+        _fail(exc)
+        return
+    console = Console(stderr=out is None)  # stdout carries the template when no --out is given
+    for change in changes:
+        console.print(f"line {change.line} ({change.fix}): {change.before.strip()} -> {change.after.strip()}",
+                      markup=False, highlight=False, soft_wrap=True)
+    report = check_template(fixed, tok, name=str(out) if out is not None else f"{template} (fixed)")
+    print_verdict(report, console)
+    raise typer.Exit(report.exit_code)
+
+
 @app.command("serve")
 def serve_cmd(
     config: Annotated[

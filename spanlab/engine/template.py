@@ -5,8 +5,10 @@ Why spanlab ships its own template: SmolLM2's template has no tools, and a Token
 ``render(conv + [tool], add_generation_prompt=True)[len(render(conv)):]``. That is only correct
 if appending a tool message never changes the tokens already rendered. ``chatml_tools.jinja``
 renders every message as its own ChatML turn and never looks at ``loop.last``, so it is
-prefix-preserving; :func:`check_tool_append_prefix` proves it at token level (a string prefix is
-not enough: BPE merges can cross a seam).
+prefix-preserving; :func:`check_tool_append_prefix` proves it at token level through the tokenizer's
+own ``apply_chat_template`` (a string prefix is not enough: BPE merges can cross a seam). The dummy
+conversation and the prefix comparison live in :mod:`spanlab.tito` (its ``spanlab template check``
+runs the same test on any template file, without a tokenizer if need be).
 
 Tool calls render in the Hermes format that vLLM's ``--tool-call-parser hermes`` reads back.
 """
@@ -24,15 +26,17 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict
 
 from spanlab.engine.errors import TemplateError
+from spanlab.tito.prefix import first_mismatch
+from spanlab.tito.templates import DUMMY_TOOL, dummy_tool_conversation
+
+__all__ = [
+    "DEFAULT_TEMPLATE", "DUMMY_TOOL", "PrefixCheck", "check_tool_append_prefix", "dummy_tool_conversation",
+    "install_chat_template", "load_template", "render_ids",
+]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_TEMPLATE = "chatml_tools"
-
-DUMMY_TOOL: dict[str, Any] = {
-    "type": "function",
-    "function": {"name": "dummy", "description": "dummy", "parameters": {"type": "object", "properties": {}}},
-}
 
 
 class ChatTokenizer(Protocol):
@@ -86,22 +90,6 @@ class PrefixCheck(BaseModel):
         return self.ids_after[len(self.ids_before) :]
 
 
-def dummy_tool_conversation() -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The HF "TITO done right" check: [user, assistant(tool_calls)] and the tool message to append."""
-    conv = [
-        {"role": "user", "content": "dummy"},
-        {
-            "role": "assistant",
-            "content": "",
-            "tool_calls": [
-                {"id": "call_0", "type": "function", "function": {"name": "dummy", "arguments": {}}}
-            ],
-        },
-    ]
-    tool_msg = {"role": "tool", "tool_call_id": "call_0", "name": "dummy", "content": "dummy"}
-    return conv, tool_msg
-
-
 def check_tool_append_prefix(
     tokenizer: ChatTokenizer,
     *,
@@ -124,10 +112,7 @@ def check_tool_append_prefix(
         tools=tools,
         chat_template=chat_template,
     )
-    mismatch = next(
-        (i for i, (a, b) in enumerate(zip(before, after, strict=False)) if a != b),
-        None if len(after) >= len(before) else len(after),
-    )
+    mismatch = first_mismatch(before, after)
     return PrefixCheck(ok=mismatch is None, ids_before=before, ids_after=after, first_mismatch=mismatch)
 
 
