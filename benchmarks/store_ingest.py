@@ -6,7 +6,7 @@ IDs back as Arrow. Token IDs are given two ways: as NumPy arrays (what bulk prod
 in) and as Python lists (what a JSON-parsing producer has). Prints spans/s, read seconds and peak RSS;
 medians over --reps runs. Not a test: the machine is shared and noisy.
 
-Run: .venv/bin/python benchmarks/store_ingest.py [--spans 10000] [--batch 1000] [--reps 3]
+Run: .venv/bin/python benchmarks/store_ingest.py [--spans 10000] [--batch 2048] [--reps 3] [--no-compress]
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from spanlab.store import SpanStore
+from spanlab.store.arrow import spans_to_arrow
 from spanlab.types import LLMCall, Span
 
 
@@ -39,9 +40,26 @@ def make_spans(rollout_id: str, attempt_id: str, n: int, as_lists: bool, seed: i
     return spans
 
 
-def run_once(n: int, batch: int, as_lists: bool, seed: int) -> dict[str, float]:
+def run_arrow_once(n: int, batch: int, seed: int, compress: bool = True) -> float:
+    """The columnar path: Arrow batches (as a bulk producer or the store server has them) -> add_span_table."""
     with tempfile.TemporaryDirectory() as tmp:
-        store = SpanStore(Path(tmp) / "bench.duckdb")
+        store = SpanStore(Path(tmp) / "bench.duckdb", compress=compress)
+        store.enqueue_one({"bench": True})
+        rollout, attempt = store.dequeue("bench")
+        spans = make_spans(rollout.rollout_id, attempt.attempt_id, n, False, seed)
+        tables = [spans_to_arrow(spans[i : i + batch]) for i in range(0, n, batch)]
+        del spans
+        t0 = time.perf_counter()
+        for tbl in tables:
+            store.add_span_table(tbl)
+        ingest_s = time.perf_counter() - t0
+        store.close()
+    return n / ingest_s
+
+
+def run_once(n: int, batch: int, as_lists: bool, seed: int, compress: bool = True) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        store = SpanStore(Path(tmp) / "bench.duckdb", compress=compress)
         store.enqueue_one({"bench": True})
         rollout, attempt = store.dequeue("bench")
         t0 = time.perf_counter()
@@ -63,19 +81,25 @@ def run_once(n: int, batch: int, as_lists: bool, seed: int) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--spans", type=int, default=10_000)
-    ap.add_argument("--batch", type=int, default=1000)
+    ap.add_argument("--batch", type=int, default=2048)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--no-compress", action="store_true", help="SpanStore(compress=False)")
     args = ap.parse_args()
     for as_lists in (False, True):
-        runs = [run_once(args.spans, args.batch, as_lists, seed) for seed in range(args.reps)]
+        runs = [run_once(args.spans, args.batch, as_lists, seed, not args.no_compress) for seed in range(args.reps)]
         label = "python lists" if as_lists else "numpy arrays"
         ingest = statistics.median(r["ingest_spans_s"] for r in runs)
         read = statistics.median(r["read_s"] for r in runs)
         build = statistics.median(r["build_s"] for r in runs)
         print(
-            f"{label:>12}: ingest {ingest:8.0f} spans/s (median of {args.reps}; batches of {args.batch}; file store) | "
+            f"{label:>12}: ingest {ingest:8.0f} spans/s (median of {args.reps}; batches of {args.batch}; file store"
+            f"{', uncompressed' if args.no_compress else ''}) | "
             f"read {args.spans} spans' token IDs as Arrow {read:.3f} s | building the Span objects {build:.2f} s"
         )
+    arrow = statistics.median(run_arrow_once(args.spans, args.batch, seed, not args.no_compress)
+                              for seed in range(args.reps))
+    print(f"{'arrow batches':>12}: ingest {arrow:8.0f} spans/s via add_span_table (checked column-wise; median of "
+          f"{args.reps})")
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS of this process: {peak_mb:.0f} MB (includes the {args.spans} spans held in memory before ingest)")
 

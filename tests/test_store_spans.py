@@ -221,3 +221,13 @@ def test_any_valid_span_round_trips(store: SpanStore, started, prompt, response,
     (back,) = [s for s in store.iter_spans(attempt_ids=[attempt.attempt_id]) if s.span_id == span.span_id]
     assert back.llm.prompt_token_ids == prompt and back.llm.response_token_ids == response
     assert back.attributes == {"t": text} and back.llm.request_messages[0]["content"] == text
+
+
+def test_uncompressed_store_round_trips(tmp_path) -> None:
+    with SpanStore(tmp_path / "raw.duckdb", compress=False) as store:
+        store.enqueue_one({})
+        rollout, attempt = store.dequeue()
+        spans = [llm_span(rollout, attempt, n_prompt=3000, seed=i) for i in range(3)]
+        store.add_spans(spans)
+        got = store.spans_table(columns=["prompt_token_ids"])["prompt_token_ids"].to_pylist()
+    assert got == [s.llm.prompt_token_ids for s in spans]

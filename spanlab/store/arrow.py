@@ -69,7 +69,8 @@ def spans_to_arrow(spans: Sequence[Span]) -> pa.Table:
         "status": of(spans, "status"),
         "attributes": [_dumps(s.attributes) if s.attributes else None for s in spans],
         "model": of(llms, "model"),
-        "request_messages": of(llms, "request_messages", _dumps),
+        "request_messages": [_dumps(x.request_messages) if x is not None and x.request_messages else None
+                             for x in llms],
         "request_tools": of(llms, "request_tools", _dumps),
         "response_message": of(llms, "response_message", _dumps),
         "finish_reason": of(llms, "finish_reason"),
