@@ -38,6 +38,7 @@ def _main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug l
         format="%(message)s",
         handlers=[RichHandler(console=Console(stderr=True), show_path=False)],
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per HTTP request is noise here
 
 
 def _fail(exc: Exception) -> None:
@@ -211,18 +212,26 @@ def run(
 @app.command()
 def demo(
     db: DbOption = None,
-    rollouts: Annotated[int, typer.Option(help="how many rollouts to simulate")] = 24,
+    rollouts: Annotated[int | None, typer.Option(help="how many rollouts (default 24 synthetic, 8 live)")] = None,
     seed: Annotated[int, typer.Option(help="random seed")] = 0,
+    engine: Annotated[bool, typer.Option("--engine", help="live: the default model on vLLM via the gateway")] = False,
 ) -> None:
-    """Write a small synthetic run (rollouts, LLM calls with token IDs, rewards, one retry) and summarize it.
+    """A small run written to the store, then summarized.
 
-    No model is involved: token IDs are random. It shows the store, the queue and the SQL views.
+    Default: synthetic (random token IDs, no model), to show the store, the queue and the SQL views in
+    seconds. With --engine: the embedded default model on vLLM answers arithmetic questions through the
+    recording gateway (about 2 minutes on CPU).
     """
-    from spanlab.demo import run_demo
-
     try:
         path = sqlmod.resolve_db(db)
-        summary = run_demo(path, n_rollouts=rollouts, seed=seed)
+        if engine:
+            from spanlab.demo_live import run_live_demo
+
+            summary = run_live_demo(path, n_rollouts=rollouts or 8, seed=seed)
+        else:
+            from spanlab.demo import run_demo
+
+            summary = run_demo(path, n_rollouts=rollouts or 24, seed=seed)
     except SpanlabError as exc:
         _fail(exc)
         return

@@ -59,3 +59,20 @@ def test_serve_records_calls_and_stops_on_ctrl_c(vllm_server, tmp_path: Path) ->
         rows = store.query("SELECT rollout_id, response_len, response_message FROM llm_calls").to_pylist()
     assert len(rows) == 1 and rows[0]["rollout_id"] is None and rows[0]["response_len"] >= 1
     assert text in rows[0]["response_message"]
+
+
+@pytest.mark.vllm
+def test_live_demo_records_every_call_with_its_reward(vllm_server, tmp_path: Path) -> None:
+    from spanlab.demo_live import run_live_demo
+
+    db = tmp_path / "live.duckdb"
+    summary = run_live_demo(db, n_rollouts=3, upstream=(vllm_server.root_url, vllm_server.model))
+    assert "3 LLM calls recorded" in summary
+    with SpanStore(db) as store:
+        rows = store.query(
+            "SELECT r.status, r.final_reward, c.prompt_len, c.response_len, c.response_token_ids "
+            "FROM rollout_summary r JOIN llm_calls c ON c.attempt_id = r.last_attempt_id"
+        ).to_pylist()
+    assert len(rows) == 3
+    assert all(r["status"] == "succeeded" and r["final_reward"] in (0.0, 1.0) for r in rows)
+    assert all(r["prompt_len"] > 10 and r["response_len"] == len(r["response_token_ids"]) > 0 for r in rows)
