@@ -5,7 +5,7 @@ Starts `spanlab store serve` on a fresh file, then C client processes each send 
 (Arrow IPC). Reports spans/s over the wall time of all clients, then rollouts/s through
 enqueue -> dequeue -> finish from the same number of clients. Median of --reps runs.
 
-Run: .venv/bin/python benchmarks/store_server.py [--clients 4] [--spans 10000] [--batch 500] [--reps 3]
+Run: .venv/bin/python benchmarks/store_server.py [--clients 4] [--spans 16384] [--batch 2048] [--reps 3] [--no-compress]
 """
 
 from __future__ import annotations
@@ -33,9 +33,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_server(db: Path, port: int) -> subprocess.Popen:
+def _start_server(db: Path, port: int, compress: bool = True) -> subprocess.Popen:
     spanlab = str(Path(sys.executable).with_name("spanlab"))
-    proc = subprocess.Popen([spanlab, "store", "serve", "--db", str(db), "--port", str(port)])
+    flags = [] if compress else ["--no-compress"]
+    proc = subprocess.Popen([spanlab, "store", "serve", "--db", str(db), "--port", str(port), *flags])
     for _ in range(300):
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health").is_success:
@@ -90,10 +91,11 @@ def _run_clients(target, args_per_client: list[tuple]) -> float:
     return time.perf_counter() - t0
 
 
-def run_once(clients: int, n_spans: int, batch: int, n_rollouts: int, seed: int) -> tuple[float, float]:
+def run_once(clients: int, n_spans: int, batch: int, n_rollouts: int, seed: int,
+             compress: bool = True) -> tuple[float, float]:
     with tempfile.TemporaryDirectory() as tmp:
         port = _free_port()
-        server = _start_server(Path(tmp) / "bench.duckdb", port)
+        server = _start_server(Path(tmp) / "bench.duckdb", port, compress)
         url = f"http://127.0.0.1:{port}"
         try:
             client = StoreClient(url)
@@ -118,15 +120,18 @@ def run_once(clients: int, n_spans: int, batch: int, n_rollouts: int, seed: int)
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clients", type=int, default=4)
-    ap.add_argument("--spans", type=int, default=10_000)
-    ap.add_argument("--batch", type=int, default=500)
+    ap.add_argument("--spans", type=int, default=16_384)
+    ap.add_argument("--batch", type=int, default=2048)
     ap.add_argument("--rollouts", type=int, default=1000)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--no-compress", action="store_true", help="serve with `spanlab store serve --no-compress`")
     args = ap.parse_args()
-    results = [run_once(args.clients, args.spans, args.batch, args.rollouts, seed) for seed in range(args.reps)]
+    results = [run_once(args.clients, args.spans, args.batch, args.rollouts, seed, not args.no_compress)
+               for seed in range(args.reps)]
     spans = statistics.median(r[0] for r in results)
     rollouts = statistics.median(r[1] for r in results)
     print(f"spans over HTTP: {spans:.0f} spans/s ({args.clients} client processes, batches of {args.batch}, "
+          f"{'uncompressed store, ' if args.no_compress else ''}"
           f"2,500 token IDs each; median of {args.reps}; runs: {[round(r[0]) for r in results]})")
     print(f"queue: {rollouts:.0f} rollouts/s through dequeue+finish ({args.clients} clients; median of {args.reps}; "
           f"runs: {[round(r[1]) for r in results]})")

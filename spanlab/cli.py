@@ -86,6 +86,9 @@ def store_serve(
     host: Annotated[str, typer.Option(help="interface to bind (127.0.0.1 unless workers are remote)")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port")] = 8700,
     max_body_mb: Annotated[float, typer.Option(help="largest request body accepted (413 above)")] = 256.0,
+    compress: Annotated[
+        bool, typer.Option(help="DuckDB compression (--no-compress: faster ingest, ~1.6x the file size)")
+    ] = True,
     token: Annotated[
         str | None, typer.Option(envvar="SPANLAB_STORE_TOKEN", help="require `Authorization: Bearer TOKEN`")
     ] = None,
@@ -95,7 +98,7 @@ def store_serve(
 
     try:
         serve_store(str(sqlmod.resolve_db(db)), host=host, port=port, token=token,
-                    max_body_bytes=int(max_body_mb * 1024 * 1024))
+                    max_body_bytes=int(max_body_mb * 1024 * 1024), compress=compress)
     except SpanlabError as exc:
         _fail(exc)
 

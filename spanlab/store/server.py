@@ -221,11 +221,11 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
 
 
 def serve_store(db: str, *, host: str = "127.0.0.1", port: int = 8700, token: str | None = None,
-                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, compress: bool = True) -> None:
     """Open the store, serve it until SIGINT/SIGTERM, then drain pending writes and close the file."""
     import uvicorn
 
-    store = SpanStore(db)
+    store = SpanStore(db, compress=compress)
     try:
         app = create_store_app(store, token=token, max_body_bytes=max_body_bytes)
         logger.info("store server for %s on http://%s:%d", db, host, port)
