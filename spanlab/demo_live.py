@@ -30,7 +30,7 @@ SYSTEM = "You are a careful calculator. Answer with the number only."
 class ArithmeticAgent(Agent):
     """One chat call per question; reward 1.0 when the last number in the reply equals the answer."""
 
-    def __init__(self, model: str, max_tokens: int = 24) -> None:
+    def __init__(self, model: str, max_tokens: int = 64) -> None:
         self.model, self.max_tokens = model, max_tokens
 
     async def run(self, task: Any, ctx: RolloutContext) -> float:
