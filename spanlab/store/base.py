@@ -138,7 +138,8 @@ class StoreAPI(ABC):
     # --- SQL -----------------------------------------------------------------------------------
     @abstractmethod
     def query(self, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
-        """Run read-only SQL against the tables and views; small results (use LIMIT)."""
+        """SQL against the tables and views; small results (use LIMIT). In-process this is the owner's
+        connection (writes work); ``StoreClient`` goes through the server's SELECT-only ``/sql``."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the store's resources."""

@@ -32,6 +32,7 @@ from spanlab.store.connection import MEMORY, SAFE_QUERY_CONFIG, connect, cursor,
 from spanlab.store.ingest import AttemptIndex, check_batch
 from spanlab.store.queue_index import QueueIndex
 from spanlab.store.schema import SCHEMA_VERSION, SPAN_COLUMNS, TABLES_DDL
+from spanlab.store.sql import fetch_user_query
 from spanlab.store.validate import conform, validate_span_table
 from spanlab.store.views import VIEWS_DDL
 from spanlab.types import Attempt, FinishedAttemptStatus, Resource, ResourceKind, Rollout, Span
@@ -165,6 +166,7 @@ class SpanStore(StoreAPI):
             if dup:
                 raise InvalidSpanError(f"enqueue: rollout_id {dup[0]!r} already exists")
             cur.execute(f"INSERT INTO rollouts ({queue.ROLLOUT_COLUMNS}) SELECT * FROM _new_rollouts")
+        with self._lock:  # index them only once committed
             for r in rollouts:
                 if r.status in ("queuing", "requeuing"):
                     self._queue.push(r.enqueue_time, r.rollout_id, r.mode)
@@ -382,13 +384,7 @@ class SpanStore(StoreAPI):
         kind = statements[0].type
         if kind not in (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN):
             raise QueryError(f"not allowed: only SELECT queries run here (read-only), not {kind.name}")
-        try:
-            rel = cur.sql(sql)
-            return (rel.limit(max_rows) if max_rows is not None else rel).to_arrow_table()
-        except duckdb.PermissionException as exc:
-            raise QueryError(f"not allowed: no access to files, the network or extensions. DuckDB said: {exc}") from exc
-        except duckdb.Error as exc:
-            raise QueryError(str(exc)) from exc
+        return fetch_user_query(cur, sql, max_rows)
 
     def query(self, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
         try:

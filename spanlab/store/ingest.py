@@ -16,8 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spanlab.errors import InvalidSpanError
-
-JSON_COLUMNS = ("attributes", "request_messages", "request_tools", "response_message")
+from spanlab.store.schema import JSON_SPAN_COLUMNS
 
 
 def check_batch(tbl: pa.Table, max_tokens_per_span: int, max_json_bytes: int) -> None:
@@ -38,7 +37,7 @@ def check_batch(tbl: pa.Table, max_tokens_per_span: int, max_json_bytes: int) ->
             f"span #{i} ({ids[i].as_py()}): {biggest} token IDs exceed max_tokens_per_span={max_tokens_per_span}; "
             "nothing stored"
         )
-    for col in JSON_COLUMNS:
+    for col in JSON_SPAN_COLUMNS:
         lengths = pc.binary_length(tbl[col])
         biggest = pc.max(lengths).as_py()
         if biggest is not None and biggest > max_json_bytes:

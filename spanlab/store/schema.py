@@ -115,6 +115,4 @@ SPAN_ARROW_SCHEMA = pa.schema(
 )
 
 SPAN_COLUMNS: tuple[str, ...] = tuple(SPAN_ARROW_SCHEMA.names)
-JSON_SPAN_COLUMNS: frozenset[str] = frozenset(
-    {"attributes", "request_messages", "request_tools", "response_message"}
-)
+JSON_SPAN_COLUMNS: tuple[str, ...] = ("attributes", "request_messages", "request_tools", "response_message")

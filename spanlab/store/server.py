@@ -29,6 +29,7 @@ from spanlab.errors import InvalidSpanError, NotFoundError, QueryError, StoreErr
 from spanlab.store.arrow import spans_to_arrow
 from spanlab.store.batcher import SpanBatcher
 from spanlab.store.duckdb_store import SpanStore
+from spanlab.store.sql import rows
 from spanlab.store.validate import conform, validate_span_table
 from spanlab.store.wire import ARROW_STREAM, bytes_to_table, reader_to_chunks
 from spanlab.types import Attempt, FinishedAttemptStatus, Resource, ResourceKind, Rollout, RolloutMode, Span
@@ -212,8 +213,6 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
     @app.post("/sql")
     async def sql(req: SqlRequest) -> list[dict[str, Any]]:
         """SELECT queries over the tables and views; rows as JSON objects."""
-        from spanlab.store.sql import rows
-
         table = await run(store.query_read_only, req.query, req.max_rows)
         return list(rows(table))
 

@@ -34,9 +34,9 @@ def resolve_db(db: str | Path | None) -> Path:
     return Path(db or os.environ.get("SPANLAB_DB") or DEFAULT_DB)
 
 
-def run_query(db: str | Path, sql: str, *, max_rows: int | None = None) -> pa.Table:
-    """Run one user query read-only; returns at most ``max_rows`` rows when given."""
-    conn = connect(db, read_only=True, safe=True)
+def fetch_user_query(conn: duckdb.DuckDBPyConnection, sql: str, max_rows: int | None = None) -> pa.Table:
+    """Run a user's query on a locked-down connection; DuckDB's refusals become ``QueryError``s that
+    say which rule was hit. Shared by ``spanlab sql`` and the store server's ``/sql``."""
     try:
         rel = conn.sql(sql)
         if rel is None:  # a statement with no result (SET, PRAGMA that returns nothing)
@@ -46,8 +46,8 @@ def run_query(db: str | Path, sql: str, *, max_rows: int | None = None) -> pa.Ta
         return rel.to_arrow_table()
     except duckdb.PermissionException as exc:
         raise QueryError(
-            f"not allowed: spanlab sql cannot touch files, the network or extensions "
-            f"(read-only, external access disabled). DuckDB said: {exc}"
+            "not allowed: SQL here cannot touch files, the network or extensions (no access to files outside "
+            f"the store; external access disabled). DuckDB said: {exc}"
         ) from exc
     except duckdb.InvalidInputException as exc:
         if "read-only" in str(exc) or "read only" in str(exc):
@@ -55,6 +55,13 @@ def run_query(db: str | Path, sql: str, *, max_rows: int | None = None) -> pa.Ta
         raise QueryError(str(exc)) from exc
     except duckdb.Error as exc:
         raise QueryError(str(exc)) from exc
+
+
+def run_query(db: str | Path, sql: str, *, max_rows: int | None = None) -> pa.Table:
+    """Run one user query on the file, opened read-only; at most ``max_rows`` rows when given."""
+    conn = connect(db, read_only=True, safe=True)
+    try:
+        return fetch_user_query(conn, sql, max_rows)
     finally:
         conn.close()
 
