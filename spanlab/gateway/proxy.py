@@ -190,7 +190,7 @@ class Gateway:
         acc = StreamAccumulator(ctx.endpoint)
         rewrite = needs_rewrite(ctx.asked)
         error: dict[str, Any] | None = None
-        saw_done = False
+        saw_done = recorded = False
         try:
             async for lines in self.upstream.line_batches(upstream):
                 out: list[bytes] = []
@@ -205,6 +205,10 @@ class Gateway:
                         if rewrite:
                             data = dumps(strip_for_agent(chunk, ctx.endpoint, ctx.asked))
                     out += (b"data: ", data, b"\n\n")
+                if saw_done and not recorded:
+                    # Record before the agent sees [DONE]: once it has, it may flush and read the store.
+                    recorded = True
+                    self._record_stream(ctx, acc, None)
                 if out:
                     yield b"".join(out)
         except UpstreamError as exc:
@@ -220,16 +224,24 @@ class Gateway:
                 upstream.release()  # keep the connection for the next call
             else:
                 upstream.close()  # abandoned midway: closing tells vLLM to stop generating
-            if error is None and acc.error is not None:
-                error = {"type": "upstream_stream_error", "message": str(acc.error.get("message")), "body": acc.error}
             if error is None and not saw_done:
                 error = {"type": "upstream_stream_truncated", "message": "the stream ended without [DONE]"}
-            record, end = acc.result(), time.time()
-            self.writer.submit(lambda: spans_from_record(ctx, record, end_time=end, error=error))
+            if not recorded:
+                error = self._record_stream(ctx, acc, error)
         if error is not None and error["type"] in _GATEWAY_STREAM_ERRORS:
             yield (
                 b"data: " + dumps(error_body(error["message"], code=error["type"], err_type="upstream_error")) + b"\n\n"
             )
+
+    def _record_stream(
+        self, ctx: CallContext, acc: StreamAccumulator, error: dict[str, Any] | None
+    ) -> dict[str, Any] | None:
+        """Queue the span set of a finished stream; returns the error it was recorded with."""
+        if error is None and acc.error is not None:
+            error = {"type": "upstream_stream_error", "message": str(acc.error.get("message")), "body": acc.error}
+        record, end = acc.result(), time.time()
+        self.writer.submit(lambda: spans_from_record(ctx, record, end_time=end, error=error))
+        return error
 
     @staticmethod
     def _chunk(data: bytes) -> dict[str, Any] | None:

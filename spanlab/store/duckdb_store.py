@@ -13,6 +13,7 @@ afterwards loses nothing.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -360,6 +361,27 @@ class SpanStore(StoreAPI):
         where, params = _where({"name": name})
         rows = fetch_dicts(self._cursor().execute(f"SELECT * FROM resources {where} ORDER BY name, version", params))
         return [_row_to_resource(r) for r in rows]
+
+    # --- training metrics ----------------------------------------------------------------------
+    def add_metrics(self, run_id: str, algorithm: str, step: int, metrics: dict[str, float]) -> None:
+        """Record one training step's metrics (long format: ``train_metrics`` is queryable with SQL)."""
+        now = time.time()
+        rows = [[run_id, algorithm, int(step), str(k), None if v is None else float(v), now] for k, v in metrics.items()]
+        bad = [r[3] for r in rows if r[4] is not None and not math.isfinite(r[4])]
+        if bad:
+            logger.warning("run %s step %d: non-finite metrics %s", run_id, step, bad)
+        tbl = pa.table(
+            {
+                "run_id": pa.array([r[0] for r in rows], pa.string()),
+                "algorithm": pa.array([r[1] for r in rows], pa.string()),
+                "step": pa.array([r[2] for r in rows], pa.int32()),
+                "name": pa.array([r[3] for r in rows], pa.string()),
+                "value": pa.array([r[4] for r in rows], pa.float64()),
+                "time": pa.array([r[5] for r in rows], pa.float64()),
+            }
+        )
+        with self._lock, self._transaction() as cur, self._registered("_metrics_in", tbl):
+            cur.execute("INSERT INTO train_metrics SELECT * FROM _metrics_in")
 
     # --- SQL -----------------------------------------------------------------------------------
     def restrict_to_store(self) -> None:

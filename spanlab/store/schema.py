@@ -81,6 +81,15 @@ CREATE TABLE IF NOT EXISTS resources (
     created_time DOUBLE NOT NULL,
     PRIMARY KEY (name, version)
 );
+CREATE TABLE IF NOT EXISTS train_metrics (
+    -- long format (one row per metric per step) so new metrics need no migration and SQL can pivot
+    run_id VARCHAR NOT NULL,
+    algorithm VARCHAR NOT NULL,
+    step INTEGER NOT NULL,
+    name VARCHAR NOT NULL,
+    value DOUBLE,
+    time DOUBLE NOT NULL
+);
 """
 
 SPAN_ARROW_SCHEMA = pa.schema(
