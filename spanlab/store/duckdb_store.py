@@ -366,7 +366,9 @@ class SpanStore(StoreAPI):
     def add_metrics(self, run_id: str, algorithm: str, step: int, metrics: dict[str, float]) -> None:
         """Record one training step's metrics (long format: ``train_metrics`` is queryable with SQL)."""
         now = time.time()
-        rows = [[run_id, algorithm, int(step), str(k), None if v is None else float(v), now] for k, v in metrics.items()]
+        rows = [
+            [run_id, algorithm, int(step), str(k), None if v is None else float(v), now] for k, v in metrics.items()
+        ]
         bad = [r[3] for r in rows if r[4] is not None and not math.isfinite(r[4])]
         if bad:
             logger.warning("run %s step %d: non-finite metrics %s", run_id, step, bad)
