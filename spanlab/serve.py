@@ -32,6 +32,8 @@ class ServeGateway(_Section):
     host: str = "127.0.0.1"
     port: int = Field(default=8800, ge=0, le=65535, description="0: any free port")
     upstream_url: str | None = Field(default=None, description="use this running engine instead of starting one")
+    tito: bool = Field(default=False, description="Token-In Token-Out sessions (docs/tito.md); yaml `tito: on`")
+    tokenizer: Path | None = Field(default=None, description="TITO: the served model's folder (default: the engine's)")
 
 
 class ServeStoreServer(_Section):
@@ -78,12 +80,13 @@ def serve(config: ServeConfig, *, console: Console | None = None, stop: threadin
             app = create_store_app(store, token=s.token)
             store_srv = stack.enter_context(ThreadedServer(app, host=s.host, port=s.port, name="store server"))
             console.print(f"store server:  {store_srv.url}  (StoreClient / spanlab run workers)")
+        g = config.gateway
         gateway = stack.enter_context(
-            GatewayServer(store, upstream, host=config.gateway.host, port=config.gateway.port)
+            GatewayServer(store, upstream, host=g.host, port=g.port, tito=g.tito, tokenizer=g.tokenizer)
         )
         console.print(f"engine:        {upstream}")
         console.print(f"span store:    {config.db}")
-        console.print(f"base URL:      {gateway.base_url()}")
+        console.print(f"base URL:      {gateway.base_url()}" + ("  (TITO on)" if g.tito else ""))
         console.print(f"per attempt:   {gateway.url}/rollout/<rollout_id>/attempt/<attempt_id>/v1")
         console.print("Ctrl-C stops everything.", style="dim")
         stop.wait()

@@ -1,6 +1,6 @@
 """Serve the gateway as its own process.
 
-    python -m spanlab.gateway --upstream http://127.0.0.1:8000 --db runs/spans.duckdb --port 9000
+    python -m spanlab.gateway --upstream http://127.0.0.1:8000 --db runs/spans.duckdb --port 9000 [--tito]
 
 Agents then use ``base_url=http://127.0.0.1:9000/rollout/<rid>/attempt/<aid>/v1``. The process holds
 the DuckDB file read-write (DuckDB allows one such process): runners that must dequeue rollouts from
@@ -27,10 +27,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--port", type=int, default=9000)
     p.add_argument("--fallback", default=None, help="JSONL file for spans the store cannot take")
     p.add_argument("--flush-interval", type=float, default=None, help="seconds the writer gathers spans per batch")
+    p.add_argument("--tito", action="store_true", help="Token-In Token-Out sessions per attempt (docs/tito.md)")
+    p.add_argument("--tokenizer", default=None, help="TITO: the served model's folder (default: the engine's)")
     p.add_argument("--log-level", default="info")
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     overrides = {} if args.flush_interval is None else {"flush_interval_s": args.flush_interval}
+    if args.tito:
+        overrides.update(tito=True, tokenizer=args.tokenizer)
     config = GatewayConfig(upstream_base_url=args.upstream, fallback_path=args.fallback, **overrides)
     with SpanStore(args.db) as store:
         app = create_app(store, config=config)

@@ -41,6 +41,7 @@ from spanlab.gateway.protocol import (
 )
 from spanlab.gateway.recording import CallContext, error_span, spans_from_record
 from spanlab.gateway.records import StreamAccumulator, record_from_response
+from spanlab.gateway.tito import TitoMode
 from spanlab.gateway.upstream import UpstreamClient, UpstreamError
 from spanlab.gateway.writer import SpanWriter
 from spanlab.store.base import StoreAPI
@@ -72,6 +73,8 @@ class Gateway:
         )
         self.upstream = UpstreamClient(config)
         self.attempts = AttemptChecker(store, config.attempt_cache_size)
+        # TITO: loads and checks the served model's tokenizer now, so a refusal fails create_app, not a call.
+        self.tito = TitoMode.load(config) if config.tito else None
         self._rng = random.Random()  # seeded from os.urandom; span IDs need uniqueness, not secrecy
 
     def _span_id(self) -> str:
@@ -114,6 +117,7 @@ class Gateway:
                     "given_up": w.given_up,
                     "write_failures": w.write_failures,
                 },
+                "tito": None if self.tito is None else {"sessions": len(self.tito.sessions)},
             }
         )
 
@@ -152,8 +156,12 @@ class Gateway:
             span_ids=[self._span_id() for _ in range(asked.n)],
             start_time=start,
         )
-        content = dumps(upstream_body)
         headers = self._upstream_headers(request)
+        if self.tito is not None and endpoint == "chat":
+            served = await self.tito.serve(self, ctx, headers)
+            if served is not None:
+                return served
+        content = dumps(upstream_body)
         path = ENDPOINT_PATHS[endpoint]
         try:
             upstream = await self.upstream.send("POST", path, body=content, headers=headers)

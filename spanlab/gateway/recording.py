@@ -36,6 +36,7 @@ class CallContext:
     asked: AgentAsked
     span_ids: list[str]
     start_time: float
+    extra_attributes: dict[str, Any] | None = None  # e.g. ``tito``: the session facts of a TITO call
 
 
 def base_attributes(ctx: CallContext, upstream_status: int | None) -> dict[str, Any]:
@@ -48,6 +49,8 @@ def base_attributes(ctx: CallContext, upstream_status: int | None) -> dict[str, 
     prompt = ctx.body.get("prompt")
     if ctx.endpoint == "completions" and isinstance(prompt, str):
         attrs["request_prompt"] = prompt  # token-ID prompts are already in prompt_token_ids
+    if ctx.extra_attributes:
+        attrs.update(ctx.extra_attributes)
     return attrs
 
 
@@ -101,6 +104,7 @@ def spans_from_record(
             prompt_token_ids=prompt_ids,
             response_token_ids=choice.token_ids,
             response_logprobs=choice.logprobs,
+            loss_mask=choice.loss_mask,
             usage={
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion_tokens,

@@ -22,6 +22,7 @@ class ChoiceRecord:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] | None = None
     prompt_token_ids: list[int] | None = None  # completions: per choice; chat: on the response
+    loss_mask: list[int] | None = None  # TITO calls: the segment's mask over prompt + response
 
 
 @dataclass(slots=True)

@@ -7,8 +7,11 @@ next call the template's *stop gap* (what it renders after the end-of-turn token
 it) plus the *delta* of the new messages, ``render(conv + new, gen=True)[len(render(conv)):]`` (mask 0).
 When the agent rewrites history, :meth:`SessionBuffer.extend` returns None and the caller starts a new
 segment: its prompt is a fresh engine render (mask 0); earlier segments keep their masks, since each
-segment is its own on-policy sequence. Left out: gateway wiring, truncated turns (no stop token: extend
-returns None), templates that are not prefix-preserving (None too). REFERENCE §1.
+segment is its own on-policy sequence. A turn that did not end on its end-of-turn token (cut at
+``max_tokens``, or stopped by a stop string) keeps its cut IDs; ``extend(close_ids=...)`` then closes it with
+the template's end-of-turn token and stop gap as prompt (mask 0), so the model reads what the template would
+show it; without ``close_ids`` such a turn ends the segment. Templates that are not prefix-preserving for an
+append make ``extend`` return None. The gateway (``spanlab/gateway/tito.py``) drives it. REFERENCE §1.
 """
 
 from __future__ import annotations
@@ -138,24 +141,29 @@ class SessionBuffer:
         self.awaiting_sample = False
 
     def extend(self, request_messages: Sequence[Message], tokenizer: ChatTokenizer,
-               tools: list[dict[str, Any]] | None = None) -> list[int] | None:
+               tools: list[dict[str, Any]] | None = None,
+               close_ids: Sequence[int] | None = None) -> list[int] | None:
         """Append stop gap + delta for the new messages (mask 0) and return the full prompt IDs.
 
         None (buffer unchanged) when the request does not extend the buffer's conversation (see
         :func:`normalize_message`), the tools changed, the last turn has no end-of-turn token where the
-        template writes one, or the template does not keep the earlier render as a token prefix. The
+        template writes one (and no ``close_ids`` were given: the template's end-of-turn token + stop gap,
+        used to close a cut turn), or the template does not keep the earlier render as a token prefix. The
         caller then renders the request itself and calls :meth:`new_segment`. The delta is rendered on the
         buffer's own messages plus the new ones, so client-side reformatting of old turns never leaks in.
         """
         if self.awaiting_sample:
             raise BufferStateError("extend needs the sampled turn of the previous prompt first")
-        n = len(self.messages)
-        if (len(request_messages) <= n or not _same_messages(request_messages[:n], self.messages)
-                or json.dumps(tools, sort_keys=True) != json.dumps(self.tools, sort_keys=True)):
+        if not self.sampled or not self.extends(request_messages, tools):
             return None
-        gap = self._stop_gap(tokenizer)
-        conv = [*self.messages, *(dict(m) for m in request_messages[n:])]
+        n = len(self.messages)
         closed = render_ids(tokenizer, self.messages, add_generation_prompt=False, tools=tools)
+        start, end = self.sampled[-1]
+        if close_ids and (end == start or self.ids[end - 1] != close_ids[0]):
+            gap: list[int] | None = [int(i) for i in close_ids]  # a cut turn: close it as the template would
+        else:
+            gap = self._stop_gap(tokenizer, closed)
+        conv = [*self.messages, *(dict(m) for m in request_messages[n:])]
         full = render_ids(tokenizer, conv, add_generation_prompt=True, tools=tools)
         if gap is None or first_mismatch(closed, full) is not None:
             return None
@@ -165,13 +173,29 @@ class SessionBuffer:
         self.messages, self.awaiting_sample = conv, True
         return list(self.ids)
 
-    def _stop_gap(self, tokenizer: ChatTokenizer) -> list[int] | None:
-        """The gap after the last sampled turn (None: not found, see :func:`stop_gap_ids`)."""
+    def extends(self, request_messages: Sequence[Message], tools: list[dict[str, Any]] | None = None) -> bool:
+        """Whether a request keeps this buffer's conversation and tools and adds messages after them."""
+        n = len(self.messages)
+        return (len(request_messages) > n and _same_messages(request_messages[:n], self.messages)
+                and json.dumps(tools, sort_keys=True) == json.dumps(self.tools, sort_keys=True))
+
+    def checkpoint(self) -> tuple[int, int, int, list[Message], list[dict[str, Any]] | None, bool]:
+        """A cheap marker of the current state; :meth:`rollback` returns to it (a failed engine call)."""
+        return (len(self.ids), len(self.segments), len(self.sampled), list(self.messages), self.tools,
+                self.awaiting_sample)
+
+    def rollback(self, state: tuple[int, int, int, list[Message], list[dict[str, Any]] | None, bool]) -> None:
+        """Undo everything since :meth:`checkpoint`: IDs, masks and offsets only grow, so truncating is enough."""
+        n_ids, n_segments, n_sampled, self.messages, self.tools, self.awaiting_sample = state
+        del self.ids[n_ids:], self.mask[n_ids:], self.segments[n_segments:], self.sampled[n_sampled:]
+
+    def _stop_gap(self, tokenizer: ChatTokenizer, closed: list[int]) -> list[int] | None:
+        """The gap after the last sampled turn (None: not found, see :func:`stop_gap_ids`); ``closed`` is the
+        render of ``self.messages`` without a generation prompt (the caller needs it too: one render less)."""
         start, end = self.sampled[-1]
         if end == start:
             return None
         opened = render_ids(tokenizer, self.messages[:-1], add_generation_prompt=True, tools=self.tools)
-        closed = render_ids(tokenizer, self.messages, add_generation_prompt=False, tools=self.tools)
         gap = stop_gap_ids(opened, closed, self.ids[end - 1])
         # A real gap is whitespace (ChatML "\n", Gemma "\n") or empty (Llama 3). Anything else means the
         # last sampled token was not an end-of-turn token (a truncated turn) and was found in the content.
