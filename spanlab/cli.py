@@ -174,6 +174,47 @@ def template_fix(
     raise typer.Exit(report.exit_code)
 
 
+@app.command()
+def drift(
+    db: DbOption = None,
+    tokenizer: Annotated[
+        Path | None, typer.Option("--tokenizer", help="the recorded model's folder (default: the default model)")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object instead of tables")] = False,
+    plot: Annotated[Path | None, typer.Option("--plot", help="write a bar chart of rates per cause (PNG)")] = None,
+    examples: Annotated[int, typer.Option(help="examples kept per check and cause")] = 3,
+) -> None:
+    """Retokenization drift of recorded calls: re-encoded responses, and re-rendered next prompts vs the buffer."""
+    from spanlab.tito.drift import drift_report, load_calls, plot_report
+    from spanlab.tito.templates import load_tokenizer
+
+    try:
+        if tokenizer is None:
+            from spanlab.engine.model import ensure_default_model
+
+            tokenizer = ensure_default_model()
+        report = drift_report(load_calls(sqlmod.resolve_db(db)), load_tokenizer(tokenizer), max_examples=examples)
+        if plot is not None:
+            plot_report(report, plot)
+    except SpanlabError as exc:
+        _fail(exc)
+        return
+    if as_json:
+        sys.stdout.write(report.model_dump_json() + "\n")
+        return
+    out = Table("check", "checked", "differ", "rate", *(c.replace("_", " ") for c in report.response.by_cause))
+    for name, check in (("response re-encoded", report.response), ("next prompt re-rendered", report.next_prompt)):
+        out.add_row(name, str(check.checked), str(check.differs), f"{check.rate:.1%}",
+                    *(f"{c.count} ({c.rate:.1%})" for c in check.by_cause.values()))
+    console = Console()
+    console.print(out)
+    console.print(f"{report.calls} calls; {report.not_extending} consecutive pairs not compared (history rewritten)",
+                  style="dim")
+    for ex in report.examples:
+        console.print(f"{ex.check} {ex.cause} {ex.span_id}: recorded {ex.recorded_text!r} vs re-rendered "
+                      f"{ex.rerendered_text!r}", markup=False, highlight=False, soft_wrap=True)
+
+
 @app.command("serve")
 def serve_cmd(
     config: Annotated[
@@ -239,6 +280,48 @@ def demo(
         _fail(exc)
         return
     Console().print(summary)
+
+
+@app.command()
+def train(
+    config: Annotated[Path, typer.Argument(help="YAML: algorithm, agent, dataset, engine, db, ... (tutorials/)")],
+    steps: Annotated[int | None, typer.Option(help="override loop.steps (0: evaluate only)")] = None,
+) -> None:
+    """Train an agent's model with the algorithm the config names (grpo); prints held-out accuracy before/after."""
+    from spanlab.algos.config import TrainConfig
+    from spanlab.algos.registry import train as run_training
+    from spanlab.config import load_config
+
+    try:
+        cfg = load_config(TrainConfig, config)
+        if steps is not None:
+            cfg = cfg.model_copy(update={"loop": cfg.loop.model_copy(update={"steps": steps})})
+        report = run_training(cfg)
+    except SpanlabError as exc:
+        _fail(exc)
+        return
+    out = Console()
+    out.print(report.table())
+    out.print(f"run {report.run_id} in {report.seconds / 60:.1f} min; spans in {report.db}; "
+              f"report in {cfg.run_dir / 'report.json'}")
+    out.print(f'try: spanlab plot --db {report.db} --out {cfg.run_dir / "reward.png"}')
+
+
+@app.command()
+def plot(
+    db: DbOption = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="PNG file to write")] = Path("reward.png"),
+    run_id: Annotated[str | None, typer.Option("--run", help="run id (default: the latest run)")] = None,
+) -> None:
+    """Write a PNG of a training run's reward curve and held-out accuracy, read from the store."""
+    from spanlab.algos.plot import plot_run
+    from spanlab.store import SpanStore
+
+    try:
+        with SpanStore(sqlmod.resolve_db(db)) as store:
+            Console().print(f"wrote {plot_run(store, out, run_id)}")
+    except SpanlabError as exc:
+        _fail(exc)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,300 @@
+"""Spans -> GRPO samples -> padded tensors, streamed so memory stays bounded by one Arrow batch.
+
+One ``Sample`` per LLM call (a per-call triplet: prompt + response, loss on the response), or one per
+TITO session segment when the spans carry a session ``loss_mask`` over prompt + response: then each call
+of a segment extends the previous one and only the last span is kept, with the engine logprobs of all
+the segment's sampled turns put back at their positions. Rewards: the attempt's final reward (the last
+reward span not tied to a call: what the runner records and ``rollout_summary.final_reward`` reads), or
+with ``reward="per_call"`` the last reward tied to a call (``call_span_id``), falling back to the final.
+Only the last attempt of each rollout is read; rollouts with no reward are skipped with a log line.
+
+Left out: packing several sequences into one row (right padding only), token-level rewards inside a
+session (a session sample takes the reward of its last rewarded call), truncating over-long samples.
+
+    for s in iter_samples(store, rollout_ids): ...
+    for chunk in micro_batches(samples, max_tokens=4096): batch = collate(chunk, advantages, pad_id)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from spanlab.store.base import StoreAPI
+
+__all__ = ["Batch", "Sample", "collate", "iter_samples", "micro_batches"]
+
+logger = logging.getLogger(__name__)
+
+RewardMode = Literal["final", "per_call"]
+_SPAN_COLUMNS = ("span_id", "rollout_id", "attempt_id", "prompt_token_ids", "response_token_ids",
+                 "response_logprobs", "loss_mask")
+
+
+@dataclass
+class Sample:
+    """One training sequence. ``engine_logprobs`` is NaN on sampled tokens the engine gave no logprob for."""
+
+    rollout_id: str
+    group_id: str
+    input_ids: np.ndarray  # int32 [T], prompt + response
+    loss_mask: np.ndarray  # uint8 [T], 1 on sampled tokens
+    engine_logprobs: np.ndarray  # float32 [T], 0 where loss_mask is 0
+    reward: float
+    span_ids: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+@dataclass
+class Batch:
+    """Right-padded tensors of a list of samples; ``advantages`` has one value per row."""
+
+    input_ids: torch.Tensor  # long [B, T]
+    attention_mask: torch.Tensor  # long [B, T]
+    loss_mask: torch.Tensor  # float [B, T]
+    engine_logprobs: torch.Tensor  # float [B, T]
+    advantages: torch.Tensor  # float [B]
+
+
+@dataclass
+class _Rewards:
+    final: dict[str, float]  # attempt_id -> final reward
+    per_call: dict[str, float]  # llm call span_id -> reward
+    per_call_attempts: set[str]  # attempts with at least one per-call reward
+
+
+def iter_samples(
+    store: StoreAPI,
+    rollout_ids: Sequence[str],
+    *,
+    group_key: str = "task_id",
+    reward: RewardMode = "final",
+    batch_rows: int = 256,
+) -> Iterator[Sample]:
+    """Stream the samples of the given rollouts' last attempts, in rollout/attempt/call order."""
+    if reward not in ("final", "per_call"):
+        raise ValueError(f"reward must be 'final' or 'per_call', not {reward!r}")
+    rollout_ids = list(dict.fromkeys(rollout_ids))
+    if not rollout_ids:
+        return
+    attempts = _last_attempts(store, rollout_ids, group_key)  # attempt_id -> (rollout_id, group_id)
+    rewards = _read_rewards(store, list(attempts))
+    has_reward = rewards.final.keys() | (rewards.per_call_attempts if reward == "per_call" else set())
+    rewarded = {a: group for a, (_, group) in attempts.items() if a in has_reward}  # attempt_id -> group_id
+    skipped = sorted({rid for a, (rid, _) in attempts.items() if a not in rewarded}
+                     | (set(rollout_ids) - {rid for rid, _ in attempts.values()}))
+    if skipped:
+        logger.info("skipping %d rollout(s) without a reward or an attempt: %s", len(skipped), ", ".join(skipped[:5]))
+    if not rewarded:
+        return
+    reader = store.spans_reader(attempt_ids=list(rewarded), kinds=["llm_call"], columns=list(_SPAN_COLUMNS),
+                                batch_size=batch_rows)
+    session: _Session | None = None
+    done: list[Sample | None] = []  # samples completed by the current call (a flushed session, a triplet)
+    n_unrewarded = 0
+    for call in _iter_calls(reader):
+        if session is not None and (call.attempt_id != session.attempt_id or not session.extended_by(call)):
+            done.append(session.to_sample(rewards, reward))
+            session = None
+        group_id = rewarded[call.attempt_id]
+        if call.loss_mask is not None:  # TITO: a session mask over prompt + response
+            session = session.extend(call) if session is not None else _Session.start(call, group_id)
+        else:
+            done.append(call.to_sample(group_id, _reward_of([call.span_id], call.attempt_id, rewards, reward)))
+        n_unrewarded += sum(s is None for s in done)
+        yield from (s for s in done if s is not None)
+        done.clear()
+    if session is not None:
+        last = session.to_sample(rewards, reward)
+        n_unrewarded += last is None
+        if last is not None:
+            yield last
+    if n_unrewarded:
+        logger.info("skipped %d sample(s) with no reward or no sampled tokens", n_unrewarded)
+
+
+def collate(samples: Sequence[Sample], advantages: Sequence[float] | np.ndarray | torch.Tensor, pad_id: int) -> Batch:
+    """Right-pad ``samples`` to the longest one; padding has attention 0, loss mask 0, logprob 0."""
+    adv_B = torch.as_tensor(np.asarray(advantages, dtype=np.float32))
+    if adv_B.shape != (len(samples),):
+        raise ValueError(f"advantages has shape {tuple(adv_B.shape)}, expected ({len(samples)},)")
+    B, T = len(samples), max((len(s) for s in samples), default=0)
+    ids_B_T = np.full((B, T), pad_id, dtype=np.int64)
+    attn_B_T = np.zeros((B, T), dtype=np.int64)
+    mask_B_T = np.zeros((B, T), dtype=np.float32)
+    engine_B_T = np.zeros((B, T), dtype=np.float32)
+    for i, s in enumerate(samples):
+        n = len(s)
+        ids_B_T[i, :n], attn_B_T[i, :n] = s.input_ids, 1
+        mask_B_T[i, :n], engine_B_T[i, :n] = s.loss_mask, s.engine_logprobs
+    return Batch(torch.from_numpy(ids_B_T), torch.from_numpy(attn_B_T), torch.from_numpy(mask_B_T),
+                 torch.from_numpy(engine_B_T), adv_B)
+
+
+def micro_batches(samples: Sequence[Sample], max_tokens: int) -> Iterator[list[Sample]]:
+    """Consecutive chunks whose padded size (rows x longest row) stays within ``max_tokens``.
+
+    Order is kept (sort by length first to waste less on padding); a sample longer than the budget
+    gets a micro-batch of its own rather than being cut.
+    """
+    if max_tokens < 1:
+        raise ValueError("max_tokens must be >= 1")
+    chunk: list[Sample] = []
+    longest = 0
+    for s in samples:
+        if chunk and (len(chunk) + 1) * max(longest, len(s)) > max_tokens:
+            yield chunk
+            chunk, longest = [], 0
+        chunk.append(s)
+        longest = max(longest, len(s))
+    if chunk:
+        yield chunk
+
+
+# --- reading the store ---------------------------------------------------------------------------
+def _group_id(input_json: str | None, metadata_json: str | None, group_key: str) -> str:
+    """``input[group_key]``, else ``metadata["group_id"]``, else the input itself as canonical JSON."""
+    task: Any = json.loads(input_json) if input_json is not None else None
+    meta: Any = json.loads(metadata_json) if metadata_json is not None else None
+    if isinstance(task, dict) and group_key in task:
+        value = task[group_key]
+    elif isinstance(meta, dict) and "group_id" in meta:
+        value = meta["group_id"]
+    else:
+        value = task
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+
+
+def _last_attempts(store: StoreAPI, rollout_ids: list[str], group_key: str) -> dict[str, tuple[str, str]]:
+    tbl = store.query(
+        "SELECT r.rollout_id, r.input::VARCHAR AS input, r.metadata::VARCHAR AS metadata, "
+        "arg_max(a.attempt_id, a.sequence_id) AS attempt_id "
+        "FROM rollouts r JOIN attempts a USING (rollout_id) "
+        "WHERE r.rollout_id IN (SELECT unnest(?::VARCHAR[])) GROUP BY ALL",
+        [rollout_ids],
+    )
+    rows = zip(*(tbl[c].to_pylist() for c in ("rollout_id", "input", "metadata", "attempt_id")), strict=True)
+    return {aid: (rid, _group_id(inp, meta, group_key)) for rid, inp, meta, aid in rows}
+
+
+def _read_rewards(store: StoreAPI, attempt_ids: list[str]) -> _Rewards:
+    """The last reward per attempt and per call (``arg_max`` by sequence, as ``rollout_summary`` does)."""
+    tbl = store.query(
+        "SELECT attempt_id, reward_call_span_id AS call_id, arg_max(reward_value, sequence_id) AS value "
+        "FROM spans WHERE kind = 'reward' AND attempt_id IN (SELECT unnest(?::VARCHAR[])) GROUP BY ALL",
+        [attempt_ids],
+    )
+    rewards = _Rewards({}, {}, set())
+    for aid, call_id, value in zip(*(tbl[c].to_pylist() for c in ("attempt_id", "call_id", "value")), strict=True):
+        if call_id is None:
+            rewards.final[aid] = float(value)
+        else:
+            rewards.per_call[call_id] = float(value)
+            rewards.per_call_attempts.add(aid)
+    return rewards
+
+
+def _reward_of(span_ids: list[str], attempt_id: str, rewards: _Rewards, mode: RewardMode) -> float | None:
+    if mode == "per_call":
+        for sid in reversed(span_ids):
+            if sid in rewards.per_call:
+                return rewards.per_call[sid]
+    return rewards.final.get(attempt_id)
+
+
+@dataclass
+class _Call:
+    span_id: str
+    rollout_id: str
+    attempt_id: str
+    prompt: np.ndarray
+    response: np.ndarray
+    logprobs: np.ndarray | None
+    loss_mask: np.ndarray | None
+
+    def engine_logprobs(self, mask: np.ndarray) -> np.ndarray:
+        """Logprobs over prompt + response: the response's where given, NaN on unexplained sampled tokens."""
+        out = np.where(mask.astype(bool), np.float32(np.nan), np.float32(0.0)).astype(np.float32)
+        if self.logprobs is not None:
+            out[len(self.prompt):] = self.logprobs
+        return out
+
+    def to_sample(self, group_id: str, reward: float | None) -> Sample | None:
+        if reward is None or len(self.response) == 0:
+            return None
+        ids = np.concatenate([self.prompt, self.response]).astype(np.int32)
+        mask = np.zeros(len(ids), dtype=np.uint8)
+        mask[len(self.prompt):] = 1
+        return Sample(self.rollout_id, group_id, ids, mask, self.engine_logprobs(mask), reward, [self.span_id])
+
+
+@dataclass
+class _Session:
+    """The growing TITO segment of one attempt: the last span's tokens and mask, all its calls' logprobs."""
+
+    attempt_id: str
+    rollout_id: str
+    group_id: str
+    ids: np.ndarray
+    mask: np.ndarray
+    logprobs: np.ndarray
+    span_ids: list[str]
+
+    @classmethod
+    def start(cls, call: _Call, group_id: str) -> _Session:
+        assert call.loss_mask is not None
+        ids = np.concatenate([call.prompt, call.response]).astype(np.int32)
+        return cls(call.attempt_id, call.rollout_id, group_id, ids, call.loss_mask.astype(np.uint8),
+                   call.engine_logprobs(call.loss_mask), [call.span_id])
+
+    def extended_by(self, call: _Call) -> bool:
+        """Same segment: a session call whose prompt starts with everything this segment holds."""
+        n = len(self.ids)
+        return call.loss_mask is None or (len(call.prompt) >= n and np.array_equal(call.prompt[:n], self.ids))
+
+    def extend(self, call: _Call) -> _Session:
+        assert call.loss_mask is not None
+        logprobs = call.engine_logprobs(call.loss_mask)  # this call's response; NaN on earlier sampled turns
+        n = len(self.ids)
+        known = call.loss_mask[:n].astype(bool) & self.mask.astype(bool)
+        logprobs[:n][known] = self.logprobs[known]  # put back the earlier turns' logprobs
+        self.ids = np.concatenate([call.prompt, call.response]).astype(np.int32)
+        self.mask, self.logprobs = call.loss_mask.astype(np.uint8), logprobs
+        self.span_ids.append(call.span_id)
+        return self
+
+    def to_sample(self, rewards: _Rewards, mode: RewardMode) -> Sample | None:
+        reward = _reward_of(self.span_ids, self.attempt_id, rewards, mode)
+        if reward is None or not self.mask.any():
+            return None
+        return Sample(self.rollout_id, self.group_id, self.ids, self.mask, self.logprobs, reward, self.span_ids)
+
+
+def _list_column(batch: pa.RecordBatch, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Values, offsets and null flags of a list column, without building Python lists."""
+    col = batch.column(name)
+    return (col.values.to_numpy(zero_copy_only=False), col.offsets.to_numpy(),
+            col.is_null().to_numpy(zero_copy_only=False))
+
+
+def _iter_calls(reader: pa.RecordBatchReader) -> Iterator[_Call]:
+    for batch in reader:
+        span_ids, rollout_ids, attempt_ids = (batch.column(c).to_pylist() for c in _SPAN_COLUMNS[:3])
+        (pv, po, _), (rv, ro, _) = _list_column(batch, "prompt_token_ids"), _list_column(batch, "response_token_ids")
+        (lv, lo, lnull), (mv, mo, mnull) = _list_column(batch, "response_logprobs"), _list_column(batch, "loss_mask")
+        for i in range(batch.num_rows):
+            prompt, response = pv[po[i]:po[i + 1]], rv[ro[i]:ro[i + 1]]
+            mask = None if mnull[i] else mv[mo[i]:mo[i + 1]]
+            if mask is not None and len(mask) != len(prompt) + len(response):
+                mask = None  # not a session mask: train on the response as a per-call triplet
+            yield _Call(span_ids[i], rollout_ids[i], attempt_ids[i], prompt, response,
+                        None if lnull[i] else lv[lo[i]:lo[i + 1]].astype(np.float32), mask)

@@ -1,0 +1,1 @@
+"""Training algorithms on stored spans: GRPO (``grpo``), per-token logprobs (``logprobs``), model loading."""

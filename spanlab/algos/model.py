@@ -1,0 +1,83 @@
+"""Loading a Hugging Face causal LM for training (fp32 on CPU, optionally LoRA) and measuring its memory.
+
+Why fp32: the CPU trainer has no fast bf16 matmul here and fp32 keeps the policy's logprobs comparable
+to the engine's (served with ``--dtype float32``). LoRA needs the ``peft`` package, which is optional:
+without it a LoRA config fails with an error that names the package instead of an ImportError deep down.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+from spanlab.errors import ConfigError
+
+if TYPE_CHECKING:
+    from spanlab.algos.grpo import GRPOConfig
+
+__all__ = ["LoraConfig", "MissingDependencyError", "make_model_for_training", "peak_rss_mb"]
+
+logger = logging.getLogger(__name__)
+
+
+class MissingDependencyError(ConfigError, ImportError):
+    """An option needs a package that is not installed (e.g. LoRA needs ``peft``)."""
+
+
+class LoraConfig(BaseModel):
+    """LoRA adapters on the attention and MLP projections (the modules vLLM's LoRA serving supports)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rank: int = Field(default=8, ge=1)
+    alpha: float = Field(default=16.0, gt=0)
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def make_model_for_training(model_dir: str | Path, config: GRPOConfig) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """The model in train mode and an AdamW over its trainable parameters (LoRA's only, when configured)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    model.config.use_cache = False
+    if config.lora is not None:
+        model = _apply_lora(model, config.lora)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    logger.info("training %s: %.1f M trainable of %.1f M parameters", model_dir,
+                sum(p.numel() for p in params) / 1e6, sum(p.numel() for p in model.parameters()) / 1e6)
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    return model, optimizer
+
+
+def _apply_lora(model: nn.Module, lora: LoraConfig) -> nn.Module:
+    try:
+        import peft
+    except ImportError as exc:
+        raise MissingDependencyError(
+            "LoRA training needs the 'peft' package, which is not installed; install it (pinned in "
+            "constraints.txt) or set lora: null for full fine-tuning"
+        ) from exc
+    peft_config = peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=list(lora.target_modules),
+                                  lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
+    return peft.get_peft_model(model, peft_config)
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far, in MiB (Linux ``VmHWM``; ``ru_maxrss`` elsewhere)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return maxrss / 2**20 if sys.platform == "darwin" else maxrss / 1024

@@ -1,0 +1,28 @@
+"""Algorithms by the name a config gives them (``algorithm: grpo``); each is ``train(config) -> report``.
+
+Entries are import paths so choosing one algorithm never imports the others' dependencies.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from spanlab.algos.config import TrainConfig
+    from spanlab.algos.report import TrainReport
+
+ALGORITHMS: dict[str, str] = {
+    "grpo": "spanlab.algos.grpo_loop:train_grpo",
+}
+
+
+def get_algorithm(name: str) -> Callable[..., TrainReport]:
+    module, _, attr = ALGORITHMS[name].partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def train(config: TrainConfig, **kwargs: Any) -> TrainReport:
+    """Run the algorithm ``config.algorithm`` names."""
+    return get_algorithm(config.algorithm)(config, **kwargs)

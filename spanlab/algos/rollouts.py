@@ -1,0 +1,108 @@
+"""Collecting rollouts for an algorithm: queue tasks in the store, run the agent on them, read rewards.
+
+Every algorithm needs the same two things from the data path: "run the agent on these tasks with the
+current policy" (to train on) and "how often is it right on these tasks" (to evaluate). Both go the
+whole way: rollouts are queued in the store, a runner ``Worker`` runs the agent, the agent calls the
+model through the recording gateway, and rewards land in the store as reward spans. Nothing here
+talks to the model directly, so what is evaluated is exactly what is trained on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from spanlab.runner.agent import load_agent
+from spanlab.runner.worker import Worker
+from spanlab.store.base import StoreAPI
+from spanlab.types import Rollout, RolloutConfig, RolloutMode
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RolloutBatch:
+    """The rollouts of one collection round and what they scored."""
+
+    rollout_ids: list[str]
+    rewards: list[float]  # one per rollout; a rollout that ended without a reward counts 0
+    seconds: float
+    failed: int
+
+    @property
+    def mean_reward(self) -> float:
+        return sum(self.rewards) / len(self.rewards) if self.rewards else 0.0
+
+
+@dataclass
+class RolloutCollector:
+    """Runs an agent (by registered name) on tasks through the gateway; one instance per training run."""
+
+    store: StoreAPI
+    gateway_url: str
+    agent_name: str
+    agent_kwargs: dict[str, Any]
+    concurrency: int = 8
+    timeout_s: float = 600.0
+
+    def collect(
+        self,
+        tasks: Sequence[dict[str, Any]],
+        *,
+        mode: RolloutMode,
+        group_size: int = 1,
+        metadata: dict[str, Any] | None = None,
+        **agent_overrides: Any,
+    ) -> RolloutBatch:
+        """Queue ``group_size`` rollouts per task, run them all, return their rewards in queue order."""
+        started = time.monotonic()
+        config = RolloutConfig(timeout_s=self.timeout_s, max_attempts=1)
+        rollouts = [
+            Rollout(input=task, mode=mode, config=config,
+                    metadata={**(metadata or {}), "group_id": str(task.get("task_id", i)), "sample": k})
+            for i, task in enumerate(tasks)
+            for k in range(group_size)
+        ]
+        ids = [r.rollout_id for r in self.store.enqueue(rollouts)]
+        agent = load_agent(self.agent_name, {**self.agent_kwargs, **agent_overrides})
+        worker = Worker(self.store, agent, gateway_url=self.gateway_url, concurrency=self.concurrency, mode=mode)
+        stats = asyncio.run(_run_then_close(worker, agent, len(ids)))
+        rewards = final_rewards(self.store, ids)
+        return RolloutBatch(ids, [rewards.get(i, 0.0) for i in ids], time.monotonic() - started,
+                            stats.failed + stats.timeout)
+
+
+async def _run_then_close(worker: Worker, agent: Any, n: int) -> Any:
+    """Run the worker in this event loop, then close what the agent opened in it (an MCP server, say)."""
+    try:
+        return await worker.run(max_rollouts=n)
+    finally:
+        close = getattr(agent, "aclose", None)
+        if close is not None:
+            await close()
+
+
+def final_rewards(store: StoreAPI, rollout_ids: Sequence[str]) -> dict[str, float]:
+    """``rollout_id -> final reward`` of each rollout's last attempt (absent: it recorded none)."""
+    if not rollout_ids:
+        return {}
+    table = store.query(
+        "SELECT rollout_id, final_reward FROM rollout_summary "
+        "WHERE rollout_id IN (SELECT unnest(?::VARCHAR[])) AND final_reward IS NOT NULL",
+        [list(rollout_ids)],
+    )
+    return dict(zip(table.column("rollout_id").to_pylist(), table.column("final_reward").to_pylist(), strict=True))
+
+
+def cancel_leftovers(store: StoreAPI) -> int:
+    """Cancel rollouts an earlier, interrupted run left queued, so this run's workers do not pick them up."""
+    left = [r for status in ("queuing", "requeuing") for r in store.list_rollouts(status=status, limit=100_000)]
+    for rollout in left:
+        store.cancel_rollout(rollout.rollout_id)
+    if left:
+        logger.warning("cancelled %d rollouts left queued by an earlier run", len(left))
+    return len(left)

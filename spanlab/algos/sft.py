@@ -1,0 +1,113 @@
+"""Supervised fine-tuning on chat conversations, loss on the assistant's tokens only.
+
+Used as the warm start before GRPO (REFERENCE.md §8: SmolLM2 never calls a tool by itself, so RL has
+nothing to reinforce until a few demonstrations show it the tool-call format). A conversation is
+rendered with the served model's own chat template, so the model learns exactly the prompt the live
+agent will send it; the mask comes from the character spans of the assistant turns, found by
+rendering the conversation's prefixes (the template must be prefix-preserving, which spanlab's is and
+``spanlab template check`` verifies for others).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from spanlab.adapters.grpo import Sample, collate
+from spanlab.algos.logprobs import token_logprobs
+from spanlab.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+
+class SFTConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    lr: float = Field(default=1e-4, gt=0)
+    epochs: int = Field(default=1, ge=1)
+    batch_size: int = Field(default=4, ge=1)
+    max_len: int = Field(default=1024, ge=16, description="longer conversations are skipped, with a warning")
+    weight_decay: float = Field(default=0.0, ge=0)
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    seed: int = 0
+
+
+def encode_conversation(tokenizer: Any, messages: list[dict], tools: list[dict] | None = None) -> Sample:
+    """Token IDs of a rendered conversation and a mask that is 1 on the assistant turns' tokens.
+
+    A turn runs from the end of the generation prompt to its end-of-turn token inclusive (the model
+    must learn to stop); the newline the template puts after that token is prompt, as at sampling time.
+    """
+    def render(msgs: list[dict], gen: bool) -> str:
+        return tokenizer.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=gen)
+
+    full = render(messages, False)
+    spans: list[tuple[int, int]] = []
+    for i, msg in enumerate(messages):
+        if msg["role"] != "assistant":
+            continue
+        before, upto = render(messages[:i], True), render(messages[: i + 1], False)
+        if not (full.startswith(upto) and upto.startswith(before)):
+            raise ConfigError("the chat template is not prefix-preserving for this conversation; "
+                              "check it with `spanlab template check`")
+        spans.append((len(before), len(upto.rstrip())))
+    enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+    ids = np.asarray(enc["input_ids"], dtype=np.int32)
+    mask = np.zeros(len(ids), dtype=np.uint8)
+    for t, (start, _end) in enumerate(enc["offset_mapping"]):
+        if any(a <= start < b for a, b in spans):
+            mask[t] = 1
+    return Sample(rollout_id="", group_id="", input_ids=ids, loss_mask=mask,
+                  engine_logprobs=np.zeros(len(ids), dtype=np.float32), reward=0.0, span_ids=[])
+
+
+def sft_train(
+    model: torch.nn.Module,
+    samples: Sequence[Sample],
+    config: SFTConfig,
+    *,
+    pad_id: int,
+    progress: Any = None,
+) -> dict[str, float]:
+    """Full-batch-shuffled SFT over ``samples`` (from :func:`encode_conversation`); returns summary metrics."""
+    kept = [s for s in samples if len(s.input_ids) <= config.max_len and s.loss_mask.any()]
+    if len(kept) < len(samples):
+        logger.warning("SFT skips %d of %d conversations (too long or nothing to learn)", len(samples) - len(kept),
+                       len(samples))
+    if not kept:
+        raise ConfigError("SFT has no usable conversations")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    rng = random.Random(config.seed)
+    steps = config.epochs * math.ceil(len(kept) / config.batch_size)
+    task = progress.add_task("warm start (SFT)", total=steps) if progress is not None else None
+    model.train()
+    losses: list[float] = []
+    tokens, started = 0, time.perf_counter()
+    for _epoch in range(config.epochs):
+        order = list(kept)
+        rng.shuffle(order)
+        for i in range(0, len(order), config.batch_size):
+            batch = collate(order[i : i + config.batch_size], torch.zeros(len(order[i : i + config.batch_size])),
+                            pad_id)
+            logprobs = token_logprobs(model, batch.input_ids, batch.attention_mask, positions_mask=batch.loss_mask)
+            loss = -(logprobs * batch.loss_mask).sum() / batch.loss_mask.sum()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+            optimizer.step()
+            losses.append(loss.item())
+            tokens += int(batch.attention_mask.sum())
+            if task is not None:
+                progress.update(task, advance=1, description=f"warm start (SFT) loss {loss.item():.3f}")
+    model.eval()
+    seconds = time.perf_counter() - started
+    return {"sft_steps": len(losses), "sft_loss_first": losses[0], "sft_loss_last": losses[-1],
+            "sft_examples": len(kept), "sft_seconds": seconds, "sft_tokens_per_s": tokens / max(seconds, 1e-9)}

@@ -1,0 +1,38 @@
+"""Task sets an algorithm trains and evaluates on, by name: a module with ``make_tasks`` (and ``demonstration``).
+
+``make_tasks(split, n, seed, levels)`` must be deterministic and keep splits disjoint, so held-out
+accuracy is held out; ``demonstration(task)`` (optional) returns ``{"messages", "tools"}`` of a correct
+solution, for warm starts and SFT.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from spanlab.errors import ConfigError
+
+# Tutorial task sets by short name; anything else is a module path.
+TASK_SETS: dict[str, str] = {"calc": "spanlab.agents.calc"}
+
+
+@dataclass(frozen=True)
+class TaskSet:
+    name: str
+    make_tasks: Callable[..., list[dict[str, Any]]]
+    demonstration: Callable[[dict[str, Any]], dict[str, Any]] | None
+
+
+def load_task_set(name: str) -> TaskSet:
+    module_name = TASK_SETS.get(name, name)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        known = ", ".join(sorted(TASK_SETS))
+        raise ConfigError(f"dataset.name: unknown task set {name!r} (known: {known}, or a module path): {exc}") from exc
+    make_tasks = getattr(module, "make_tasks", None)
+    if not callable(make_tasks):
+        raise ConfigError(f"dataset.name: module {module_name} has no make_tasks(split, n, seed, levels)")
+    return TaskSet(name, make_tasks, getattr(module, "demonstration", None))

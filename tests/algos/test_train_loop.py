@@ -1,0 +1,74 @@
+"""End-to-end smoke test of the whole loop on CPU: runner -> gateway -> vLLM -> store -> adapter -> GRPO -> weight sync.
+
+Tiny sizes (2 eval tasks, 4 demos, one GRPO step of 2 tasks x 2 samples) so it runs in a couple of
+minutes on the session's shared vLLM server; the server's original weights are restored afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from spanlab.algos.config import TrainConfig
+from spanlab.algos.registry import train
+from spanlab.config import parse
+from spanlab.engine.weights import WeightSyncClient
+from spanlab.errors import ConfigError
+from spanlab.store import SpanStore
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+
+@pytest.fixture
+def restored_engine(vllm_server, default_model_dir: Path) -> Iterator[str]:
+    """The shared engine's URL; its weights are reloaded from the model folder when the test ends."""
+    yield vllm_server.root_url
+    with WeightSyncClient(vllm_server.root_url) as client:
+        client.reload_weights(default_model_dir)
+
+
+def test_one_grpo_step_runs_the_whole_data_path(tmp_path: Path, restored_engine: str) -> None:
+    db = tmp_path / "run.duckdb"
+    config = parse(TrainConfig, {
+        "algorithm": "grpo", "run_name": "smoke", "out_dir": str(tmp_path / "runs"), "db": str(db),
+        "engine_url": restored_engine,
+        "agent": {"name": "calc", "kwargs": {"max_tokens": 32, "max_turns": 2}},
+        "dataset": {"name": "calc", "seed": 1, "levels": [1]},
+        "eval": {"tasks": 2},
+        "warm_start": {"demos": 4, "batch_size": 2},
+        "grpo": {"group_size": 2, "lr": 1e-6},
+        "loop": {"steps": 1, "tasks_per_step": 2, "concurrency": 4},
+    })
+    report = train(config)
+
+    assert [e.phase for e in report.evaluations] == ["base", "warm_start", "final"]
+    assert all(e.n == 2 and 0.0 <= e.accuracy <= 1.0 for e in report.evaluations)
+    assert report.warm_start is not None and report.warm_start["sft_steps"] == 2
+    (step,) = report.steps
+    assert step["n_samples"] >= 4  # 2 tasks x 2 samples, at least one LLM call each
+    assert (tmp_path / "runs" / "smoke" / "report.json").is_file()
+    with SpanStore(db) as store:
+        # The weights were pushed twice (warm start, GRPO step); the step's rollouts ran on version 1.
+        assert [r.version for r in store.list_resources("policy")] == [1, 2]
+        versions = store.query(
+            "SELECT DISTINCT resources_version AS v FROM rollouts WHERE mode = 'train'"
+        ).column("v").to_pylist()
+        assert versions == ["policy@1"]
+        names = set(store.query("SELECT DISTINCT name FROM train_metrics").column("name").to_pylist())
+        assert {"reward_mean", "n_samples", "sync_s", "eval_accuracy_base", "eval_accuracy_final"} <= names
+        # The GRPO samples were the recorded exact token IDs of the train rollouts.
+        (calls,) = store.query(
+            "SELECT count(*) AS n FROM llm_calls JOIN rollouts USING (rollout_id) WHERE mode = 'train'"
+        ).column("n").to_pylist()
+        assert calls == step["n_samples"]
+
+
+def test_bad_train_config_names_the_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"loop\.steps"):
+        parse(TrainConfig, {"loop": {"steps": -1}})
+    with pytest.raises(ConfigError, match=r"algorithm.*unknown algorithm 'ppo'"):
+        parse(TrainConfig, {"algorithm": "ppo"})
+    with pytest.raises(ConfigError, match=r"grpo\.cliplow"):
+        parse(TrainConfig, {"grpo": {"cliplow": 0.1}})
