@@ -22,7 +22,10 @@ class ThreadedServer:
         self._sock.bind((host, port))
         self.port: int = self._sock.getsockname()[1]
         self._server = uvicorn.Server(
-            uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=5)
+            # log_config=None: uvicorn's dictConfig would reset every existing logger's level in the host
+            # process (httpx's INFO line per request came back in `spanlab train` that way).
+            uvicorn.Config(app, log_level="warning", log_config=None, access_log=False, lifespan="on",
+                           timeout_graceful_shutdown=5)
         )
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._sock]}, name=f"spanlab-{name}-{self.port}", daemon=True

@@ -62,6 +62,7 @@ class TrainConfig(_Section):
     engine_url: str | None = Field(
         default=None, description="use this running vLLM (serving engine.model, dev routes on) instead of starting one"
     )
+    tito: bool = Field(default=True, description="record TITO session buffers (one sequence per agent session)")
     agent: AgentConfig = Field(default_factory=lambda: AgentConfig(name="calc"))
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)

@@ -65,7 +65,7 @@ def train_grpo(config: TrainConfig, *, console: Console | None = None) -> TrainR
         store = stack.enter_context(SpanStore(config.db))
         cancel_leftovers(store)
         root_url, served = _engine(stack, config, console)
-        gateway = stack.enter_context(GatewayServer(store, root_url))
+        gateway = stack.enter_context(GatewayServer(store, root_url, tito=config.tito))
         client = stack.enter_context(WeightSyncClient(root_url))
         collector = RolloutCollector(store, gateway.url, config.agent.name, dict(config.agent.kwargs),
                                      concurrency=config.loop.concurrency, timeout_s=config.loop.rollout_timeout_s)

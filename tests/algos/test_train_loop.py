@@ -47,7 +47,7 @@ def test_one_grpo_step_runs_the_whole_data_path(tmp_path: Path, restored_engine:
     assert all(e.n == 2 and 0.0 <= e.accuracy <= 1.0 for e in report.evaluations)
     assert report.warm_start is not None and report.warm_start["sft_steps"] == 2
     (step,) = report.steps
-    assert step["n_samples"] >= 4  # 2 tasks x 2 samples, at least one LLM call each
+    assert step["n_samples"] >= 4  # 2 tasks x 2 samples, at least one session each
     assert (tmp_path / "runs" / "smoke" / "report.json").is_file()
     with SpanStore(db) as store:
         # The weights were pushed twice (warm start, GRPO step); the step's rollouts ran on version 1.
@@ -58,11 +58,11 @@ def test_one_grpo_step_runs_the_whole_data_path(tmp_path: Path, restored_engine:
         assert versions == ["policy@1"]
         names = set(store.query("SELECT DISTINCT name FROM train_metrics").column("name").to_pylist())
         assert {"reward_mean", "n_samples", "sync_s", "eval_accuracy_base", "eval_accuracy_final"} <= names
-        # The GRPO samples were the recorded exact token IDs of the train rollouts.
-        (calls,) = store.query(
-            "SELECT count(*) AS n FROM llm_calls JOIN rollouts USING (rollout_id) WHERE mode = 'train'"
+        # The GRPO samples were the recorded TITO sessions (exact token IDs) of the train rollouts: one each.
+        (sessions,) = store.query(
+            "SELECT count(*) AS n FROM tito_sessions JOIN rollouts USING (rollout_id) WHERE mode = 'train'"
         ).column("n").to_pylist()
-        assert calls == step["n_samples"]
+        assert sessions == step["n_samples"]
 
 
 def test_bad_train_config_names_the_key(tmp_path: Path) -> None:
