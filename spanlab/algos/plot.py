@@ -34,17 +34,18 @@ def plot_run(store: StoreAPI, out: Path, run_id: str | None = None) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
     if mean := series.get("reward_mean"):
         steps = sorted(mean)
-        std = series.get("reward_std", {})
         ys = [mean[s] for s in steps]
-        ax.plot(steps, ys, marker="o", label="train reward (mean per step)")
-        ax.fill_between(steps, [y - std.get(s, 0.0) for s, y in zip(steps, ys, strict=True)],
-                        [y + std.get(s, 0.0) for s, y in zip(steps, ys, strict=True)], alpha=0.2)
+        # +- one standard error of the step's mean (0/1 rewards have a std near 0.5 whatever happens)
+        err = [series.get("reward_std", {}).get(s, 0.0) / max(series.get("n_samples", {}).get(s, 1.0), 1.0) ** 0.5
+               for s in steps]
+        ax.errorbar(steps, ys, yerr=err, marker="o", capsize=3, label="train reward (mean per step, +- s.e.)")
     for name, values in sorted(series.items()):
         if name.startswith("eval_accuracy_"):
-            (step, value), = values.items()
+            value = next(iter(values.values()))
             ax.axhline(value, linestyle="--", linewidth=1, color="gray")
-            ax.annotate(f"held-out {name.removeprefix('eval_accuracy_')}: {100 * value:.0f}%", (step, value),
-                        textcoords="offset points", xytext=(4, 4), fontsize=8)
+            ax.text(0.01, value, f" held-out {name.removeprefix('eval_accuracy_')}: {100 * value:.1f}%",
+                    transform=ax.get_yaxis_transform(), va="bottom", fontsize=8, color="dimgray")
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set(xlabel="GRPO step", ylabel="reward", title=f"spanlab run {run_id}", ylim=(-0.05, 1.05))
     ax.legend(loc="lower right")
     fig.tight_layout()

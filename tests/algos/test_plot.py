@@ -1,0 +1,34 @@
+"""``spanlab plot`` reads a run's metrics from the store and writes a PNG; a store without runs says so."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from spanlab.cli import app
+from spanlab.store import SpanStore
+
+
+def test_plot_writes_a_png_of_the_latest_run(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    db = tmp_path / "m.duckdb"
+    with SpanStore(db) as store:
+        store.add_metrics("run-a", "grpo", 0, {"eval_accuracy_base": 0.1})
+        for step, r in enumerate([0.5, 0.6, 0.7]):
+            store.add_metrics("run-a", "grpo", step, {"reward_mean": r, "reward_std": 0.5, "n_samples": 32})
+        store.add_metrics("run-a", "grpo", 3, {"eval_accuracy_final": 0.8})
+    out = tmp_path / "curve.png"
+    result = CliRunner().invoke(app, ["plot", "--db", str(db), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5_000
+
+
+def test_plot_without_runs_is_a_clear_error(tmp_path: Path) -> None:
+    db = tmp_path / "empty.duckdb"
+    SpanStore(db).close()
+    result = CliRunner().invoke(app, ["plot", "--db", str(db), "--out", str(tmp_path / "x.png")])
+    assert result.exit_code == 2
+    assert "no training metrics" in result.output
+    assert not (tmp_path / "x.png").exists()
