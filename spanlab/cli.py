@@ -324,5 +324,23 @@ def plot(
         _fail(exc)
 
 
+@app.command()
+def ui(
+    db: DbOption = None,
+    host: Annotated[str, typer.Option(help="interface to bind (the UI has no login: keep 127.0.0.1)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port")] = 8600,
+    tokenizer: Annotated[
+        Path | None, typer.Option("--tokenizer", help="tokenizer folder for token text (default: the default model)")
+    ] = None,
+) -> None:
+    """Serve a local web page over the store (read-only): rollouts, calls, token view, training curves, SQL box."""
+    from spanlab.ui import serve_ui
+
+    try:
+        serve_ui(sqlmod.resolve_db(db), host=host, port=port, tokenizer_dir=tokenizer)
+    except SpanlabError as exc:
+        _fail(exc)
+
+
 if __name__ == "__main__":
     app()
