@@ -236,7 +236,7 @@ class RenderComparison:
     problem: str | None = None
 
 
-def _runs(mask: Sequence[int]) -> list[tuple[int, int, int]]:
+def mask_runs(mask: Sequence[int]) -> list[tuple[int, int, int]]:
     """``(start, end, value)`` of each run of equal mask values."""
     runs: list[tuple[int, int, int]] = []
     for i, m in enumerate(mask):
@@ -247,9 +247,10 @@ def _runs(mask: Sequence[int]) -> list[tuple[int, int, int]]:
     return runs
 
 
-def _find(haystack: list[int], needle: list[int], start: int) -> int | None:
-    return next((q for q in range(start, len(haystack) - len(needle) + 1) if haystack[q : q + len(needle)] == needle),
-                None)
+def find_sublist(haystack: Sequence[int], needle: Sequence[int], start: int) -> int | None:
+    """First index >= ``start`` where ``needle`` occurs in ``haystack`` (None when it does not)."""
+    n, needle = len(needle), list(needle)
+    return next((q for q in range(start, len(haystack) - n + 1) if list(haystack[q : q + n]) == needle), None)
 
 
 def compare_with_render(buffer: SessionBuffer, tokenizer: ChatTokenizer) -> RenderComparison:
@@ -264,11 +265,11 @@ def compare_with_render(buffer: SessionBuffer, tokenizer: ChatTokenizer) -> Rend
     render = render_ids(tokenizer, buffer.messages, add_generation_prompt=True, tools=buffer.tools)
     drift: list[Drift] = []
     p, pending = 0, None  # pending: the sampled run waiting for its end in the render
-    for lo, hi, m in _runs(mask):
+    for lo, hi, m in mask_runs(mask):
         if m == 1:
             pending = (lo, hi)
             continue
-        q = p if pending is None else _find(render, ids[lo:hi], p)
+        q = p if pending is None else find_sublist(render, ids[lo:hi], p)
         if q is None or render[q : q + hi - lo] != ids[lo:hi]:
             return RenderComparison(False, render, drift, f"prompt tokens {lo}:{hi} are not in the render at {p}")
         if pending is not None:

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict
 
 from spanlab.engine.template import render_ids
 from spanlab.errors import SpanlabError
-from spanlab.tito.buffer import SessionBuffer
+from spanlab.tito.buffer import SessionBuffer, find_sublist, mask_runs
 from spanlab.tito.messages import engine_form
 from spanlab.tito.prefix import first_mismatch
 from spanlab.tito.readiness import close_ids
@@ -114,21 +114,6 @@ def _summary(checked: int, differs: int, counts: dict[DriftCause, int]) -> Check
                         by_cause={c: CauseCount(count=counts[c], rate=rate(counts[c])) for c in CAUSES})
 
 
-def _runs(mask: Sequence[int]) -> list[tuple[int, int, int]]:
-    runs: list[tuple[int, int, int]] = []
-    for i, m in enumerate(mask):
-        if runs and runs[-1][2] == m:
-            runs[-1] = (runs[-1][0], i + 1, m)
-        else:
-            runs.append((i, i + 1, m))
-    return runs
-
-
-def _find(hay: Sequence[int], needle: Sequence[int], start: int) -> int | None:
-    n = len(needle)
-    return next((q for q in range(start, len(hay) - n + 1) if list(hay[q : q + n]) == list(needle)), None)
-
-
 Diff = tuple[DriftCause, list[int], list[int]]
 
 
@@ -136,11 +121,11 @@ def _align(ids: list[int], mask: list[int], render: list[int], tok: Any) -> list
     """Differences between a buffer and a render: (cause, buffer IDs, render IDs) per differing region."""
     diffs: list[Diff] = []
     p, pending = 0, None
-    for lo, hi, m in _runs(mask):
+    for lo, hi, m in mask_runs(mask):
         if m == 1:
             pending = (lo, hi)
             continue
-        q = p if pending is None else _find(render, ids[lo:hi], p)
+        q = p if pending is None else find_sublist(render, ids[lo:hi], p)
         if q is None or render[q : q + hi - lo] != ids[lo:hi]:
             return [*diffs, ("template", ids[lo:hi], render[p : p + hi - lo])]
         if pending is not None and (got := ids[pending[0] : pending[1]]) != (want := render[p:q]):

@@ -14,11 +14,12 @@ from __future__ import annotations
 import difflib
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from spanlab.errors import SpanlabError
+from spanlab.tito.buffer import mask_runs
 from spanlab.ui.queries import TokenSequence
 
 logger = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ class TokenText:
         marks: list[list[int] | None] = [None] * n
         texts: list[str] | None = None
         if tok is not None:
-            for lo_run, hi_run in _mask_runs(seq.mask):
+            for lo_run, hi_run, _ in mask_runs(seq.mask):
                 for i, ids in _retokenize_diffs(tok, seq.ids[lo_run:hi_run]):
                     marks[lo_run + i] = ids
             texts = tok.batch_decode([[i] for i in seq.ids[offset:hi]], skip_special_tokens=False)
@@ -86,17 +87,6 @@ class TokenText:
             "text": texts, "retokenized": marks[offset:hi],
             "tokenizer": getattr(tok, "name_or_path", None), "tokenizer_error": self._error,
         }
-
-
-def _mask_runs(mask: Sequence[int]) -> list[tuple[int, int]]:
-    """[lo, hi) of each maximal run of equal mask values."""
-    runs: list[tuple[int, int]] = []
-    lo = 0
-    for i in range(1, len(mask) + 1):
-        if i == len(mask) or mask[i] != mask[lo]:
-            runs.append((lo, i))
-            lo = i
-    return runs
 
 
 def _retokenize_diffs(tok: Any, ids: list[int]) -> list[tuple[int, list[int]]]:
