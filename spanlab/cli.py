@@ -38,7 +38,8 @@ def _main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug l
         format="%(message)s",
         handlers=[RichHandler(console=Console(stderr=True), show_path=False)],
     )
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per HTTP request is noise here
+    for name in ("httpx", "httpx2"):  # one INFO line per HTTP request is noise here (openai 3.5x logs via httpx2)
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def _fail(exc: Exception) -> None:
