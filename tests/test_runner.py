@@ -68,7 +68,8 @@ def test_worker_processes_with_crashes_and_hangs_lose_nothing(tmp_path: Path) ->
     """4 worker processes, 10% crashes and 5% hangs per attempt (the long version: benchmarks/runner_reliability.py)."""
     db = tmp_path / "runs.duckdb"
     n = 4 * 30
-    cfg = RolloutConfig(max_attempts=3, timeout_s=1.0, retry_on=("failed", "timeout", "unresponsive"))
+    # timeout_s leaves room for a loaded 2-core machine: a healthy attempt takes ~10 ms, a hang is ended at 3 s
+    cfg = RolloutConfig(max_attempts=3, timeout_s=3.0, retry_on=("failed", "timeout", "unresponsive"))
     with SpanStore(db) as store:
         store.enqueue([Rollout(input={"seed": i}, config=cfg) for i in range(n)])
     config = tmp_path / "run.yaml"
