@@ -7,6 +7,8 @@ the segment's sampled turns put back at their positions. Rewards: the attempt's 
 reward span not tied to a call: what the runner records and ``rollout_summary.final_reward`` reads), or
 with ``reward="per_call"`` the last reward tied to a call (``call_span_id``), falling back to the final.
 Only the last attempt of each rollout is read; rollouts with no reward are skipped with a log line.
+``token_source="retokenized"`` rebuilds every sample from the stored text instead, as text-only trainers
+did (``spanlab.adapters.retokenize``: the drift experiment of issue #7); ``"exact"`` (default) is the above.
 
 Left out: packing several sequences into one row (right padding only), token-level rewards inside a
 session (a session sample takes the reward of its last rewarded call), truncating over-long samples.
@@ -21,12 +23,14 @@ import json
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
 import torch
 
+from spanlab.adapters.retokenize import Retokenizer, TokenSource, retokenize_samples
 from spanlab.store.base import StoreAPI
 
 __all__ = ["Batch", "Sample", "collate", "iter_samples", "micro_batches"]
@@ -40,7 +44,12 @@ _SPAN_COLUMNS = ("span_id", "rollout_id", "attempt_id", "prompt_token_ids", "res
 
 @dataclass
 class Sample:
-    """One training sequence. ``engine_logprobs`` is NaN on sampled tokens the engine gave no logprob for."""
+    """One training sequence. ``engine_logprobs`` is NaN on sampled tokens the engine gave no logprob for.
+
+    Retokenized samples also carry ``exact`` (the engine's sample of the same call/session) and
+    ``aligned_logprobs`` (engine logprob of the sampled token each trained token aligns with, NaN where none;
+    for drift metrics, never for the loss). Exact samples leave both None.
+    """
 
     rollout_id: str
     group_id: str
@@ -49,6 +58,8 @@ class Sample:
     engine_logprobs: np.ndarray  # float32 [T], 0 where loss_mask is 0
     reward: float
     span_ids: list[str] = field(default_factory=list)
+    exact: Sample | None = None
+    aligned_logprobs: np.ndarray | None = None  # float32 [T]; None = engine_logprobs
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -56,13 +67,18 @@ class Sample:
 
 @dataclass
 class Batch:
-    """Right-padded tensors of a list of samples; ``advantages`` has one value per row."""
+    """Right-padded tensors of a list of samples; ``advantages`` has one value per row.
+
+    ``sampled_logprobs``: the engine logprob aligned with each trained token (NaN where none, 0 on padding),
+    for the trainer/engine drift metric; equal to ``engine_logprobs`` for exact samples.
+    """
 
     input_ids: torch.Tensor  # long [B, T]
     attention_mask: torch.Tensor  # long [B, T]
     loss_mask: torch.Tensor  # float [B, T]
     engine_logprobs: torch.Tensor  # float [B, T]
     advantages: torch.Tensor  # float [B]
+    sampled_logprobs: torch.Tensor | None = None  # float [B, T]
 
 
 @dataclass
@@ -79,10 +95,31 @@ def iter_samples(
     group_key: str = "task_id",
     reward: RewardMode = "final",
     batch_rows: int = 256,
+    token_source: TokenSource = "exact",
+    tokenizer: Any = None,
+    chat_template: str | Path | None = None,
 ) -> Iterator[Sample]:
-    """Stream the samples of the given rollouts' last attempts, in rollout/attempt/call order."""
+    """Stream the samples of the given rollouts' last attempts, in rollout/attempt/call order.
+
+    ``token_source="retokenized"`` needs the training-side ``tokenizer``; ``chat_template`` (a Jinja file)
+    renders with another template than the tokenizer's, to model an inference/training stack mismatch.
+    """
     if reward not in ("final", "per_call"):
         raise ValueError(f"reward must be 'final' or 'per_call', not {reward!r}")
+    if token_source == "retokenized":
+        retokenizer = Retokenizer(tokenizer, chat_template)
+        exact = _iter_exact(store, rollout_ids, group_key=group_key, reward=reward, batch_rows=batch_rows)
+        yield from retokenize_samples(store, exact, retokenizer, chunk=batch_rows)
+        return
+    if token_source != "exact" or chat_template is not None:
+        raise ValueError(f"token_source must be 'exact' or 'retokenized', not {token_source!r}"
+                         if token_source != "exact" else "chat_template is only used with token_source 'retokenized'")
+    yield from _iter_exact(store, rollout_ids, group_key=group_key, reward=reward, batch_rows=batch_rows)
+
+
+def _iter_exact(store: StoreAPI, rollout_ids: Sequence[str], *, group_key: str, reward: RewardMode,
+                batch_rows: int) -> Iterator[Sample]:
+    """The samples as the engine sampled them (the module docstring)."""
     rollout_ids = list(dict.fromkeys(rollout_ids))
     if not rollout_ids:
         return
@@ -132,12 +169,14 @@ def collate(samples: Sequence[Sample], advantages: Sequence[float] | np.ndarray 
     attn_B_T = np.zeros((B, T), dtype=np.int64)
     mask_B_T = np.zeros((B, T), dtype=np.float32)
     engine_B_T = np.zeros((B, T), dtype=np.float32)
+    sampled_B_T = np.zeros((B, T), dtype=np.float32)
     for i, s in enumerate(samples):
         n = len(s)
         ids_B_T[i, :n], attn_B_T[i, :n] = s.input_ids, 1
         mask_B_T[i, :n], engine_B_T[i, :n] = s.loss_mask, s.engine_logprobs
+        sampled_B_T[i, :n] = s.aligned_logprobs if s.aligned_logprobs is not None else s.engine_logprobs
     return Batch(torch.from_numpy(ids_B_T), torch.from_numpy(attn_B_T), torch.from_numpy(mask_B_T),
-                 torch.from_numpy(engine_B_T), adv_B)
+                 torch.from_numpy(engine_B_T), adv_B, torch.from_numpy(sampled_B_T))
 
 
 def micro_batches(samples: Sequence[Sample], max_tokens: int) -> Iterator[list[Sample]]:

@@ -4,7 +4,10 @@ One ``grpo_step`` is one batch of samples (already rolled out and rewarded, see 
 advantages per group of samples of one task, then ``epochs_per_batch`` optimizer steps, each over all
 micro-batches with gradient accumulation so the loss is aggregated exactly over the whole batch. The
 engine's sampling logprobs correct the trainer/engine mismatch with truncated importance sampling
-(verl/TRL "TIS"). REFERENCE.md §6 has the formulas.
+(verl/TRL "TIS"). REFERENCE.md §6 has the formulas. Drift metrics (issue #7): ``drift_*_frac`` compare the
+trained tokens with the sampled ones (``spanlab.adapters.retokenize.drift_stats``); ``drift_logp_abs_diff`` is
+the mean |trainer - engine| logprob at the step's start over trained tokens aligned with a sampled token
+(samples of groups with reward variance only: the others get no forward pass).
 
 Left out: the rollout loop, weight sync and eval (the caller's), GSPO's sequence-level ratio, entropy
 bonus, learning-rate schedules, mixed precision. Run it through ``spanlab train`` or call
@@ -26,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
 from spanlab.adapters.grpo import Batch, Sample, collate, micro_batches
+from spanlab.adapters.retokenize import drift_stats
 from spanlab.algos.logprobs import token_logprobs
 from spanlab.algos.model import LoraConfig, make_model_for_training, peak_rss_mb
 
@@ -223,7 +227,7 @@ def grpo_step(
         "n_groups": float(len({s.group_id for s in samples})),
         "n_groups_with_signal": float(len(groups_with_signal)),
         "n_samples_used": float(len(keep)),
-    }
+    } | drift_stats(samples)
     if not keep:
         logger.info("grpo_step: no group has reward variance among %d samples; no update", len(samples))
         return metrics | {"skipped": 1.0, "peak_rss_mb": peak_rss_mb()}
@@ -240,6 +244,7 @@ def grpo_step(
     model.train()
     sums: dict[str, float] = defaultdict(float)
     total_loss, grad_norm = 0.0, 0.0
+    drift_sum, drift_n = 0.0, 0  # |logp_trainer - logp_engine| at the step's start, over aligned trained tokens
     for _epoch in range(config.epochs_per_batch):
         for j, b in enumerate(batches):
             logprobs_B_T = token_logprobs(model, b.input_ids, b.attention_mask, positions_mask=b.loss_mask > 0,
@@ -253,6 +258,9 @@ def grpo_step(
             )
             loss.backward()
             total_loss += float(loss.detach())
+            if _epoch == 0:
+                d_sum, d_n = _logp_drift(logprobs_B_T, b)
+                drift_sum, drift_n = drift_sum + d_sum, drift_n + d_n
             for k, v in m.items():  # token-weighted sums, averaged below
                 sums[k] += v * m["loss_tokens"] if k != "loss_tokens" else v
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm))
@@ -271,4 +279,14 @@ def grpo_step(
         "step_s": elapsed,
         "skipped": 0.0,
         "peak_rss_mb": peak_rss_mb(),
+        "drift_logp_abs_diff": drift_sum / drift_n if drift_n else math.nan,
     }
+
+
+def _logp_drift(logprobs_B_T: torch.Tensor, batch: Batch) -> tuple[float, int]:
+    """(sum, count) of |trainer - engine| logprob over trained tokens with an aligned engine logprob."""
+    if batch.sampled_logprobs is None:
+        return 0.0, 0
+    known_B_T = (batch.loss_mask > 0) & torch.isfinite(batch.sampled_logprobs)
+    diff_N = (logprobs_B_T.detach() - batch.sampled_logprobs)[known_B_T].abs()
+    return float(diff_N.sum()), int(diff_N.numel())
