@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from spanlab.adapters.retokenize import TokenSource
+from spanlab.algos.apo_config import APOConfig
 from spanlab.algos.grpo import GRPOConfig
 from spanlab.algos.sft import SFTConfig
 from spanlab.config import AgentConfig
@@ -63,12 +65,19 @@ class TrainConfig(_Section):
         default=None, description="use this running vLLM (serving engine.model, dev routes on) instead of starting one"
     )
     tito: bool = Field(default=True, description="record TITO session buffers (one sequence per agent session)")
+    token_source: TokenSource = Field(
+        default="exact", description="train on the engine's IDs, or 'retokenized' stored text (the drift experiment)"
+    )
+    retokenize_template: Path | None = Field(
+        default=None, description="a chat template file to retokenize with (models a train/serve template mismatch)"
+    )
     agent: AgentConfig = Field(default_factory=lambda: AgentConfig(name="calc"))
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     warm_start: WarmStartConfig | None = None
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     loop: LoopConfig = Field(default_factory=LoopConfig)
+    apo: APOConfig = Field(default_factory=APOConfig)
 
     @field_validator("engine")
     @classmethod
@@ -84,6 +93,15 @@ class TrainConfig(_Section):
         if name not in ALGORITHMS:
             raise ValueError(f"unknown algorithm {name!r}; known: {', '.join(sorted(ALGORITHMS))}")
         return name
+
+    @model_validator(mode="after")
+    def _retokenize_template_needs_retokenized(self) -> TrainConfig:
+        if self.retokenize_template is not None:
+            if self.token_source != "retokenized":
+                raise ValueError("retokenize_template is only used with token_source: retokenized")
+            if not self.retokenize_template.is_file():
+                raise ValueError(f"retokenize_template {str(self.retokenize_template)!r} is not a file")
+        return self
 
     @property
     def run_dir(self) -> Path:

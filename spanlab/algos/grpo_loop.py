@@ -97,7 +97,8 @@ def train_grpo(config: TrainConfig, *, console: Console | None = None) -> TrainR
             batch = collector.collect(tasks, mode="train", group_size=config.grpo.group_size,
                                       metadata={"run_id": report.run_id, "step": step}, model=sync.served_name)
             gateway.flush()
-            samples = list(iter_samples(store, batch.rollout_ids))
+            samples = list(iter_samples(store, batch.rollout_ids, token_source=config.token_source, tokenizer=tokenizer,
+                                        chat_template=config.retokenize_template))
             metrics = grpo_step(model, optimizer, samples, config.grpo, pad_id=pad_id)
             metrics.update(rollout_s=batch.seconds, rollout_failed=batch.failed, sync_s=sync.push(model).total_s)
             store.add_metrics(report.run_id, "grpo", step, metrics)

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from spanlab.algos.report import TrainReport
 
 ALGORITHMS: dict[str, str] = {
+    "apo": "spanlab.algos.apo:train_apo",
     "grpo": "spanlab.algos.grpo_loop:train_grpo",
 }
 

@@ -59,7 +59,6 @@ class RolloutCollector:
         **agent_overrides: Any,
     ) -> RolloutBatch:
         """Queue ``group_size`` rollouts per task, run them all, return their rewards in queue order."""
-        started = time.monotonic()
         config = RolloutConfig(timeout_s=self.timeout_s, max_attempts=1)
         rollouts = [
             Rollout(input=task, mode=mode, config=config,
@@ -67,9 +66,15 @@ class RolloutCollector:
             for i, task in enumerate(tasks)
             for k in range(group_size)
         ]
-        ids = [r.rollout_id for r in self.store.enqueue(rollouts)]
+        return self.run(rollouts, **agent_overrides)
+
+    def run(self, rollouts: Sequence[Rollout], **agent_overrides: Any) -> RolloutBatch:
+        """Queue these rollouts (all of one mode), run the agent on them, return their rewards in order."""
+        started = time.monotonic()
+        ids = [r.rollout_id for r in self.store.enqueue(list(rollouts))]
         agent = load_agent(self.agent_name, {**self.agent_kwargs, **agent_overrides})
-        worker = Worker(self.store, agent, gateway_url=self.gateway_url, concurrency=self.concurrency, mode=mode)
+        worker = Worker(self.store, agent, gateway_url=self.gateway_url, concurrency=self.concurrency,
+                        mode=rollouts[0].mode if rollouts else None)
         stats = asyncio.run(_run_then_close(worker, agent, len(ids)))
         rewards = final_rewards(self.store, ids)
         return RolloutBatch(ids, [rewards.get(i, 0.0) for i in ids], time.monotonic() - started,

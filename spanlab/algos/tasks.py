@@ -15,7 +15,7 @@ from typing import Any
 from spanlab.errors import ConfigError
 
 # Tutorial task sets by short name; anything else is a module path.
-TASK_SETS: dict[str, str] = {"calc": "spanlab.agents.calc"}
+TASK_SETS: dict[str, str] = {"calc": "spanlab.agents.calc", "rooms": "spanlab.agents.rooms"}
 
 
 @dataclass(frozen=True)

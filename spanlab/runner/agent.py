@@ -17,7 +17,10 @@ from spanlab.store.base import StoreAPI
 from spanlab.types import Attempt, Resource, Rollout, Span, reward_span
 
 # Tutorial agents by short name; anything else is given as "package.module:ClassName".
-REGISTERED_AGENTS: dict[str, str] = {"calc": "spanlab.agents.calc:CalcAgent"}
+REGISTERED_AGENTS: dict[str, str] = {
+    "calc": "spanlab.agents.calc:CalcAgent",
+    "rooms": "spanlab.agents.rooms:RoomsAgent",
+}
 
 
 @dataclass
