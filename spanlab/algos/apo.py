@@ -32,7 +32,7 @@ from spanlab.algos.apo_search import BeamSearch, Candidate
 from spanlab.algos.apo_stats import bootstrap, paired_difference
 from spanlab.algos.config import TrainConfig
 from spanlab.algos.report import Evaluation, TrainReport
-from spanlab.algos.rollouts import RolloutCollector, cancel_leftovers
+from spanlab.algos.rig import open_rig
 from spanlab.algos.tasks import TASK_SETS, load_task_set
 from spanlab.errors import ConfigError
 
@@ -41,9 +41,6 @@ logger = logging.getLogger(__name__)
 
 def train_apo(config: TrainConfig, *, console: Console | None = None) -> TrainReport:
     """Run the whole APO job described by ``config``; returns (and writes) its report."""
-    from spanlab.gateway.app import GatewayServer
-    from spanlab.store import SpanStore
-
     console = console or Console(stderr=True)
     started = time.monotonic()
     apo = config.apo
@@ -52,17 +49,11 @@ def train_apo(config: TrainConfig, *, console: Console | None = None) -> TrainRe
     splits = {name: task_set.make_tasks(name, n=n, seed=config.dataset.seed, levels=config.dataset.levels)
               for name, n in (("train", max(apo.gradient_tasks * 4, apo.gradient_tasks)), ("val", apo.val_tasks),
                               ("test", apo.test_tasks))}
-    config.run_dir.mkdir(parents=True, exist_ok=True)
-    config.db.parent.mkdir(parents=True, exist_ok=True)
     report = TrainReport(run_name=config.run_name, algorithm="apo", model=config.engine.model, db=str(config.db))
 
     with ExitStack() as stack:
-        store = stack.enter_context(SpanStore(config.db))
-        cancel_leftovers(store)
-        root_url, served = _engine(stack, config, console)
-        gateway = stack.enter_context(GatewayServer(store, root_url, tito=config.tito))
-        collector = RolloutCollector(store, gateway.url, config.agent.name, dict(config.agent.kwargs),
-                                     concurrency=config.loop.concurrency, timeout_s=config.loop.rollout_timeout_s)
+        rig = open_rig(stack, config, console)
+        store, gateway, collector, root_url, served = rig.store, rig.gateway, rig.collector, rig.root_url, rig.served
         bank = PromptBank(store, apo.resource)
         runner = RolloutRunner(collector, bank, overrides={"model": served, "temperature": config.eval.temperature},
                                max_rollouts=apo.max_rollouts)
@@ -112,20 +103,6 @@ def _start(config: TrainConfig) -> tuple[str, list[str]]:
     if not required:
         raise ConfigError("apo.required_variables: the task set declares none; list them")
     return template, list(required)
-
-
-def _engine(stack: ExitStack, config: TrainConfig, console: Console) -> tuple[str, str]:
-    """(root URL, served model name): the configured running vLLM, or one started here (no torch import)."""
-    import httpx
-
-    if config.engine_url:
-        root = config.engine_url.rstrip("/").removesuffix("/v1")
-        return root, httpx.get(f"{root}/v1/models", timeout=30).json()["data"][0]["id"]
-    from spanlab.engine.server import VLLMServer
-
-    console.log(f"starting vLLM for {config.engine.model} (about a minute on CPU)")
-    server = stack.enter_context(VLLMServer(config.engine))
-    return server.root_url, server.model
 
 
 def _test(runner: RolloutRunner, cands: Sequence[Candidate], tasks: list[dict[str, Any]],

@@ -24,7 +24,8 @@ from spanlab.algos.config import TrainConfig
 from spanlab.algos.grpo import grpo_step
 from spanlab.algos.policy import PolicySync, load_policy, pad_token_id
 from spanlab.algos.report import Evaluation, TrainReport
-from spanlab.algos.rollouts import RolloutCollector, cancel_leftovers
+from spanlab.algos.rig import open_rig
+from spanlab.algos.rollouts import RolloutCollector
 from spanlab.algos.sft import encode_conversation, sft_train
 from spanlab.algos.tasks import TaskSet, load_task_set
 
@@ -49,29 +50,21 @@ def train_grpo(config: TrainConfig, *, console: Console | None = None) -> TrainR
     """Run the whole GRPO job described by ``config``; returns (and writes) its report."""
     from spanlab.engine.model import resolve_model
     from spanlab.engine.weights import WeightSyncClient
-    from spanlab.gateway.app import GatewayServer
-    from spanlab.store import SpanStore
 
     console = console or Console(stderr=True)
     started = time.monotonic()
     task_set = load_task_set(config.dataset.name)
     splits = _tasks(task_set, config)
-    config.run_dir.mkdir(parents=True, exist_ok=True)
-    config.db.parent.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(config.loop.torch_threads or torch.get_num_threads())
     report = TrainReport(run_name=config.run_name, algorithm="grpo", model=config.engine.model, db=str(config.db))
 
     with ExitStack() as stack:
-        store = stack.enter_context(SpanStore(config.db))
-        cancel_leftovers(store)
-        root_url, served = _engine(stack, config, console)
-        gateway = stack.enter_context(GatewayServer(store, root_url, tito=config.tito))
-        client = stack.enter_context(WeightSyncClient(root_url))
-        collector = RolloutCollector(store, gateway.url, config.agent.name, dict(config.agent.kwargs),
-                                     concurrency=config.loop.concurrency, timeout_s=config.loop.rollout_timeout_s)
+        rig = open_rig(stack, config, console)
+        store, gateway, collector = rig.store, rig.gateway, rig.collector
+        client = stack.enter_context(WeightSyncClient(rig.root_url))
         model, tokenizer = load_policy(resolve_model(config.engine.model))
         pad_id = pad_token_id(tokenizer)
-        sync = PolicySync(client, store, config.run_dir, served)
+        sync = PolicySync(client, store, config.run_dir, rig.served)
 
         def held_out(phase: str) -> None:
             report.evaluations.append(evaluate(collector, splits["eval"], phase=phase,
@@ -110,20 +103,6 @@ def train_grpo(config: TrainConfig, *, console: Console | None = None) -> TrainR
     report.seconds = time.monotonic() - started
     report.write(config.run_dir / "report.json")
     return report
-
-
-def _engine(stack: ExitStack, config: TrainConfig, console: Console) -> tuple[str, str]:
-    """(root URL, served model name) of the engine: the configured running one, or one started here."""
-    from spanlab.engine.server import VLLMServer
-    from spanlab.engine.weights import WeightSyncClient
-
-    if config.engine_url:
-        root = config.engine_url.rstrip("/").removesuffix("/v1")
-        with WeightSyncClient(root) as probe:
-            return root, probe.list_models()[0]
-    console.log(f"starting vLLM for {config.engine.model} (about a minute on CPU)")
-    server = stack.enter_context(VLLMServer(config.engine))
-    return server.root_url, server.model
 
 
 def _tasks(task_set: TaskSet, config: TrainConfig) -> dict[str, list[dict[str, Any]]]:
