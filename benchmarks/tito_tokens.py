@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 from openai import OpenAI
 
+from spanlab.agents.calc.mcp_server import CalculatorError, evaluate
 from spanlab.gateway import GatewayServer
 from spanlab.store import SpanStore
 
@@ -52,12 +53,11 @@ FEW_SHOT = [{"role": "system", "content": "You answer arithmetic questions by ca
 
 
 def _calc(expr: str) -> str:
-    if not expr or not set(expr) <= set("0123456789+-*/(). "):
-        return "error: digits and + - * / only"
+    """The calc tool: the tutorial calculator's safe evaluator (no eval), errors as text for the model."""
     try:
-        return str(eval(expr))  # digits and operators only
-    except (SyntaxError, ZeroDivisionError):
-        return "error"
+        return evaluate(expr)
+    except CalculatorError:
+        return "error: digits and + - * / only"
 
 
 def run_session(gw: GatewayServer, store: SpanStore, model: str, turns: int) -> tuple[str, list[float], int]:

@@ -17,6 +17,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from spanlab.agents.calc.mcp_server import CalculatorError, evaluate
 from spanlab.gateway import GatewayServer
 from spanlab.store import SpanStore
 from spanlab.types import Attempt, Rollout, Span
@@ -82,11 +83,10 @@ def _ids(v: Any) -> list[int]:
 
 
 def _calc(expr: str) -> str:
-    if not expr or not set(expr) <= set("0123456789+-*/(). "):
-        return "error"
+    """The calc tool: the tutorial calculator's safe evaluator (no eval), errors as text for the model."""
     try:
-        return str(eval(expr))  # digits and operators only
-    except (SyntaxError, ZeroDivisionError):
+        return evaluate(expr)
+    except CalculatorError:
         return "error"
 
 
