@@ -116,8 +116,8 @@ def test_a_template_without_known_fix_is_refused_with_the_reason() -> None:
 def test_sessions_extend_refuse_a_second_caller_and_roll_back_failed_calls(smol: Any) -> None:
     sessions = TitoSessions(smol, prepare_template(smol), max_sessions=2)
     conv: list[dict[str, Any]] = [{"role": "user", "content": "What is 2+3?"}]
-    session = sessions.acquire(("r", "a"))
-    assert session is not None and sessions.acquire(("r", "a")) is None  # busy: the 2nd call goes per call
+    session = sessions.acquire(("r", "a", ""))
+    assert session is not None and sessions.acquire(("r", "a", "")) is None  # busy: the 2nd call goes per call
     turn = sessions.plan(session, conv, [CALC])
     assert turn.event == "start" and turn.prompt_ids == []
     sessions.start_segment(turn, render_ids(smol, conv, add_generation_prompt=True, tools=[CALC]), conv, [CALC])
@@ -127,13 +127,13 @@ def test_sessions_extend_refuse_a_second_caller_and_roll_back_failed_calls(smol:
     assert mask == [0] * len(turn.prompt_ids) + [1] * len(sampled)
     before = list(session.buffer.ids), list(session.buffer.mask), list(session.buffer.messages)
     conv2 = [*conv, {"role": "assistant", "tool_calls": [call]}, {"role": "tool", "tool_call_id": "c1", "content": "5"}]
-    assert sessions.acquire(("r", "a")) is session
+    assert sessions.acquire(("r", "a", "")) is session
     turn2 = sessions.plan(session, conv2, [CALC])
     assert turn2.event == "extend" and turn2.prompt_ids[: len(before[0])] == before[0]
     assert turn2.prompt_ids[len(before[0])] == 198  # the stop gap the model never samples
     sessions.abort(turn2, session)  # the engine call failed: the buffer is as before, the session free
     assert (session.buffer.ids, session.buffer.mask, session.buffer.messages) == before and not session.busy
-    assert sessions.acquire(("r", "b")) and sessions.acquire(("r", "c")) and len(sessions) == 2  # LRU cap
+    assert sessions.acquire(("r", "b", "")) and sessions.acquire(("r", "c", "")) and len(sessions) == 2  # LRU cap
 
 
 # --- the tito_sessions view ----------------------------------------------------------------------

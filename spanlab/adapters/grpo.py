@@ -7,6 +7,9 @@ the segment's sampled turns put back at their positions. Rewards: the attempt's 
 reward span not tied to a call: what the runner records and ``rollout_summary.final_reward`` reads), or
 with ``reward="per_call"`` the last reward tied to a call (``call_span_id``), falling back to the final.
 Only the last attempt of each rollout is read; rollouts with no reward are skipped with a log line.
+A multi-agent attempt (calls made through ``ctx.agent_base_url(role)``, ``attributes.agent``) holds one
+session per role; ``agents=[...]`` keeps only those roles' calls, so an algorithm trains the roles a
+config selects and the others' calls never reach it. Every role's sample takes the attempt's reward.
 ``token_source="retokenized"`` rebuilds every sample from the stored text instead, as text-only trainers
 did (``spanlab.adapters.retokenize``: the drift experiment of issue #7); ``"exact"`` (default) is the above.
 
@@ -98,9 +101,11 @@ def iter_samples(
     token_source: TokenSource = "exact",
     tokenizer: Any = None,
     chat_template: str | Path | None = None,
+    agents: Sequence[str] | None = None,
 ) -> Iterator[Sample]:
     """Stream the samples of the given rollouts' last attempts, in rollout/attempt/call order.
 
+    ``agents``: only calls of these roles of a multi-agent attempt (None: every call).
     ``token_source="retokenized"`` needs the training-side ``tokenizer``; ``chat_template`` (a Jinja file)
     renders with another template than the tokenizer's, to model an inference/training stack mismatch.
     """
@@ -108,17 +113,19 @@ def iter_samples(
         raise ValueError(f"reward must be 'final' or 'per_call', not {reward!r}")
     if token_source == "retokenized":
         retokenizer = Retokenizer(tokenizer, chat_template)
-        exact = _iter_exact(store, rollout_ids, group_key=group_key, reward=reward, batch_rows=batch_rows)
+        exact = _iter_exact(store, rollout_ids, group_key=group_key, reward=reward, batch_rows=batch_rows,
+                            agents=agents)
         yield from retokenize_samples(store, exact, retokenizer, chunk=batch_rows)
         return
     if token_source != "exact" or chat_template is not None:
         raise ValueError(f"token_source must be 'exact' or 'retokenized', not {token_source!r}"
                          if token_source != "exact" else "chat_template is only used with token_source 'retokenized'")
-    yield from _iter_exact(store, rollout_ids, group_key=group_key, reward=reward, batch_rows=batch_rows)
+    yield from _iter_exact(store, rollout_ids, group_key=group_key, reward=reward, batch_rows=batch_rows,
+                           agents=agents)
 
 
 def _iter_exact(store: StoreAPI, rollout_ids: Sequence[str], *, group_key: str, reward: RewardMode,
-                batch_rows: int) -> Iterator[Sample]:
+                batch_rows: int, agents: Sequence[str] | None = None) -> Iterator[Sample]:
     """The samples as the engine sampled them (the module docstring)."""
     rollout_ids = list(dict.fromkeys(rollout_ids))
     if not rollout_ids:
@@ -133,28 +140,42 @@ def _iter_exact(store: StoreAPI, rollout_ids: Sequence[str], *, group_key: str, 
         logger.info("skipping %d rollout(s) without a reward or an attempt: %s", len(skipped), ", ".join(skipped[:5]))
     if not rewarded:
         return
+    roles = _call_agents(store, list(rewarded))  # span_id -> role, for multi-agent attempts only
+    wanted = None if agents is None else set(agents)
     reader = store.spans_reader(attempt_ids=list(rewarded), kinds=["llm_call"], columns=list(_SPAN_COLUMNS),
                                 batch_size=batch_rows)
-    session: _Session | None = None
-    done: list[Sample | None] = []  # samples completed by the current call (a flushed session, a triplet)
+    sessions: dict[str, _Session] = {}  # the open TITO segment of each role of the current attempt
     n_unrewarded = 0
+
+    def finish(session: _Session) -> Iterator[Sample]:
+        nonlocal n_unrewarded
+        sample = session.to_sample(rewards, reward)
+        n_unrewarded += sample is None
+        if sample is not None:
+            yield sample
+
     for call in _iter_calls(reader):
-        if session is not None and (call.attempt_id != session.attempt_id or not session.extended_by(call)):
-            done.append(session.to_sample(rewards, reward))
+        role = roles.get(call.span_id, "")
+        if wanted is not None and role not in wanted:
+            continue
+        if sessions and next(iter(sessions.values())).attempt_id != call.attempt_id:
+            for session in sessions.values():
+                yield from finish(session)
+            sessions.clear()
+        session = sessions.get(role)
+        if session is not None and not session.extended_by(call):
+            yield from finish(sessions.pop(role))
             session = None
         group_id = rewarded[call.attempt_id]
         if call.loss_mask is not None:  # TITO: a session mask over prompt + response
-            session = session.extend(call) if session is not None else _Session.start(call, group_id)
+            sessions[role] = session.extend(call) if session is not None else _Session.start(call, group_id)
         else:
-            done.append(call.to_sample(group_id, _reward_of([call.span_id], call.attempt_id, rewards, reward)))
-        n_unrewarded += sum(s is None for s in done)
-        yield from (s for s in done if s is not None)
-        done.clear()
-    if session is not None:
-        last = session.to_sample(rewards, reward)
-        n_unrewarded += last is None
-        if last is not None:
-            yield last
+            sample = call.to_sample(group_id, _reward_of([call.span_id], call.attempt_id, rewards, reward))
+            n_unrewarded += sample is None
+            if sample is not None:
+                yield sample
+    for session in sessions.values():
+        yield from finish(session)
     if n_unrewarded:
         logger.info("skipped %d sample(s) with no reward or no sampled tokens", n_unrewarded)
 
@@ -223,6 +244,16 @@ def _last_attempts(store: StoreAPI, rollout_ids: list[str], group_key: str) -> d
     )
     rows = zip(*(tbl[c].to_pylist() for c in ("rollout_id", "input", "metadata", "attempt_id")), strict=True)
     return {aid: (rid, _group_id(inp, meta, group_key)) for rid, inp, meta, aid in rows}
+
+
+def _call_agents(store: StoreAPI, attempt_ids: list[str]) -> dict[str, str]:
+    """``span_id -> attributes.agent`` of the calls that name a role (none in a single-agent store)."""
+    tbl = store.query(
+        "SELECT span_id, attributes->>'$.agent' AS agent FROM spans WHERE kind = 'llm_call' "
+        "AND attempt_id IN (SELECT unnest(?::VARCHAR[])) AND attributes->>'$.agent' IS NOT NULL",
+        [attempt_ids],
+    )
+    return dict(zip(tbl["span_id"].to_pylist(), tbl["agent"].to_pylist(), strict=True))
 
 
 def _read_rewards(store: StoreAPI, attempt_ids: list[str]) -> _Rewards:

@@ -81,13 +81,14 @@ class GatewayServer(ThreadedServer):
                          name="gateway")
         self.gateway: Gateway = self.app.state.gateway
 
-    def base_url(self, rollout_id: str | None = None, attempt_id: str | None = None) -> str:
-        """The OpenAI ``base_url`` an agent should use (attributed when IDs are given)."""
-        if rollout_id is None and attempt_id is None:
+    def base_url(self, rollout_id: str | None = None, attempt_id: str | None = None, agent: str | None = None) -> str:
+        """The OpenAI ``base_url`` an agent should use (attributed when IDs are given; ``agent``: a role's)."""
+        if rollout_id is None and attempt_id is None and agent is None:
             return f"{self.url}/v1"
         if rollout_id is None or attempt_id is None:
-            raise ValueError("give both rollout_id and attempt_id, or neither")
-        return f"{self.url}/rollout/{rollout_id}/attempt/{attempt_id}/v1"
+            raise ValueError("give both rollout_id and attempt_id (and optionally agent), or none")
+        role = "" if agent is None else f"/agent/{agent}"
+        return f"{self.url}/rollout/{rollout_id}/attempt/{attempt_id}{role}/v1"
 
     def flush(self, timeout: float | None = 30.0) -> bool:
         """Block until every span recorded so far is in the store."""

@@ -2,13 +2,17 @@
 
 A call names its attempt in the URL (``/rollout/{rid}/attempt/{aid}/v1/...``, what an agent gets by
 setting its OpenAI ``base_url``) or in the headers ``x-spanlab-rollout-id`` + ``x-spanlab-attempt-id``
-(for clients whose base URL is fixed); neither means unattributed. An unknown attempt, or one of
-another rollout, is a 404 now rather than a span the store would reject later. Known pairs are cached:
-the store is asked once per attempt, off the event loop (a DuckDB lookup costs milliseconds).
+(for clients whose base URL is fixed); neither means unattributed. In a multi-agent attempt each role
+names itself too (``/rollout/{rid}/attempt/{aid}/agent/{name}/v1/...`` or ``x-spanlab-agent``), so its
+calls are spans with ``attributes.agent`` and, in TITO mode, it keeps a token buffer of its own.
+An unknown attempt, or one of another rollout, is a 404 now rather than a span the store would reject
+later. Known pairs are cached: the store is asked once per attempt, off the event loop (a DuckDB lookup
+costs milliseconds).
 """
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from collections.abc import Mapping
 
@@ -20,6 +24,19 @@ from spanlab.store.base import StoreAPI
 
 ROLLOUT_HEADER = "x-spanlab-rollout-id"
 ATTEMPT_HEADER = "x-spanlab-attempt-id"
+AGENT_HEADER = "x-spanlab-agent"
+AGENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def requested_agent(path_params: Mapping[str, str], headers: Mapping[str, str]) -> str | None:
+    """The agent role the call names (URL or header), or None; a malformed or contradicting name is a 400."""
+    name, header = path_params.get("agent"), headers.get(AGENT_HEADER)
+    if name is not None and header is not None and name != header:
+        raise BadRequestError(f"the agent in the header ({header!r}) differs from the one in the URL ({name!r})")
+    name = name if name is not None else header
+    if name is not None and not AGENT_NAME.fullmatch(name):
+        raise BadRequestError(f"bad agent name {name!r}: use 1-64 letters, digits, '_', '.', '-'")
+    return name
 
 
 def requested_attribution(path_params: Mapping[str, str], headers: Mapping[str, str]) -> tuple[str | None, str | None]:

@@ -2,8 +2,9 @@
 
 A call is attributed by its URL (``/rollout/{rid}/attempt/{aid}/v1/...``) or by the headers
 ``x-spanlab-rollout-id`` + ``x-spanlab-attempt-id``; with neither it is forwarded and recorded as
-unattributed. The attempt is checked against the store once (then cached), so a typo gets a 404
-before any tokens are spent instead of a span the store would later reject.
+unattributed. A multi-agent attempt adds the role (``.../attempt/{aid}/agent/{name}/v1/...`` or
+``x-spanlab-agent``), recorded as ``attributes.agent``. The attempt is checked against the store
+once (then cached), so a typo gets a 404 before any tokens are spent instead of a span the store would later reject.
 
 What the agent sees: the engine's own status and body (minus the fields the gateway added), 502
 when the engine cannot be reached, 504 when it does not answer in time; every one of those calls
@@ -26,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
-from spanlab.gateway.attribution import AttemptChecker, requested_attribution
+from spanlab.gateway.attribution import AttemptChecker, requested_agent, requested_attribution
 from spanlab.gateway.config import GatewayConfig
 from spanlab.gateway.protocol import (
     ENDPOINT_PATHS,
@@ -50,6 +51,7 @@ logger = logging.getLogger(__name__)
 
 SPAN_IDS_HEADER = "x-spanlab-span-ids"
 ROLLOUT_PREFIX = "/rollout/{rollout_id}/attempt/{attempt_id}"
+AGENT_PREFIX = ROLLOUT_PREFIX + "/agent/{agent}"
 _FORWARDED_HEADERS = ("authorization",)
 # Stream failures the agent has not been told about yet (an in-stream vLLM error event already reached it).
 _GATEWAY_STREAM_ERRORS = frozenset({"upstream_timeout", "upstream_stream_broken", "upstream_stream_truncated"})
@@ -94,10 +96,11 @@ class Gateway:
         """Generation routes first: Starlette tries routes in order, and they take nearly all traffic."""
         routes: list[BaseRoute] = [
             Route(prefix + path, functools.partial(self.generate, endpoint), methods=["POST"])
-            for prefix in (ROLLOUT_PREFIX, "")
+            for prefix in (AGENT_PREFIX, ROLLOUT_PREFIX, "")
             for endpoint, path in ENDPOINT_PATHS.items()
         ]
-        routes += [Route(prefix + "/v1/models", self.models, methods=["GET"]) for prefix in (ROLLOUT_PREFIX, "")]
+        routes += [Route(prefix + "/v1/models", self.models, methods=["GET"])
+                   for prefix in (AGENT_PREFIX, ROLLOUT_PREFIX, "")]
         routes += [
             Route("/health", self.health, methods=["GET"]),
             Route("/spanlab/flush", self.flush, methods=["POST"]),
@@ -142,6 +145,7 @@ class Gateway:
             body = self._parse_body(await request.body())
             upstream_body, asked = prepare_upstream(endpoint, body)
             rollout_id, attempt_id = requested_attribution(request.path_params, request.headers)
+            agent = requested_agent(request.path_params, request.headers)
             if rollout_id is not None and attempt_id is not None:
                 await self.attempts.check(rollout_id, attempt_id)
         except BadRequestError as exc:
@@ -151,6 +155,7 @@ class Gateway:
             endpoint=endpoint,
             rollout_id=rollout_id,
             attempt_id=attempt_id,
+            agent=agent,
             body=body,
             asked=asked,
             span_ids=[self._span_id() for _ in range(asked.n)],

@@ -36,6 +36,7 @@ class CallContext:
     asked: AgentAsked
     span_ids: list[str]
     start_time: float
+    agent: str | None = None  # the role of a multi-agent attempt (``attributes.agent``)
     extra_attributes: dict[str, Any] | None = None  # e.g. ``tito``: the session facts of a TITO call
 
 
@@ -46,6 +47,8 @@ def base_attributes(ctx: CallContext, upstream_status: int | None) -> dict[str, 
         "request_params": request_params(ctx.body),
         "upstream_status": upstream_status,
     }
+    if ctx.agent is not None:
+        attrs["agent"] = ctx.agent
     prompt = ctx.body.get("prompt")
     if ctx.endpoint == "completions" and isinstance(prompt, str):
         attrs["request_prompt"] = prompt  # token-ID prompts are already in prompt_token_ids

@@ -130,7 +130,7 @@ class TitoMode:
         session = None
         if reason is None:
             assert ctx.attempt_id is not None
-            session = self.sessions.acquire((ctx.rollout_id, ctx.attempt_id))
+            session = self.sessions.acquire((ctx.rollout_id, ctx.attempt_id, ctx.agent or ""))
             reason = "another call of this attempt is in flight" if session is None else None
         if session is None:
             ctx.extra_attributes = {"tito": {"mode": "per_call", "reason": reason}}

@@ -1,10 +1,11 @@
-"""The gateway's TITO state: one :class:`~spanlab.tito.buffer.SessionBuffer` per (rollout, attempt).
+"""The gateway's TITO state: one :class:`~spanlab.tito.buffer.SessionBuffer` per (rollout, attempt, agent).
 
 Why per attempt: an attempt is one agent run, so its chat calls form one conversation; the gateway keeps
 that conversation's token buffer and serves each extending call from it (prompt = buffer + stop gap +
 delta). A call that does not extend the buffer (history rewritten, compacted, edited, tools changed)
 starts a new *segment* whose prompt is the engine's own render; earlier segments stay as they were
-(frozen). A call of an attempt whose previous call is still in flight cannot extend the buffer (its last
+(frozen). The roles of a multi-agent attempt (``agent`` in the call's URL) are separate conversations, so
+each gets its own buffer. A call of an attempt whose previous call is still in flight cannot extend the buffer (its last
 turn is not sampled yet), so it is served per call instead (:meth:`TitoSessions.acquire` returns None).
 
 The tokenizer work (two or three template renders per call) is pure CPU; callers run :meth:`plan` in a
@@ -26,7 +27,7 @@ from spanlab.tito.readiness import TitoTemplate
 logger = logging.getLogger(__name__)
 
 TurnEvent = Literal["start", "extend", "new_segment"]
-SessionKey = tuple[str, str]
+SessionKey = tuple[str, str, str]  # (rollout_id, attempt_id, agent or "")
 Message = dict[str, Any]
 
 

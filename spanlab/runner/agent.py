@@ -38,6 +38,16 @@ class RolloutContext:
         """Headers that tie a call to this attempt, for clients that cannot change the base URL."""
         return {"x-spanlab-rollout-id": self.rollout.rollout_id, "x-spanlab-attempt-id": self.attempt.attempt_id}
 
+    def agent_base_url(self, name: str) -> str:
+        """The base URL for one role of a multi-agent attempt: its calls become spans with ``attributes.agent``.
+
+        Roles are separate conversations, so in TITO mode each keeps its own token buffer, and a training
+        config can select which roles' calls it trains on (``agents: [writer]``).
+        """
+        if self.llm_base_url is None:
+            raise RuntimeError("this attempt has no gateway URL (the worker was started without one)")
+        return f"{self.llm_base_url.removesuffix('/').removesuffix('/v1')}/agent/{name}/v1"
+
     def add_reward(self, value: float, *, name: str = "reward", call_span_id: str | None = None) -> None:
         """An intermediate reward (``call_span_id`` ties it to one LLM call)."""
         self.store.add_spans([reward_span(self.rollout.rollout_id, self.attempt.attempt_id, value, name=name,

@@ -9,8 +9,9 @@ from __future__ import annotations
 VIEWS_DDL = """
 CREATE OR REPLACE VIEW llm_calls AS
 SELECT
-    rollout_id, attempt_id, sequence_id, span_id, parent_id, name, model, status, finish_reason,
-    start_time, end_time, end_time - start_time AS latency_s, to_timestamp(start_time) AS started_at,
+    rollout_id, attempt_id, sequence_id, span_id, parent_id, attributes->>'$.agent' AS agent,
+    name, model, status, finish_reason, start_time, end_time, end_time - start_time AS latency_s,
+    to_timestamp(start_time) AS started_at,
     len(prompt_token_ids) AS prompt_len, len(response_token_ids) AS response_len,
     prompt_tokens, completion_tokens, total_tokens,
     request_messages, request_tools, response_message,
@@ -51,12 +52,12 @@ LEFT JOIN last_attempt la USING (rollout_id)
 LEFT JOIN calls c ON c.attempt_id = la.attempt_id
 LEFT JOIN rw ON rw.attempt_id = la.attempt_id;
 
--- TITO sessions (docs/tito.md): one row per (attempt, segment), read from the segment's last successful
+-- TITO sessions (docs/tito.md): one row per (attempt, agent, segment), read from the segment's last successful
 -- call, whose prompt + response IS the segment and whose loss_mask covers it (1 on sampled IDs only).
 -- A whole session is its segments in order; segment_start is each one's offset in it (the boundaries).
 CREATE OR REPLACE VIEW tito_sessions AS
 WITH calls AS (
-    SELECT rollout_id, attempt_id, sequence_id, span_id, finish_reason,
+    SELECT rollout_id, attempt_id, attributes->>'$.agent' AS agent, sequence_id, span_id, finish_reason,
            CAST(attributes->>'$.tito.segment' AS INTEGER) AS segment,
            CAST(attributes->>'$.tito.offset' AS BIGINT) AS segment_start,
            CAST(attributes->>'$.tito.call' AS INTEGER) AS call,
@@ -65,7 +66,7 @@ WITH calls AS (
     WHERE kind = 'llm_call' AND status = 'ok' AND attributes->>'$.tito.mode' = 'tito'
 )
 SELECT
-    rollout_id, attempt_id, segment, min(segment_start) AS segment_start, count(*) AS calls,
+    rollout_id, attempt_id, agent, segment, min(segment_start) AS segment_start, count(*) AS calls,
     arg_max(list_concat(prompt_token_ids, response_token_ids), call) AS token_ids,
     arg_max(loss_mask, call) AS loss_mask,
     flatten(list(response_logprobs ORDER BY call)) AS logprobs,
@@ -73,7 +74,7 @@ SELECT
     list_sum(arg_max(loss_mask, call)) AS num_sampled,
     list(span_id ORDER BY call) AS span_ids, arg_max(finish_reason, call) AS finish_reason
 FROM calls
-GROUP BY rollout_id, attempt_id, segment;
+GROUP BY rollout_id, attempt_id, agent, segment;
 """
 
 VIEW_NAMES: tuple[str, ...] = ("llm_calls", "rewards", "rollout_summary", "tito_sessions")

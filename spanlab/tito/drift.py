@@ -42,9 +42,9 @@ _SNIPPET = 80
 
 _CALLS_SQL = """
 SELECT span_id, attempt_id, sequence_id, request_messages, request_tools, response_message, finish_reason,
-       prompt_token_ids, response_token_ids, loss_mask, attributes->>'$.tito.mode' AS tito_mode
+       prompt_token_ids, response_token_ids, loss_mask, attributes->>'$.tito.mode' AS tito_mode, agent
 FROM llm_calls WHERE status = 'ok' AND len(response_token_ids) > 0
-ORDER BY attempt_id NULLS LAST, sequence_id
+ORDER BY attempt_id NULLS LAST, agent NULLS FIRST, sequence_id
 """
 
 
@@ -61,6 +61,7 @@ class RecordedCall:
     response_token_ids: list[int]
     loss_mask: list[int] | None = None
     tito: bool = False  # served from a TITO buffer: its prompt is the buffer, not the engine's render
+    agent: str | None = None  # the role of a multi-agent attempt: each role is its own conversation
 
 
 class CauseCount(BaseModel):
@@ -164,7 +165,7 @@ def _buffer_after(call: RecordedCall) -> SessionBuffer:
 
 
 def drift_report(calls: Sequence[RecordedCall], tokenizer: Any, *, max_examples: int = 3) -> DriftReport:
-    """Run both checks over ``calls`` (ordered by attempt, then call order)."""
+    """Run both checks over ``calls`` (ordered by attempt, agent role, then call order)."""
     closing = close_ids(tokenizer, check_template(tokenizer.chat_template, tokenizer))
     examples: dict[tuple[str, DriftCause], list[DriftExample]] = {}
     resp_counts = dict.fromkeys(CAUSES, 0)
@@ -185,7 +186,7 @@ def drift_report(calls: Sequence[RecordedCall], tokenizer: Any, *, max_examples:
             resp_counts["non_canonical_bpe"] += 1
             keep("response", "non_canonical_bpe", call, ids, again)
         nxt = calls[i + 1] if i + 1 < len(calls) else None
-        if nxt is None or nxt.attempt_id is None or nxt.attempt_id != call.attempt_id:
+        if nxt is None or nxt.attempt_id is None or (nxt.attempt_id, nxt.agent) != (call.attempt_id, call.agent):
             continue
         buf = _buffer_after(call)
         if buf.extend(engine_form(nxt.request_messages), tokenizer, nxt.request_tools, close_ids=closing) is None:
@@ -223,7 +224,7 @@ def load_calls(db: str | Path) -> list[RecordedCall]:
             span_id=r["span_id"], attempt_id=r["attempt_id"], request_messages=_json(r["request_messages"]) or [],
             request_tools=_json(r["request_tools"]), response_message=_json(r["response_message"]) or {},
             prompt_token_ids=list(r["prompt_token_ids"] or []), response_token_ids=list(r["response_token_ids"]),
-            loss_mask=r["loss_mask"], tito=r["tito_mode"] == "tito",
+            loss_mask=r["loss_mask"], tito=r["tito_mode"] == "tito", agent=r["agent"],
         )
         for r in rows
     ]

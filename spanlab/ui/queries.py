@@ -151,8 +151,9 @@ def rollout_detail(conn: duckdb.DuckDBPyConnection, rollout_id: str, attempt_id:
                                  CAST(attributes AS VARCHAR)), 200) AS preview
             FROM spans WHERE {rows} ORDER BY sequence_id""")
         if "tito_sessions" in objects(conn):
-            segments = fetch(conn, "SELECT segment, segment_start, calls, num_tokens, num_sampled, finish_reason "
-                                   "FROM tito_sessions WHERE attempt_id = ? ORDER BY segment LIMIT 1000",
+            segments = fetch(conn, "SELECT agent, segment, segment_start, calls, num_tokens, num_sampled, "
+                                   "finish_reason FROM tito_sessions WHERE attempt_id = ? "
+                                   "ORDER BY agent NULLS FIRST, segment LIMIT 1000",
                              [attempt_id])
     return {"rollout": found[0], "attempts": attempts, "attempt_id": attempt_id, "spans": spans,
             "spans_total": total, "offset": offset, "limit": limit, "tito_segments": segments}
@@ -193,7 +194,7 @@ def session_tokens(conn: duckdb.DuckDBPyConnection, attempt_id: str) -> TokenSeq
         raise NotFoundError("this store has no tito_sessions view (written by an older spanlab; open it once "
                             "with a current spanlab to add the views)")
     segs = fetch_arrow(conn, "SELECT rollout_id, segment, segment_start, token_ids, loss_mask, logprobs "
-                             "FROM tito_sessions WHERE attempt_id = ? ORDER BY segment LIMIT 10000",
+                             "FROM tito_sessions WHERE attempt_id = ? ORDER BY agent NULLS FIRST, segment LIMIT 10000",
                        [attempt_id]).to_pylist()
     if not segs:
         raise NotFoundError(f"attempt {attempt_id!r} has no TITO session")

@@ -94,10 +94,32 @@ def test_final_reward_is_the_last_untied_reward_and_per_call_rewards_are_opt_in(
 
 
 def _tito(rollout: Rollout, attempt: Attempt, prompt: list[int], response: list[int], mask: list[int],
-          logprobs: list[float]) -> Span:
+          logprobs: list[float], agent: str | None = None) -> Span:
     return Span(rollout_id=rollout.rollout_id, attempt_id=attempt.attempt_id, name="chat", kind="llm_call",
+                attributes={} if agent is None else {"agent": agent},
                 llm=LLMCall(model="m", prompt_token_ids=prompt, response_token_ids=response,
                             response_logprobs=logprobs, loss_mask=mask))
+
+
+def test_interleaved_roles_of_one_attempt_are_separate_sessions_and_can_be_selected(store: SpanStore) -> None:
+    rollout = store.enqueue_one({"task_id": "t"})
+    got = store.dequeue(worker_id="w")
+    assert got is not None
+    w1 = _tito(*got, [1, 2], [10], [0, 0, 1], [-0.1], agent="writer")
+    c1 = _tito(*got, [7, 8], [30], [0, 0, 1], [-0.2], agent="checker")
+    w2 = _tito(*got, [1, 2, 10, 3], [11], [0, 0, 1, 0, 1], [-0.3], agent="writer")  # extends the writer's buffer
+    c2 = _tito(*got, [7, 8, 30, 9], [31], [0, 0, 1, 0, 1], [-0.4], agent="checker")
+    store.add_spans([w1, c1, w2, c2, reward_span(rollout.rollout_id, got[1].attempt_id, 1.0)])
+    for rows in (1, 3, 256):
+        by_role = {tuple(s.span_ids): s for s in iter_samples(store, [rollout.rollout_id], batch_rows=rows)}
+        assert set(by_role) == {(w1.span_id, w2.span_id), (c1.span_id, c2.span_id)}  # one sample per role
+        writer = by_role[(w1.span_id, w2.span_id)]
+        assert writer.input_ids.tolist() == [1, 2, 10, 3, 11] and writer.loss_mask.tolist() == [0, 0, 1, 0, 1]
+        np.testing.assert_allclose(writer.engine_logprobs, [0, 0, -0.1, 0, -0.3], rtol=1e-6)
+        assert writer.reward == 1.0
+    only = list(iter_samples(store, [rollout.rollout_id], agents=["writer"]))
+    assert [s.span_ids for s in only] == [[w1.span_id, w2.span_id]]  # the checker's calls never reach training
+    assert list(iter_samples(store, [rollout.rollout_id], agents=["nobody"])) == []
 
 
 def test_tito_session_keeps_the_last_span_of_each_segment(store: SpanStore) -> None:

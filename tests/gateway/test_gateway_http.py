@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from spanlab.gateway import ATTEMPT_HEADER, ROLLOUT_HEADER, GatewayServer
+from spanlab.gateway.attribution import AGENT_HEADER
 from spanlab.store import SpanStore
 from spanlab.types import Attempt, Rollout
 
@@ -123,6 +124,26 @@ def test_header_attribution_reaches_the_span(
     dead_gateway.flush(10)
     (span,) = _errors(store)
     assert span.attempt_id == attempt.attempt_id
+
+
+def test_agent_roles_are_recorded_from_the_url_or_the_header(
+    dead_gateway: GatewayServer, store: SpanStore, started: tuple[Rollout, Attempt]
+) -> None:
+    rollout, attempt = started
+    ids = (rollout.rollout_id, attempt.attempt_id)
+    by_url = httpx.post(dead_gateway.base_url(*ids, agent="writer") + "/chat/completions", json=CHAT)
+    by_header = httpx.post(dead_gateway.base_url(*ids) + "/chat/completions", json=CHAT,
+                           headers={AGENT_HEADER: "checker"})
+    assert by_url.status_code == by_header.status_code == 502
+    clash = httpx.post(dead_gateway.base_url(*ids, agent="writer") + "/chat/completions", json=CHAT,
+                       headers={AGENT_HEADER: "checker"})
+    assert clash.status_code == 400 and "differs" in clash.json()["error"]["message"]
+    bad = httpx.post(dead_gateway.base_url(*ids) + "/chat/completions", json=CHAT, headers={AGENT_HEADER: "a b"})
+    assert bad.status_code == 400 and "bad agent name 'a b'" in bad.json()["error"]["message"]
+    dead_gateway.flush(10)
+    assert sorted(s.attributes.get("agent") for s in _errors(store)) == ["checker", "writer"]
+    (row,) = store.query("SELECT agent FROM llm_calls WHERE agent = 'writer'").to_pylist()
+    assert row == {"agent": "writer"}
 
 
 def test_health_flush_and_unknown_routes(dead_gateway: GatewayServer) -> None:
