@@ -7,12 +7,15 @@ file), so a tutorial config only states what it changes. Unknown keys are errors
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from spanlab.adapters.retokenize import TokenSource
+from spanlab.adapters.sft import FilterConfig
 from spanlab.algos.apo_config import APOConfig
 from spanlab.algos.grpo import GRPOConfig
+from spanlab.algos.model import LoraConfig
 from spanlab.algos.sft import SFTConfig
 from spanlab.config import AgentConfig
 from spanlab.engine.config import EngineConfig
@@ -55,6 +58,29 @@ class LoopConfig(_Section):
     torch_threads: int | None = Field(default=None, ge=1, description="default: all cores (the engine idles)")
 
 
+class SFTRoundsConfig(_Section):
+    """Reward-filtered fine-tuning (rejection sampling): collect -> filter -> train -> serve, ``rounds`` times.
+
+    Each round samples ``samples_per_task`` rollouts of ``tasks_per_round`` train tasks with the served
+    policy, keeps what ``filter`` selects (on the exact token IDs), fine-tunes on it and pushes the weights.
+    """
+
+    rounds: int = Field(default=2, ge=0)
+    tasks_per_round: int = Field(default=32, ge=1)
+    samples_per_task: int = Field(default=4, ge=1, description="rollouts per task (best-of-n needs n >= 2)")
+    temperature: float | None = Field(default=None, ge=0, description="sampling temperature; default: the agent's")
+    filter: FilterConfig = Field(default_factory=FilterConfig)
+    train: SFTConfig = Field(default_factory=lambda: SFTConfig(lr=5e-5, epochs=2))
+    lora: LoraConfig | None = Field(default=None, description="None: full fine-tuning (the CPU default)")
+    save: Literal["merged", "adapter"] = Field(
+        default="merged", description="what the engine serves after a LoRA round: merged weights or the adapter"
+    )
+    backend: Literal["auto", "torch", "unsloth"] = Field(
+        default="auto", description="auto: unsloth when it is importable, else the plain torch (+ peft) trainer"
+    )
+    eval_each_round: bool = Field(default=False, description="held-out accuracy after every round, not just the last")
+
+
 class TrainConfig(_Section):
     algorithm: str = "grpo"
     run_name: str = "run"
@@ -72,18 +98,30 @@ class TrainConfig(_Section):
         default=None, description="a chat template file to retokenize with (models a train/serve template mismatch)"
     )
     agent: AgentConfig = Field(default_factory=lambda: AgentConfig(name="calc"))
+    agents: tuple[str, ...] | None = Field(
+        default=None, description="roles of a multi-agent agent whose calls are trained on (None: every call)"
+    )
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     warm_start: WarmStartConfig | None = None
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     loop: LoopConfig = Field(default_factory=LoopConfig)
     apo: APOConfig = Field(default_factory=APOConfig)
+    sft: SFTRoundsConfig = Field(default_factory=SFTRoundsConfig)
 
     @field_validator("engine")
     @classmethod
     def _engine_can_reload(cls, engine: EngineConfig) -> EngineConfig:
         """Training pushes weights through vLLM's dev routes (reload, pause), so they are always on."""
         return engine if engine.dev_routes else engine.model_copy(update={"dev_routes": True})
+
+    @model_validator(mode="after")
+    def _adapters_need_lora_serving(self) -> TrainConfig:
+        """A LoRA policy served as an adapter needs vLLM started with LoRA on; turn it on rather than fail later."""
+        lora = self.algorithm == "sft" and self.sft.lora is not None and self.sft.save == "adapter"
+        if lora and not self.engine.enable_lora and self.engine_url is None:
+            object.__setattr__(self, "engine", self.engine.model_copy(update={"enable_lora": True}))
+        return self
 
     @field_validator("algorithm")
     @classmethod

@@ -11,39 +11,21 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
 from contextlib import ExitStack
-from typing import Any
 
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from spanlab.adapters.grpo import iter_samples
 from spanlab.algos.config import TrainConfig
 from spanlab.algos.grpo import grpo_step
+from spanlab.algos.phases import evaluate, progress_bar, split_tasks, warm_start
 from spanlab.algos.policy import PolicySync, load_policy, pad_token_id
-from spanlab.algos.report import Evaluation, TrainReport
+from spanlab.algos.report import TrainReport
 from spanlab.algos.rig import open_rig
-from spanlab.algos.rollouts import RolloutCollector
-from spanlab.algos.sft import encode_conversation, sft_train
-from spanlab.algos.tasks import TaskSet, load_task_set
+from spanlab.algos.tasks import load_task_set
 
 logger = logging.getLogger(__name__)
-
-
-def evaluate(collector: RolloutCollector, tasks: list[dict[str, Any]], *, phase: str, temperature: float,
-             model: str) -> Evaluation:
-    """Held-out accuracy of the currently served policy, through the agent/gateway path."""
-    batch = collector.collect(tasks, mode="test", metadata={"phase": phase}, temperature=temperature, model=model)
-    by_level: dict[str, list[float]] = {}
-    for task, reward in zip(tasks, batch.rewards, strict=True):
-        by_level.setdefault(str(task.get("level", "all")), []).append(reward)
-    result = Evaluation(phase=phase, n=len(tasks), accuracy=batch.mean_reward,
-                        by_level={k: sum(v) / len(v) for k, v in sorted(by_level.items())},
-                        seconds=batch.seconds, failed=batch.failed)
-    logger.info("%s: held-out accuracy %.1f%% (n=%d) in %.0fs", phase, 100 * result.accuracy, result.n, result.seconds)
-    return result
 
 
 def train_grpo(config: TrainConfig, *, console: Console | None = None) -> TrainReport:
@@ -54,7 +36,7 @@ def train_grpo(config: TrainConfig, *, console: Console | None = None) -> TrainR
     console = console or Console(stderr=True)
     started = time.monotonic()
     task_set = load_task_set(config.dataset.name)
-    splits = _tasks(task_set, config)
+    splits = split_tasks(task_set, config, config.loop.steps * config.loop.tasks_per_step)
     torch.set_num_threads(config.loop.torch_threads or torch.get_num_threads())
     report = TrainReport(run_name=config.run_name, algorithm="grpo", model=config.engine.model, db=str(config.db))
 
@@ -73,11 +55,10 @@ def train_grpo(config: TrainConfig, *, console: Console | None = None) -> TrainR
                                                                          report.evaluations[-1].accuracy})
 
         held_out("base")
-        progress = stack.enter_context(_progress(console))
+        progress = stack.enter_context(progress_bar(console))
         if config.warm_start is not None:
-            demos = _demonstrations(task_set, splits["train"], config.warm_start.demos)
-            samples = [encode_conversation(tokenizer, d["messages"], d.get("tools")) for d in demos]
-            report.warm_start = sft_train(model, samples, config.warm_start, pad_id=pad_id, progress=progress)
+            report.warm_start = warm_start(model, tokenizer, task_set, splits["train"], config.warm_start,
+                                           pad_id=pad_id, progress=progress)
             report.warm_start["sync_s"] = sync.push(model).total_s
             held_out("warm_start")
 
@@ -91,7 +72,7 @@ def train_grpo(config: TrainConfig, *, console: Console | None = None) -> TrainR
                                       metadata={"run_id": report.run_id, "step": step}, model=sync.served_name)
             gateway.flush()
             samples = list(iter_samples(store, batch.rollout_ids, token_source=config.token_source, tokenizer=tokenizer,
-                                        chat_template=config.retokenize_template))
+                                        chat_template=config.retokenize_template, agents=config.agents))
             metrics = grpo_step(model, optimizer, samples, config.grpo, pad_id=pad_id)
             metrics.update(rollout_s=batch.seconds, rollout_failed=batch.failed, sync_s=sync.push(model).total_s)
             store.add_metrics(report.run_id, "grpo", step, metrics)
@@ -103,27 +84,3 @@ def train_grpo(config: TrainConfig, *, console: Console | None = None) -> TrainR
     report.seconds = time.monotonic() - started
     report.write(config.run_dir / "report.json")
     return report
-
-
-def _tasks(task_set: TaskSet, config: TrainConfig) -> dict[str, list[dict[str, Any]]]:
-    data = config.dataset
-    n_train = max(config.loop.steps * config.loop.tasks_per_step, config.warm_start.demos if config.warm_start else 0)
-    train = task_set.make_tasks("train", n=max(n_train, 1) * 2, seed=data.seed, levels=data.levels)
-    rl_levels = set(data.train_levels or data.levels)
-    return {
-        "train": train,
-        "rl": [t for t in train if t.get("level") in rl_levels] or train,
-        "eval": task_set.make_tasks(config.eval.split, n=config.eval.tasks, seed=data.seed, levels=data.levels),
-    }
-
-
-def _demonstrations(task_set: TaskSet, tasks: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
-    make: Callable[[dict[str, Any]], dict[str, Any]] | None = task_set.demonstration
-    if make is None:
-        raise ValueError(f"task set {task_set.name!r} has no demonstrations; remove warm_start from the config")
-    return [make(t) for t in tasks[:n]]
-
-
-def _progress(console: Console) -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                    TimeElapsedColumn(), console=console)

@@ -22,7 +22,7 @@ from spanlab.errors import ConfigError
 if TYPE_CHECKING:
     from spanlab.algos.grpo import GRPOConfig
 
-__all__ = ["LoraConfig", "MissingDependencyError", "make_model_for_training", "peak_rss_mb"]
+__all__ = ["LoraConfig", "MissingDependencyError", "apply_lora", "make_model_for_training", "peak_rss_mb"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def make_model_for_training(model_dir: str | Path, config: GRPOConfig) -> tuple[
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     model.config.use_cache = False
     if config.lora is not None:
-        model = _apply_lora(model, config.lora)
+        model = apply_lora(model, config.lora)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     logger.info("training %s: %.1f M trainable of %.1f M parameters", model_dir,
@@ -57,7 +57,7 @@ def make_model_for_training(model_dir: str | Path, config: GRPOConfig) -> tuple[
     return model, optimizer
 
 
-def _apply_lora(model: nn.Module, lora: LoraConfig) -> nn.Module:
+def apply_lora(model: nn.Module, lora: LoraConfig) -> nn.Module:
     try:
         import peft
     except ImportError as exc:

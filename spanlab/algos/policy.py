@@ -68,6 +68,17 @@ class PolicySync:
             path = save_weights(model.state_dict(), self.out_dir / "weights")
             timing = self.client.reload_weights(path, version=tag)
             self.served_name = self.base_served_name
+        return self._record(tag, path, timing)
+
+    def push_dir(self, path: Path) -> SyncTiming:
+        """Serve full weights another trainer saved (an HF folder with safetensors, e.g. Unsloth's merged save)."""
+        self.version += 1
+        tag = f"policy-v{self.version}"
+        timing = self.client.reload_weights(path, version=tag)
+        self.served_name = self.base_served_name
+        return self._record(tag, path, timing)
+
+    def _record(self, tag: str, path: Path, timing: SyncTiming) -> SyncTiming:
         self.timings.append(timing)
         self.store.add_resource("policy", {"version": self.version, "path": str(path), "method": timing.method},
                                 kind="model_checkpoint")

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 ALGORITHMS: dict[str, str] = {
     "apo": "spanlab.algos.apo:train_apo",
     "grpo": "spanlab.algos.grpo_loop:train_grpo",
+    "sft": "spanlab.algos.sft_loop:train_sft",
 }
 
 

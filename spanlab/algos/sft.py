@@ -76,18 +76,26 @@ def sft_train(
     *,
     pad_id: int,
     progress: Any = None,
+    weights: Sequence[float] | None = None,
+    label: str = "warm start (SFT)",
 ) -> dict[str, float]:
-    """Full-batch-shuffled SFT over ``samples`` (from :func:`encode_conversation`); returns summary metrics."""
+    """Shuffled mini-batch SFT over ``samples`` (from :func:`encode_conversation` or an SFT dataset).
+
+    ``weights`` (one per sample, e.g. the reward) scale each example's token losses; the loss is still
+    divided by the batch's trained-token count, so weights of 1 give the plain mean token NLL.
+    """
+    weight_of = {id(s): w for s, w in zip(samples, weights, strict=True)} if weights is not None else {}
     kept = [s for s in samples if len(s.input_ids) <= config.max_len and s.loss_mask.any()]
     if len(kept) < len(samples):
         logger.warning("SFT skips %d of %d conversations (too long or nothing to learn)", len(samples) - len(kept),
                        len(samples))
     if not kept:
         raise ConfigError("SFT has no usable conversations")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapter's only
+    optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
     rng = random.Random(config.seed)
     steps = config.epochs * math.ceil(len(kept) / config.batch_size)
-    task = progress.add_task("warm start (SFT)", total=steps) if progress is not None else None
+    task = progress.add_task(label, total=steps) if progress is not None else None
     model.train()
     losses: list[float] = []
     tokens, started = 0, time.perf_counter()
@@ -95,10 +103,11 @@ def sft_train(
         order = list(kept)
         rng.shuffle(order)
         for i in range(0, len(order), config.batch_size):
-            batch = collate(order[i : i + config.batch_size], torch.zeros(len(order[i : i + config.batch_size])),
-                            pad_id)
+            chunk = order[i : i + config.batch_size]
+            batch = collate(chunk, torch.zeros(len(chunk)), pad_id)
+            w_B = torch.tensor([weight_of.get(id(s), 1.0) for s in chunk], dtype=torch.float32)
             logprobs = token_logprobs(model, batch.input_ids, batch.attention_mask, positions_mask=batch.loss_mask)
-            loss = -(logprobs * batch.loss_mask).sum() / batch.loss_mask.sum()
+            loss = -(logprobs * batch.loss_mask * w_B[:, None]).sum() / batch.loss_mask.sum()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
@@ -106,7 +115,7 @@ def sft_train(
             losses.append(loss.item())
             tokens += int(batch.attention_mask.sum())
             if task is not None:
-                progress.update(task, advance=1, description=f"warm start (SFT) loss {loss.item():.3f}")
+                progress.update(task, advance=1, description=f"{label} loss {loss.item():.3f}")
     model.eval()
     seconds = time.perf_counter() - started
     return {"sft_steps": len(losses), "sft_loss_first": losses[0], "sft_loss_last": losses[-1],

@@ -65,6 +65,44 @@ def test_one_grpo_step_runs_the_whole_data_path(tmp_path: Path, restored_engine:
         assert sessions == step["n_samples"]
 
 
+def test_one_sft_round_trains_on_the_filtered_exact_ids(tmp_path: Path, restored_engine: str) -> None:
+    """collect -> filter -> train -> serve once, on the plain torch trainer (the CI path)."""
+    from spanlab.adapters.sft import read_dataset
+
+    db = tmp_path / "run.duckdb"
+    config = parse(TrainConfig, {
+        "algorithm": "sft", "run_name": "sft-smoke", "out_dir": str(tmp_path / "runs"), "db": str(db),
+        "engine_url": restored_engine,
+        "agent": {"name": "calc", "kwargs": {"max_tokens": 32, "max_turns": 2}},
+        "dataset": {"name": "calc", "seed": 2, "levels": [1]},
+        "eval": {"tasks": 2},
+        "sft": {"rounds": 1, "tasks_per_round": 2, "samples_per_task": 2, "backend": "torch",
+                "filter": {"rule": "best_of_n", "n": 1, "min_reward": 0.0, "dedupe": False},
+                "train": {"lr": 1e-6, "epochs": 1, "batch_size": 2}},
+        "loop": {"concurrency": 4},
+    })
+    report = train(config)
+
+    assert [e.phase for e in report.evaluations] == ["base", "final"]
+    (round0,) = report.steps
+    table = read_dataset(tmp_path / "runs" / "sft-smoke" / "round-0.parquet")
+    assert table.num_rows == round0["filter_kept"] == 2  # best of 2 per task, floor 0: one session per task
+    with SpanStore(db) as store:
+        assert [r.version for r in store.list_resources("policy")] == [1]  # pushed after round 0
+        # Each kept example is a recorded TITO session of a train rollout, token for token.
+        sessions = {tuple(r["span_ids"]): r for r in store.query(
+            "SELECT span_ids, token_ids, loss_mask FROM tito_sessions JOIN rollouts USING (rollout_id) "
+            "WHERE mode = 'train'").to_pylist()}
+        for row in table.to_pylist():
+            session = sessions[tuple(row["span_ids"])]
+            assert row["input_ids"] == session["token_ids"]
+            assert row["labels"] == [t if m else -100 for t, m in zip(session["token_ids"], session["loss_mask"],
+                                                                       strict=True)]
+        names = set(store.query("SELECT DISTINCT name FROM train_metrics WHERE algorithm = 'sft'")
+                    .column("name").to_pylist())
+        assert {"reward_mean", "filter_kept", "sft_loss_first", "sync_s", "eval_accuracy_final"} <= names
+
+
 def test_bad_train_config_names_the_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"loop\.steps"):
         parse(TrainConfig, {"loop": {"steps": -1}})

@@ -1,0 +1,177 @@
+"""Reward-filtered fine-tuning rounds: collect -> filter -> train -> serve (``algorithm: sft``).
+
+Rejection-sampling fine-tuning, the Unsloth example of the seeds (REFERENCE.md §5) done on exact token
+IDs: each round samples several rollouts per task from the served policy, keeps the rewarded ones
+(``sft.filter``: a threshold, the top fraction or the best n per task; deduplicated; only the roles in
+``agents``), fine-tunes on their sampled tokens and pushes the new weights to the engine, so the next
+round samples from the improved policy. Every round's dataset is kept as Parquet in the run folder and
+its figures go to ``train_metrics``.
+
+Trainers: Unsloth (``FastLanguageModel`` + LoRA + TRL) when it is importable and chosen, else the plain
+torch trainer of :mod:`spanlab.algos.sft` (full fine-tuning, or LoRA via peft).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+from rich.console import Console
+
+from spanlab.adapters.grpo import Sample
+from spanlab.adapters.sft import build_sft_dataset, rows_from_table, write_dataset
+from spanlab.algos.config import SFTRoundsConfig, TrainConfig
+from spanlab.algos.model import apply_lora
+from spanlab.algos.phases import evaluate, progress_bar, split_tasks, warm_start
+from spanlab.algos.policy import PolicySync, load_policy, pad_token_id
+from spanlab.algos.report import TrainReport
+from spanlab.algos.rig import open_rig
+from spanlab.algos.sft import sft_train
+from spanlab.algos.tasks import load_task_set
+
+logger = logging.getLogger(__name__)
+
+
+def train_sft(config: TrainConfig, *, console: Console | None = None) -> TrainReport:
+    """Run the whole SFT-rounds job described by ``config``; returns (and writes) its report."""
+    from spanlab.engine.model import resolve_model
+    from spanlab.engine.weights import WeightSyncClient
+
+    console = console or Console(stderr=True)
+    started = time.monotonic()
+    rounds = config.sft
+    backend = choose_backend(rounds)
+    task_set = load_task_set(config.dataset.name)
+    splits = split_tasks(task_set, config, rounds.rounds * rounds.tasks_per_round)
+    torch.set_num_threads(config.loop.torch_threads or torch.get_num_threads())
+    report = TrainReport(run_name=config.run_name, algorithm="sft", model=config.engine.model, db=str(config.db))
+
+    with ExitStack() as stack:
+        rig = open_rig(stack, config, console)
+        store, gateway, collector = rig.store, rig.gateway, rig.collector
+        client = stack.enter_context(WeightSyncClient(rig.root_url))
+        model_dir = resolve_model(config.engine.model)
+        model, tokenizer = load_policy(model_dir)
+        pad_id = pad_token_id(tokenizer)
+        sync = PolicySync(client, store, config.run_dir, rig.served)
+
+        def held_out(phase: str) -> None:
+            report.evaluations.append(evaluate(collector, splits["eval"], phase=phase,
+                                               temperature=config.eval.temperature, model=sync.served_name))
+            store.add_metrics(report.run_id, "sft", len(report.steps), {f"eval_accuracy_{phase}":
+                                                                        report.evaluations[-1].accuracy})
+
+        held_out("base")
+        progress = stack.enter_context(progress_bar(console))
+        if config.warm_start is not None:
+            report.warm_start = warm_start(model, tokenizer, task_set, splits["train"], config.warm_start,
+                                           pad_id=pad_id, progress=progress)
+            report.warm_start["sync_s"] = sync.push(model).total_s
+            if backend == "unsloth":  # Unsloth trains from a folder: give it the warm-started weights
+                model_dir = _save_full(model, tokenizer, config.run_dir / "warm_start")
+            held_out("warm_start")
+
+        rng = random.Random(config.dataset.seed)
+        overrides = {} if rounds.temperature is None else {"temperature": rounds.temperature}
+        bar = progress.add_task("SFT rounds", total=rounds.rounds)
+        for r in range(rounds.rounds):
+            tasks = rng.sample(splits["rl"], min(rounds.tasks_per_round, len(splits["rl"])))
+            batch = collector.collect(tasks, mode="train", group_size=rounds.samples_per_task,
+                                      metadata={"run_id": report.run_id, "round": r}, model=sync.served_name,
+                                      **overrides)
+            gateway.flush()
+            table, stats = build_sft_dataset(store, batch.rollout_ids, rounds.filter, agents=config.agents)
+            write_dataset(table, config.run_dir / f"round-{r}.parquet")
+            metrics: dict[str, float] = {"reward_mean": batch.mean_reward, "rollout_s": batch.seconds,
+                                         "rollout_failed": batch.failed, **stats.metrics()}
+            if table.num_rows == 0:
+                logger.warning("round %d: the filter kept no examples (reward mean %.2f); nothing to train on",
+                               r, batch.mean_reward)
+            elif backend == "unsloth":
+                model_dir, trained = _unsloth_round(model_dir, table, rounds, config.run_dir / f"round-{r}")
+                metrics.update(trained, sync_s=sync.push_dir(model_dir).total_s)
+            else:
+                model, trained = _torch_round(model, table, rounds, pad_id=pad_id, progress=progress,
+                                              label=f"round {r}")
+                metrics.update(trained, sync_s=sync.push(model).total_s)
+            store.add_metrics(report.run_id, "sft", r, metrics)
+            report.steps.append(metrics)
+            progress.update(bar, advance=1, description=f"SFT rounds (reward {batch.mean_reward:.2f})")
+            if rounds.eval_each_round and r < rounds.rounds - 1:
+                held_out(f"round_{r + 1}")
+        progress.stop()
+        if rounds.rounds:
+            held_out("final")
+    report.seconds = time.monotonic() - started
+    report.write(config.run_dir / "report.json")
+    return report
+
+
+def choose_backend(rounds: SFTRoundsConfig) -> str:
+    """``unsloth`` or ``torch``; asking for Unsloth where it cannot import is an error that says so."""
+    if rounds.backend == "torch":
+        return "torch"
+    from spanlab.algos.unsloth_sft import unsloth_available
+
+    available = unsloth_available()
+    if rounds.backend == "unsloth" and not available:
+        from spanlab.algos.model import MissingDependencyError
+
+        raise MissingDependencyError("sft.backend: unsloth is not importable here; install it (README, "
+                                     "'Unsloth') or set sft.backend: torch")
+    backend = "unsloth" if available else "torch"
+    logger.info("SFT trainer: %s", backend)
+    return backend
+
+
+def samples_from_table(table: pa.Table) -> tuple[list[Sample], list[float]]:
+    """Trainer samples (loss mask = labels != -100) and their weights, from an SFT dataset table."""
+    samples, weights = [], []
+    for row in rows_from_table(table):
+        ids = np.asarray(row["input_ids"], dtype=np.int32)
+        mask = (np.asarray(row["labels"]) != -100).astype(np.uint8)
+        samples.append(Sample(rollout_id="", group_id="", input_ids=ids, loss_mask=mask,
+                              engine_logprobs=np.zeros(len(ids), dtype=np.float32), reward=0.0))
+        weights.append(float(row["weight"]))
+    return samples, weights
+
+
+def _torch_round(model: torch.nn.Module, table: pa.Table, rounds: SFTRoundsConfig, *, pad_id: int, progress: Any,
+                 label: str) -> tuple[torch.nn.Module, dict[str, float]]:
+    """One round of the plain trainer. A LoRA config wraps the model first; ``save: merged`` folds the adapter
+    back in after the round (the engine reloads full weights, the next round starts a fresh adapter),
+    ``save: adapter`` keeps training the same adapter and the engine hot-loads it."""
+    if rounds.lora is not None and not hasattr(model, "peft_config"):
+        model = apply_lora(model, rounds.lora)
+    samples, weights = samples_from_table(table)
+    metrics = sft_train(model, samples, rounds.train, pad_id=pad_id, progress=progress, weights=weights, label=label)
+    if hasattr(model, "peft_config") and rounds.save == "merged":
+        model = model.merge_and_unload()
+    return model, metrics
+
+
+def _unsloth_round(model_dir: str | Path, table: pa.Table, rounds: SFTRoundsConfig,
+                   out_dir: Path) -> tuple[Path, dict[str, float]]:
+    from spanlab.algos.unsloth_sft import train_unsloth_in_child
+
+    lora = rounds.lora
+    result = train_unsloth_in_child(str(model_dir), rows_from_table(table), lr=rounds.train.lr,
+                                    epochs=rounds.train.epochs, batch_size=rounds.train.batch_size,
+                                    lora_r=lora.rank if lora else 16, lora_alpha=int(lora.alpha) if lora else 32,
+                                    max_len=rounds.train.max_len, seed=rounds.train.seed, out_dir=out_dir,
+                                    save="merged")
+    path = Path(result.pop("path"))
+    return path, {k: float(v) for k, v in result.items()}
+
+
+def _save_full(model: torch.nn.Module, tokenizer: Any, out: Path) -> Path:
+    model.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    return out
