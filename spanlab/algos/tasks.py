@@ -15,7 +15,11 @@ from typing import Any
 from spanlab.errors import ConfigError
 
 # Tutorial task sets by short name; anything else is a module path.
-TASK_SETS: dict[str, str] = {"calc": "spanlab.agents.calc", "rooms": "spanlab.agents.rooms"}
+TASK_SETS: dict[str, str] = {
+    "calc": "spanlab.agents.calc",
+    "rooms": "spanlab.agents.rooms",
+    "sql": "spanlab.agents.sql",
+}
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from spanlab.types import Attempt, Resource, Rollout, Span, reward_span
 REGISTERED_AGENTS: dict[str, str] = {
     "calc": "spanlab.agents.calc:CalcAgent",
     "rooms": "spanlab.agents.rooms:RoomsAgent",
+    "sql": "spanlab.agents.sql:SQLAgent",
 }
 
 

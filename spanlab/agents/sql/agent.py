@@ -1,0 +1,147 @@
+"""The SQL tutorial agent: a writer drafts a query, a checker critiques its real result, a rewriter fixes it.
+
+One rollout, orchestrated here in Python: the **writer** (schema + question -> a query) speaks first;
+the orchestrator runs the draft on the task's real SQLite database (read-only, ``execution.run_sql``)
+and shows the **checker** the query with its first rows or its error; the checker answers ``OK`` or
+``WRONG: <why>``; unless it said OK about a query that ran, the **rewriter** gets the draft plus the
+error and critique and returns a fixed query. ``rounds`` repeats check -> rewrite. Reward: 1.0 when
+the final query's result matches the gold query's (``execution.execution_match``), else 0.0.
+
+Each role is an OpenAI Agents SDK agent of its own (``instructions`` = its one-line system prompt,
+``OpenAIChatCompletionsModel`` on ``AsyncOpenAI(base_url=ctx.agent_base_url(role))``), so every call
+is recorded as a span with ``attributes.agent = role`` and, with TITO, each role keeps its own token
+buffer; a training config then picks which roles' calls it trains on. Every query run is also a
+``sql.exec`` span (who wrote it, the SQL, rows or error), each verdict a ``sql.check`` span and the
+outcome a ``sql.final`` span, which is what "did the checker help" questions query.
+
+Use: ``Worker(store, load_agent("sql", {"model": served_name}), gateway_url=gw.url)``; drop roles with
+``roles: [writer]`` (single agent) or ``[writer, rewriter]`` (rewrite only queries that fail to run).
+Left out: tools for the model (it never runs SQL itself), streaming, sampling several drafts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from agents import Agent as SDKAgent
+from agents import ModelSettings, OpenAIChatCompletionsModel, RunConfig, Runner
+from openai import AsyncOpenAI
+
+from spanlab.agents.sql.databases import schema_text
+from spanlab.agents.sql.demos import writer_messages
+from spanlab.agents.sql.execution import ExecResult, execution_match, extract_sql, run_sql
+from spanlab.agents.sql.prompts import (
+    CHECKER_PROMPT,
+    REWRITER_PROMPT,
+    ROLES,
+    WRITER_PROMPT,
+    Role,
+    checker_user,
+    rewriter_user,
+    verdict_ok,
+)
+from spanlab.runner.agent import Agent, RolloutContext
+
+logger = logging.getLogger(__name__)
+
+NO_SQL = "no SQL query found in the reply: answer with one SELECT query in a ```sql code block"
+_SPAN_ROWS = 5
+
+
+class SQLAgent(Agent):
+    """Answers one task dict (``db``, ``question``, ``gold_sql``) with writer/checker/rewriter; returns 0/1.
+
+    ``model``: the served model name (None: the first model the gateway lists). ``roles`` must include
+    the writer. ``temperature`` and ``max_tokens`` apply to every role.
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        temperature: float = 1.0,
+        max_tokens: int = 96,
+        rounds: int = 1,
+        roles: Sequence[Role] = ROLES,
+        exec_timeout_s: float = 2.0,
+        extra_body: dict[str, Any] | None = None,
+    ) -> None:
+        unknown = [r for r in roles if r not in ROLES]
+        if unknown or "writer" not in roles:
+            raise ValueError(f"roles must include 'writer' and be among {ROLES}, got {list(roles)}")
+        if rounds < 0 or max_tokens < 1:
+            raise ValueError("rounds must be >= 0 and max_tokens >= 1")
+        self.model, self.rounds, self.roles = model, rounds, tuple(roles)
+        self.exec_timeout_s = exec_timeout_s
+        self.model_settings = ModelSettings(temperature=temperature, max_tokens=max_tokens, extra_body=extra_body)
+        self.prompts: dict[Role, str] = {
+            "writer": WRITER_PROMPT,
+            "checker": CHECKER_PROMPT,
+            "rewriter": REWRITER_PROMPT,
+        }
+
+    async def _model_name(self, client: AsyncOpenAI) -> str:
+        if self.model is None:
+            self.model = (await client.models.list()).data[0].id
+        return self.model
+
+    async def ask(self, role: Role, user: str, base_url: str) -> str:
+        """One call of ``role``'s SDK agent with input ``user``; its reply text ('' if none)."""
+        async with AsyncOpenAI(base_url=base_url, api_key="spanlab", max_retries=0) as client:
+            agent: SDKAgent[Any] = SDKAgent(
+                name=role,
+                instructions=self.prompts[role],
+                model=OpenAIChatCompletionsModel(model=await self._model_name(client), openai_client=client),
+                model_settings=self.model_settings,
+            )
+            result = await Runner.run(agent, user, max_turns=1, run_config=RunConfig(tracing_disabled=True))
+        return "" if result.final_output is None else str(result.final_output)
+
+    async def _execute(self, ctx: RolloutContext, db: str, sql: str | None, author: Role, round_: int) -> ExecResult:
+        """Run a draft on the real database and record it as an ``sql.exec`` span."""
+        if sql is None:
+            result = ExecResult("", error=NO_SQL)
+        else:
+            result = await asyncio.to_thread(run_sql, db, sql, timeout_s=self.exec_timeout_s)
+        await asyncio.to_thread(
+            ctx.add_span, "sql.exec", author=author, round=round_, db=db, sql=sql, ok=result.ok, error=result.error,
+            rows=[list(r) for r in result.rows[:_SPAN_ROWS]], row_count=len(result.rows), truncated=result.truncated,
+        )  # fmt: skip
+        return result
+
+    async def run(self, task: Any, ctx: RolloutContext) -> float:
+        if ctx.llm_base_url is None:
+            raise ValueError("SQLAgent needs a gateway: run it with a Worker that has gateway_url set")
+        db, question = task["db"], task["question"]
+        schema = schema_text(db)
+        reply = await self.ask("writer", writer_messages(task)[1]["content"], ctx.agent_base_url("writer"))
+        sql = extract_sql(reply)
+        author: Role = "writer"  # the role whose query is the current one
+        result = await self._execute(ctx, db, sql, author, 0)
+        for round_ in range(1, self.rounds + 1):
+            verdict = None
+            if "checker" in self.roles:
+                verdict = await self.ask(
+                    "checker", checker_user(schema, question, sql, reply, result), ctx.agent_base_url("checker")
+                )
+                await asyncio.to_thread(ctx.add_span, "sql.check", round=round_, verdict=verdict,
+                                        ok=verdict_ok(verdict), sql=sql)  # fmt: skip
+            if result.ok and (verdict is None or verdict_ok(verdict)):
+                break  # approved, or no checker to object to a query that runs
+            if "rewriter" not in self.roles:
+                break
+            problem = "; ".join(p for p in (result.error, verdict) if p) or "the result looks wrong"
+            reply = await self.ask(
+                "rewriter", rewriter_user(schema, question, sql, reply, problem), ctx.agent_base_url("rewriter")
+            )
+            fixed = extract_sql(reply)
+            if fixed is None:
+                logger.debug("task %s: rewriter gave no SQL, keeping the draft", task.get("task_id"))
+                break
+            sql, author = fixed, "rewriter"  # a rewrite that fails to run is still the rewriter's answer
+            result = await self._execute(ctx, db, sql, author, round_)
+        match = await asyncio.to_thread(execution_match, db, sql, task["gold_sql"], timeout_s=self.exec_timeout_s)
+        await asyncio.to_thread(ctx.add_span, "sql.final", sql=sql, author=author, match=match)
+        return float(match)

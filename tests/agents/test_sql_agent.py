@@ -1,0 +1,130 @@
+"""SQLAgent end to end: runner Worker -> TITO gateway -> real vLLM, the queries run on the real SQLite databases.
+
+Checks the multi-agent attribution (each role's calls are spans with ``attributes.agent``, the writer
+first, one TITO session per role) and that the writer demonstrations render, token for token, to the
+prompt the live writer sends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from spanlab.agents.sql import SQLAgent, demonstration, make_tasks
+from spanlab.agents.sql.execution import execution_match, extract_sql
+from spanlab.agents.sql.prompts import WRITER_PROMPT, verdict_ok
+from spanlab.gateway import GatewayServer
+from spanlab.runner import Worker
+from spanlab.runner.agent import load_agent
+from spanlab.store import SpanStore
+from spanlab.types import Rollout, RolloutConfig, Span
+
+
+@pytest.fixture
+def tito_gateway(store: SpanStore, vllm_server: Any) -> Iterator[GatewayServer]:
+    with GatewayServer(store, vllm_server.base_url, tito=True) as gw:
+        yield gw
+
+
+def _prompt_ids(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
+    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True)["input_ids"])
+
+
+def _run(store: SpanStore, gateway: GatewayServer, agent: SQLAgent, tasks: list[dict[str, Any]]) -> dict[str, Any]:
+    """Run ``tasks`` through a Worker; the spans of each task's single attempt, by task_id."""
+    store.enqueue([Rollout(input=t, config=RolloutConfig(timeout_s=300, max_attempts=1)) for t in tasks])
+    stats = asyncio.run(Worker(store, agent, gateway_url=gateway.url, concurrency=len(tasks)).run())
+    assert stats.succeeded == len(tasks) and stats.failed == 0
+    assert gateway.flush(10)
+    by_task = {}
+    for row in store.query("SELECT rollout_id, input FROM rollouts").to_pylist():
+        task = json.loads(row["input"]) if isinstance(row["input"], str) else row["input"]
+        (attempt,) = store.list_attempts(row["rollout_id"])
+        spans = sorted(store.iter_spans(attempt_ids=[attempt.attempt_id]), key=lambda s: s.sequence_id or 0)
+        by_task[task["task_id"]] = (task, attempt.attempt_id, spans)
+    return by_task
+
+
+def _custom(spans: list[Span], name: str) -> list[dict[str, Any]]:
+    return [s.attributes for s in spans if s.name == name]
+
+
+@pytest.mark.vllm
+def test_roles_are_recorded_as_separate_agents_with_a_reward(
+    store: SpanStore, tito_gateway: GatewayServer, vllm_server: Any, tokenizer: Any
+) -> None:
+    agent = load_agent("sql", {"model": vllm_server.model, "temperature": 0.0, "max_tokens": 64})
+    assert isinstance(agent, SQLAgent)
+    tasks = make_tasks("val", 3, seed=0)  # one task per level
+    results = _run(store, tito_gateway, agent, tasks)
+    assert len(results) == 3
+
+    for task, attempt_id, spans in results.values():
+        calls = [s for s in spans if s.kind == "llm_call"]
+        roles = [c.attributes.get("agent") for c in calls]
+        (reward,) = [s.reward.value for s in spans if s.reward is not None]
+        assert reward in (0.0, 1.0)
+        assert roles[0] == "writer" and roles.count("writer") == 1 and set(roles) <= {"writer", "checker", "rewriter"}
+        assert roles.count("checker") == 1 and roles.count("rewriter") <= 1  # rounds=1
+
+        # What the orchestrator did follows from what the model said and what the database answered.
+        (check,) = _custom(spans, "sql.check")
+        execs = _custom(spans, "sql.exec")
+        replies = [c.llm.response_message["content"] for c in calls]
+        assert execs[0]["author"] == "writer" and execs[0]["sql"] == extract_sql(replies[0])
+        assert check["ok"] == verdict_ok(replies[1])
+        rewrote = not (execs[0]["ok"] and check["ok"])
+        assert ("rewriter" in roles) == rewrote
+        (final,) = _custom(spans, "sql.final")
+        assert final["match"] == bool(reward) == execution_match(task["db"], final["sql"], task["gold_sql"])
+
+        # The writer's request is exactly the demonstration's prompt: messages and token IDs.
+        demo = demonstration(task)
+        writer = calls[0].llm
+        assert writer.request_messages == demo["messages"][:2]
+        assert list(writer.prompt_token_ids) == _prompt_ids(tokenizer, demo["messages"][:2])
+        assert demo["messages"][0]["content"] == WRITER_PROMPT
+
+        # One TITO token buffer per role.
+        sessions = store.query(
+            f"SELECT agent, token_ids FROM tito_sessions WHERE attempt_id = '{attempt_id}' ORDER BY agent"
+        ).to_pylist()
+        assert sorted(s["agent"] for s in sessions) == sorted(set(roles))
+        (writer_session,) = [s for s in sessions if s["agent"] == "writer"]
+        assert writer_session["token_ids"] == list(writer.prompt_token_ids) + list(writer.response_token_ids)
+
+
+@pytest.mark.vllm
+def test_writer_alone(store: SpanStore, tito_gateway: GatewayServer, vllm_server: Any) -> None:
+    agent = SQLAgent(vllm_server.model, temperature=0.0, max_tokens=48, roles=["writer"], rounds=2)
+    ((_, _, spans),) = _run(store, tito_gateway, agent, make_tasks("test", 1, levels=[1])).values()
+    assert [s.attributes.get("agent") for s in spans if s.kind == "llm_call"] == ["writer"]
+    assert len(_custom(spans, "sql.exec")) == 1 and not _custom(spans, "sql.check")
+    (reward,) = [s.reward.value for s in spans if s.reward is not None]
+    assert reward == float(_custom(spans, "sql.final")[0]["match"])
+
+
+def test_demonstration_is_the_writer_turn_with_the_gold_query(tokenizer: Any) -> None:
+    for task in make_tasks("train", 6, seed=2):
+        demo = demonstration(task)
+        assert demo["tools"] is None and json.loads(json.dumps(demo)) == demo
+        assert [m["role"] for m in demo["messages"]] == ["system", "user", "assistant"]
+        answer = demo["messages"][-1]["content"]
+        assert answer == f"```sql\n{task['gold_sql']}\n```" and extract_sql(answer) == task["gold_sql"]
+        assert execution_match(task["db"], extract_sql(answer), task["gold_sql"])
+        assert task["question"] in demo["messages"][1]["content"] and "CREATE TABLE" in demo["messages"][1]["content"]
+        full = list(tokenizer.apply_chat_template(demo["messages"])["input_ids"])
+        prompt = _prompt_ids(tokenizer, demo["messages"][:2])
+        assert full[: len(prompt)] == prompt and len(prompt) < 400, "a short prompt for a 2048-token model"
+
+
+def test_roles_are_validated() -> None:
+    for roles in (["checker"], ["writer", "judge"], []):
+        with pytest.raises(ValueError, match="roles must include"):
+            SQLAgent("m", roles=roles)
+    with pytest.raises(ValueError, match="rounds"):
+        SQLAgent("m", rounds=-1)
