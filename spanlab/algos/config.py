@@ -118,7 +118,8 @@ class TrainConfig(_Section):
     @model_validator(mode="after")
     def _adapters_need_lora_serving(self) -> TrainConfig:
         """A LoRA policy served as an adapter needs vLLM started with LoRA on; turn it on rather than fail later."""
-        lora = self.algorithm == "sft" and self.sft.lora is not None and self.sft.save == "adapter"
+        lora = (self.algorithm == "grpo" and self.grpo.lora is not None) or (
+            self.algorithm == "sft" and self.sft.lora is not None and self.sft.save == "adapter")
         if lora and not self.engine.enable_lora and self.engine_url is None:
             object.__setattr__(self, "engine", self.engine.model_copy(update={"enable_lora": True}))
         return self

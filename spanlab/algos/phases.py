@@ -8,7 +8,10 @@ agent/gateway path, same temperature).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -16,10 +19,13 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from spanlab.algos.config import TrainConfig, WarmStartConfig
-from spanlab.algos.report import Evaluation
+from spanlab.algos.model import LoraConfig, apply_lora
+from spanlab.algos.policy import PolicySync, load_policy, pad_token_id
+from spanlab.algos.report import Evaluation, TrainReport
+from spanlab.algos.rig import Rig, open_rig
 from spanlab.algos.rollouts import RolloutCollector
 from spanlab.algos.sft import encode_conversation, sft_train
-from spanlab.algos.tasks import TaskSet
+from spanlab.algos.tasks import TaskSet, load_task_set
 
 logger = logging.getLogger(__name__)
 
@@ -66,3 +72,68 @@ def warm_start(model: torch.nn.Module, tokenizer: Any, task_set: TaskSet, tasks:
 def progress_bar(console: Console) -> Progress:
     return Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                     TimeElapsedColumn(), console=console)
+
+
+@dataclass
+class Job:
+    """One training run's open pieces (rig, policy, engine sync) and its report: what an algorithm's loop uses."""
+
+    config: TrainConfig
+    algorithm: str
+    rig: Rig
+    task_set: TaskSet
+    splits: dict[str, list[dict[str, Any]]]
+    model: torch.nn.Module
+    tokenizer: Any
+    pad_id: int
+    sync: PolicySync
+    report: TrainReport
+    progress: Progress
+    started: float = field(default_factory=time.monotonic)
+
+    def held_out(self, phase: str, step: int | None = None) -> None:
+        """Evaluate the served policy on the held-out tasks; into the report and ``train_metrics``."""
+        result = evaluate(self.rig.collector, self.splits["eval"], phase=phase,
+                          temperature=self.config.eval.temperature, model=self.sync.served_name)
+        self.report.evaluations.append(result)
+        self.rig.store.add_metrics(self.report.run_id, self.algorithm, len(self.report.steps) if step is None else step,
+                                   {f"eval_accuracy_{phase}": result.accuracy})
+
+    def warm_start(self) -> None:
+        """The configured SFT warm start, pushed to the engine and evaluated (nothing when not configured)."""
+        if self.config.warm_start is None:
+            return
+        self.report.warm_start = warm_start(self.model, self.tokenizer, self.task_set, self.splits["train"],
+                                            self.config.warm_start, pad_id=self.pad_id, progress=self.progress)
+        self.report.warm_start["sync_s"] = self.sync.push(self.model).total_s
+        self.held_out("warm_start")
+
+    def finish(self) -> TrainReport:
+        self.progress.stop()
+        self.report.seconds = time.monotonic() - self.started
+        self.report.write(self.config.run_dir / "report.json")
+        return self.report
+
+
+def open_job(stack: ExitStack, config: TrainConfig, console: Console, *, algorithm: str, n_train: int,
+             lora: LoraConfig | None = None) -> Job:
+    """Open the rig, load the policy (wrapped in LoRA when given), evaluate the base policy, start progress."""
+    from spanlab.engine.model import resolve_model
+    from spanlab.engine.weights import WeightSyncClient
+
+    started = time.monotonic()
+    task_set = load_task_set(config.dataset.name)
+    splits = split_tasks(task_set, config, n_train)
+    torch.set_num_threads(config.loop.torch_threads or torch.get_num_threads())
+    report = TrainReport(run_name=config.run_name, algorithm=algorithm, model=config.engine.model, db=str(config.db))
+    rig = open_rig(stack, config, console)
+    client = stack.enter_context(WeightSyncClient(rig.root_url))
+    model, tokenizer = load_policy(resolve_model(config.engine.model))
+    if lora is not None:  # the engine then hot-loads the adapter after each update
+        model = apply_lora(model, lora)
+    sync = PolicySync(client, rig.store, config.run_dir, rig.served)
+    job = Job(config, algorithm, rig, task_set, splits, model, tokenizer, pad_token_id(tokenizer), sync, report,
+              progress_bar(console), started)
+    job.held_out("base")
+    stack.enter_context(job.progress)
+    return job

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import random
-import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -29,64 +28,32 @@ from spanlab.adapters.grpo import Sample
 from spanlab.adapters.sft import build_sft_dataset, rows_from_table, write_dataset
 from spanlab.algos.config import SFTRoundsConfig, TrainConfig
 from spanlab.algos.model import apply_lora
-from spanlab.algos.phases import evaluate, progress_bar, split_tasks, warm_start
-from spanlab.algos.policy import PolicySync, load_policy, pad_token_id
+from spanlab.algos.phases import open_job
 from spanlab.algos.report import TrainReport
-from spanlab.algos.rig import open_rig
 from spanlab.algos.sft import sft_train
-from spanlab.algos.tasks import load_task_set
 
 logger = logging.getLogger(__name__)
 
 
 def train_sft(config: TrainConfig, *, console: Console | None = None) -> TrainReport:
     """Run the whole SFT-rounds job described by ``config``; returns (and writes) its report."""
-    from spanlab.engine.model import resolve_model
-    from spanlab.engine.weights import WeightSyncClient
-
     console = console or Console(stderr=True)
-    started = time.monotonic()
     rounds = config.sft
     backend = choose_backend(rounds)
-    task_set = load_task_set(config.dataset.name)
-    splits = split_tasks(task_set, config, rounds.rounds * rounds.tasks_per_round)
-    torch.set_num_threads(config.loop.torch_threads or torch.get_num_threads())
-    report = TrainReport(run_name=config.run_name, algorithm="sft", model=config.engine.model, db=str(config.db))
-
     with ExitStack() as stack:
-        rig = open_rig(stack, config, console)
-        store, gateway, collector = rig.store, rig.gateway, rig.collector
-        client = stack.enter_context(WeightSyncClient(rig.root_url))
-        model_dir = resolve_model(config.engine.model)
-        model, tokenizer = load_policy(model_dir)
-        pad_id = pad_token_id(tokenizer)
-        sync = PolicySync(client, store, config.run_dir, rig.served)
-
-        def held_out(phase: str) -> None:
-            report.evaluations.append(evaluate(collector, splits["eval"], phase=phase,
-                                               temperature=config.eval.temperature, model=sync.served_name))
-            store.add_metrics(report.run_id, "sft", len(report.steps), {f"eval_accuracy_{phase}":
-                                                                        report.evaluations[-1].accuracy})
-
-        held_out("base")
-        progress = stack.enter_context(progress_bar(console))
-        if config.warm_start is not None:
-            report.warm_start = warm_start(model, tokenizer, task_set, splits["train"], config.warm_start,
-                                           pad_id=pad_id, progress=progress)
-            report.warm_start["sync_s"] = sync.push(model).total_s
-            if backend == "unsloth":  # Unsloth trains from a folder: give it the warm-started weights
-                model_dir = _save_full(model, tokenizer, config.run_dir / "warm_start")
-            held_out("warm_start")
-
+        job = open_job(stack, config, console, algorithm="sft", n_train=rounds.rounds * rounds.tasks_per_round)
+        job.warm_start()
+        store, model = job.rig.store, job.model
+        model_dir: Path | None = None  # Unsloth trains from a folder: the latest full weights
         rng = random.Random(config.dataset.seed)
         overrides = {} if rounds.temperature is None else {"temperature": rounds.temperature}
-        bar = progress.add_task("SFT rounds", total=rounds.rounds)
+        bar = job.progress.add_task("SFT rounds", total=rounds.rounds)
         for r in range(rounds.rounds):
-            tasks = rng.sample(splits["rl"], min(rounds.tasks_per_round, len(splits["rl"])))
-            batch = collector.collect(tasks, mode="train", group_size=rounds.samples_per_task,
-                                      metadata={"run_id": report.run_id, "round": r}, model=sync.served_name,
-                                      **overrides)
-            gateway.flush()
+            tasks = rng.sample(job.splits["rl"], min(rounds.tasks_per_round, len(job.splits["rl"])))
+            batch = job.rig.collector.collect(tasks, mode="train", group_size=rounds.samples_per_task,
+                                              metadata={"run_id": job.report.run_id, "round": r},
+                                              model=job.sync.served_name, **overrides)
+            job.rig.gateway.flush()
             table, stats = build_sft_dataset(store, batch.rollout_ids, rounds.filter, agents=config.agents)
             write_dataset(table, config.run_dir / f"round-{r}.parquet")
             metrics: dict[str, float] = {"reward_mean": batch.mean_reward, "rollout_s": batch.seconds,
@@ -95,23 +62,21 @@ def train_sft(config: TrainConfig, *, console: Console | None = None) -> TrainRe
                 logger.warning("round %d: the filter kept no examples (reward mean %.2f); nothing to train on",
                                r, batch.mean_reward)
             elif backend == "unsloth":
+                model_dir = model_dir or _save_full(model, job.tokenizer, config.run_dir / "start")
                 model_dir, trained = _unsloth_round(model_dir, table, rounds, config.run_dir / f"round-{r}")
-                metrics.update(trained, sync_s=sync.push_dir(model_dir).total_s)
+                metrics.update(trained, sync_s=job.sync.push_dir(model_dir).total_s)
             else:
-                model, trained = _torch_round(model, table, rounds, pad_id=pad_id, progress=progress,
+                model, trained = _torch_round(model, table, rounds, pad_id=job.pad_id, progress=job.progress,
                                               label=f"round {r}")
-                metrics.update(trained, sync_s=sync.push(model).total_s)
-            store.add_metrics(report.run_id, "sft", r, metrics)
-            report.steps.append(metrics)
-            progress.update(bar, advance=1, description=f"SFT rounds (reward {batch.mean_reward:.2f})")
+                metrics.update(trained, sync_s=job.sync.push(model).total_s)
+            store.add_metrics(job.report.run_id, "sft", r, metrics)
+            job.report.steps.append(metrics)
+            job.progress.update(bar, advance=1, description=f"SFT rounds (reward {batch.mean_reward:.2f})")
             if rounds.eval_each_round and r < rounds.rounds - 1:
-                held_out(f"round_{r + 1}")
-        progress.stop()
+                job.held_out(f"round_{r + 1}")
         if rounds.rounds:
-            held_out("final")
-    report.seconds = time.monotonic() - started
-    report.write(config.run_dir / "report.json")
-    return report
+            job.held_out("final")
+        return job.finish()
 
 
 def choose_backend(rounds: SFTRoundsConfig) -> str:
