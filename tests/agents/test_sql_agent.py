@@ -80,6 +80,8 @@ def test_roles_are_recorded_as_separate_agents_with_a_reward(
         rewrote = not (execs[0]["ok"] and check["ok"])
         assert ("rewriter" in roles) == rewrote
         (final,) = _custom(spans, "sql.final")
+        kept_draft = len(execs) == 1 or (execs[0]["ok"] and not execs[1]["ok"])  # a failing rewrite never wins
+        assert final["sql"] == execs[0 if kept_draft else 1]["sql"]
         assert final["match"] == bool(reward) == execution_match(task["db"], final["sql"], task["gold_sql"])
 
         # The writer's request is exactly the demonstration's prompt: messages and token IDs.

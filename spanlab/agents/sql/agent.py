@@ -4,8 +4,10 @@ One rollout, orchestrated here in Python: the **writer** (schema + question -> a
 the orchestrator runs the draft on the task's real SQLite database (read-only, ``execution.run_sql``)
 and shows the **checker** the query with its first rows or its error; the checker answers ``OK`` or
 ``WRONG: <why>``; unless it said OK about a query that ran, the **rewriter** gets the draft plus the
-error and critique and returns a fixed query. ``rounds`` repeats check -> rewrite. Reward: 1.0 when
-the final query's result matches the gold query's (``execution.execution_match``), else 0.0.
+error and critique and returns a fixed query, which replaces the draft unless it fails to run where the
+draft ran (the orchestrator runs both, so a broken rewrite cannot undo a working draft). ``rounds``
+repeats check -> rewrite. Reward: 1.0 when the final query's result matches the gold query's
+(``execution.execution_match``), else 0.0.
 
 Each role is an OpenAI Agents SDK agent of its own (``instructions`` = its one-line system prompt,
 ``OpenAIChatCompletionsModel`` on ``AsyncOpenAI(base_url=ctx.agent_base_url(role))``), so every call
@@ -140,8 +142,10 @@ class SQLAgent(Agent):
             if fixed is None:
                 logger.debug("task %s: rewriter gave no SQL, keeping the draft", task.get("task_id"))
                 break
-            sql, author = fixed, "rewriter"  # a rewrite that fails to run is still the rewriter's answer
-            result = await self._execute(ctx, db, sql, author, round_)
+            rewritten = await self._execute(ctx, db, fixed, "rewriter", round_)
+            if result.ok and not rewritten.ok:
+                break  # the orchestrator ran both: a rewrite that fails never replaces a draft that runs
+            sql, author, result = fixed, "rewriter", rewritten
         match = await asyncio.to_thread(execution_match, db, sql, task["gold_sql"], timeout_s=self.exec_timeout_s)
         await asyncio.to_thread(ctx.add_span, "sql.final", sql=sql, author=author, match=match)
         return float(match)
