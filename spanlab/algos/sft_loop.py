@@ -31,6 +31,7 @@ from spanlab.algos.model import apply_lora
 from spanlab.algos.phases import open_job
 from spanlab.algos.report import TrainReport
 from spanlab.algos.sft import sft_train
+from spanlab.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -80,8 +81,14 @@ def train_sft(config: TrainConfig, *, console: Console | None = None) -> TrainRe
 
 
 def choose_backend(rounds: SFTRoundsConfig) -> str:
-    """``unsloth`` or ``torch``; asking for Unsloth where it cannot import is an error that says so."""
+    """``unsloth`` or ``torch``; asking for Unsloth where it cannot import (or with ``save: adapter``) is an
+    error that says so."""
     if rounds.backend == "torch":
+        return "torch"
+    if rounds.save == "adapter":  # Unsloth rounds continue from merged weights; adapters are the torch trainer's
+        if rounds.backend == "unsloth":
+            raise ConfigError("sft.save: adapter is not supported with sft.backend: unsloth (each Unsloth round "
+                              "merges its LoRA); use save: merged, or backend: torch with lora")
         return "torch"
     from spanlab.algos.unsloth_sft import unsloth_available
 

@@ -18,6 +18,7 @@ from spanlab.algos.logprobs import token_logprobs
 from spanlab.algos.model import LoraConfig
 from spanlab.algos.sft import SFTConfig, sft_train
 from spanlab.algos.sft_loop import choose_backend, samples_from_table
+from spanlab.errors import ConfigError
 
 VOCAB = 16
 
@@ -91,6 +92,9 @@ def test_weights_must_match_the_samples_and_unsloth_on_request_says_how_to_get_i
     with pytest.raises(ValueError):
         sft_train(_tiny_model(), samples, SFTConfig(), pad_id=0, weights=[1.0])
     assert choose_backend(SFTRoundsConfig(backend="torch")) == "torch"
+    assert choose_backend(SFTRoundsConfig(backend="auto", save="adapter")) == "torch"
+    with pytest.raises(ConfigError, match=r"save: adapter is not supported with sft\.backend: unsloth"):
+        choose_backend(SFTRoundsConfig(backend="unsloth", save="adapter"))
     from spanlab.algos.unsloth_sft import unsloth_available
 
     if not unsloth_available():
