@@ -19,6 +19,8 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Literal, TypedDict
 
+from spanlab.agents.task_args import check_task_args
+
 Split = Literal["train", "val", "test"]
 SPLITS: tuple[Split, ...] = ("train", "val", "test")
 LEVELS = (1, 2, 3)
@@ -127,13 +129,7 @@ def task_id(question: str) -> str:
 
 def make_tasks(split: Split, n: int, seed: int = 0, levels: Sequence[int] = LEVELS) -> list[CalcTask]:
     """``n`` distinct tasks of ``split``, levels interleaved round-robin (``n // len(levels)`` or one more each)."""
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
-    bad = [lv for lv in levels if lv not in GENERATORS]
-    if not levels or bad:
-        raise ValueError(f"levels must be a non-empty subset of {LEVELS}, got {list(levels)}")
+    check_task_args(split, n, levels, GENERATORS)
     rngs = {lv: random.Random(f"spanlab-calc:{seed}:{lv}") for lv in levels}
     seen: set[str] = set()
     tasks: list[CalcTask] = []

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Literal, TypedDict
 
 from spanlab.agents.rooms.building import DAY_END, DAY_START, EQUIPMENT, Request, hhmm, make_building
+from spanlab.agents.task_args import check_task_args
 
 Split = Literal["train", "val", "test"]
 SPLITS: tuple[Split, ...] = ("train", "val", "test")
@@ -78,12 +79,7 @@ def task_id(request: str, seed: int) -> str:
 
 def make_tasks(split: Split, n: int, seed: int = 0, levels: Sequence[int] = LEVELS) -> list[RoomsTask]:
     """``n`` distinct requests of ``split`` for building ``seed``, levels interleaved round-robin."""
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
-    if not levels or any(lv not in LEVELS for lv in levels):
-        raise ValueError(f"levels must be a non-empty subset of {LEVELS}, got {list(levels)}")
+    check_task_args(split, n, levels, LEVELS)
     building = make_building(seed)
     rngs = {lv: random.Random(f"spanlab-rooms:tasks:{seed}:{lv}") for lv in levels}
     seen: set[str] = set()

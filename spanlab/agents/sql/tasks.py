@@ -24,6 +24,7 @@ from typing import Any, Literal, TypedDict
 from spanlab.agents.sql.databases import DATABASE_NAMES, db_path
 from spanlab.agents.sql.execution import connect_readonly
 from spanlab.agents.sql.templates import TEMPLATES, Template
+from spanlab.agents.task_args import check_task_args
 
 Split = Literal["train", "val", "test"]
 SPLITS: tuple[Split, ...] = ("train", "val", "test")
@@ -89,13 +90,7 @@ def question_space(levels: Sequence[int] = LEVELS) -> dict[int, list[tuple[Templ
 
 def make_tasks(split: Split, n: int, seed: int = 0, levels: Sequence[int] = LEVELS) -> list[SQLTask]:
     """``n`` distinct tasks of ``split``, levels interleaved round-robin (``n // len(levels)`` or one more each)."""
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
-    bad = [lv for lv in levels if lv not in LEVELS]
-    if not levels or bad:
-        raise ValueError(f"levels must be a non-empty subset of {LEVELS}, got {list(levels)}")
+    check_task_args(split, n, levels, LEVELS)
     if n == 0:
         return []
     pools = {
