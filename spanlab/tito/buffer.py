@@ -27,8 +27,8 @@ from spanlab.tito.jinja import Message
 from spanlab.tito.prefix import first_mismatch
 
 __all__ = [
-    "BufferStateError", "ChatTokenizer", "Drift", "RenderComparison", "SessionBuffer", "compare_with_render",
-    "normalize_message", "stop_gap_ids",
+    "BufferStateError", "ChatTokenizer", "Drift", "RenderComparison", "RenderWalk", "SessionBuffer",
+    "compare_with_render", "normalize_message", "stop_gap_ids", "walk_render",
 ]
 
 
@@ -253,6 +253,39 @@ def find_sublist(haystack: Sequence[int], needle: Sequence[int], start: int) -> 
     return next((q for q in range(start, len(haystack) - n + 1) if list(haystack[q : q + n]) == needle), None)
 
 
+@dataclass
+class RenderWalk:
+    """A buffer segment laid over a render: where each sampled run's stand-in is, and where they part.
+
+    Mask-0 runs (prompt) must appear in the render in order, token for token; the render's tokens between two
+    of them stand for the sampled run in between (``pairs``). ``broken`` is the first prompt run that is not
+    where it should be (buffer ``lo, hi``; render position ``at``); ``end`` is how far the render was covered.
+    """
+
+    pairs: list[tuple[tuple[int, int], tuple[int, int]]]  # (buffer span of a sampled run, its render span)
+    broken: tuple[int, int] | None
+    at: int
+    end: int
+    open_sample: tuple[int, int] | None  # a sampled run after the last prompt run (the segment ends sampled)
+
+
+def walk_render(ids: Sequence[int], mask: Sequence[int], render: Sequence[int]) -> RenderWalk:
+    """Lay ``ids`` (with its loss ``mask``) over ``render``: the walk both the buffer check and drift use."""
+    pairs: list[tuple[tuple[int, int], tuple[int, int]]] = []
+    p, pending = 0, None  # pending: the sampled run waiting for its end in the render
+    for lo, hi, m in mask_runs(mask):
+        if m == 1:
+            pending = (lo, hi)
+            continue
+        q = p if pending is None else find_sublist(render, ids[lo:hi], p)
+        if q is None or list(render[q : q + hi - lo]) != list(ids[lo:hi]):
+            return RenderWalk(pairs, (lo, hi), p, p, pending)
+        if pending is not None:
+            pairs.append((pending, (p, q)))
+        p, pending = q + hi - lo, None
+    return RenderWalk(pairs, None, p, p, pending)
+
+
 def compare_with_render(buffer: SessionBuffer, tokenizer: ChatTokenizer) -> RenderComparison:
     """Check the current segment (a prompt, so it ends with mask 0) against what the engine would render.
 
@@ -263,22 +296,17 @@ def compare_with_render(buffer: SessionBuffer, tokenizer: ChatTokenizer) -> Rend
         raise BufferStateError("compare_with_render needs a prompt state (the segment must end with mask 0)")
     ids, mask = buffer.segment()
     render = render_ids(tokenizer, buffer.messages, add_generation_prompt=True, tools=buffer.tools)
+    walk = walk_render(ids, mask, render)
     drift: list[Drift] = []
-    p, pending = 0, None  # pending: the sampled run waiting for its end in the render
-    for lo, hi, m in mask_runs(mask):
-        if m == 1:
-            pending = (lo, hi)
-            continue
-        q = p if pending is None else find_sublist(render, ids[lo:hi], p)
-        if q is None or render[q : q + hi - lo] != ids[lo:hi]:
-            return RenderComparison(False, render, drift, f"prompt tokens {lo}:{hi} are not in the render at {p}")
-        if pending is not None:
-            got, want = ids[pending[0] : pending[1]], render[p:q]
-            if tokenizer.decode(got, skip_special_tokens=False) != tokenizer.decode(want, skip_special_tokens=False):
-                return RenderComparison(False, render, drift, f"sampled tokens {pending} decode to other text")
-            if got != want:
-                drift.append(Drift(pending, (p, q), got, want))
-        p, pending = q + hi - lo, None
-    if p != len(render):
-        return RenderComparison(False, render, drift, f"the render has {len(render) - p} tokens more")
+    for (lo, hi), (p, q) in walk.pairs:
+        got, want = ids[lo:hi], render[p:q]
+        if tokenizer.decode(got, skip_special_tokens=False) != tokenizer.decode(want, skip_special_tokens=False):
+            return RenderComparison(False, render, drift, f"sampled tokens {(lo, hi)} decode to other text")
+        if got != want:
+            drift.append(Drift((lo, hi), (p, q), got, want))
+    if walk.broken is not None:
+        lo, hi = walk.broken
+        return RenderComparison(False, render, drift, f"prompt tokens {lo}:{hi} are not in the render at {walk.at}")
+    if walk.end != len(render):
+        return RenderComparison(False, render, drift, f"the render has {len(render) - walk.end} tokens more")
     return RenderComparison(True, render, drift)

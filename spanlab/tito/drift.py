@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict
 
 from spanlab.engine.template import render_ids
 from spanlab.errors import SpanlabError
-from spanlab.tito.buffer import SessionBuffer, find_sublist, mask_runs
+from spanlab.tito.buffer import SessionBuffer, walk_render
 from spanlab.tito.messages import engine_form
 from spanlab.tito.prefix import first_mismatch
 from spanlab.tito.readiness import close_ids
@@ -120,24 +120,21 @@ Diff = tuple[DriftCause, list[int], list[int]]
 
 def _align(ids: list[int], mask: list[int], render: list[int], tok: Any) -> list[Diff]:
     """Differences between a buffer and a render: (cause, buffer IDs, render IDs) per differing region."""
+    walk = walk_render(ids, mask, render)
     diffs: list[Diff] = []
-    p, pending = 0, None
-    for lo, hi, m in mask_runs(mask):
-        if m == 1:
-            pending = (lo, hi)
+    for (lo, hi), (p, q) in walk.pairs:
+        if (got := ids[lo:hi]) == (want := render[p:q]):
             continue
-        q = p if pending is None else find_sublist(render, ids[lo:hi], p)
-        if q is None or render[q : q + hi - lo] != ids[lo:hi]:
-            return [*diffs, ("template", ids[lo:hi], render[p : p + hi - lo])]
-        if pending is not None and (got := ids[pending[0] : pending[1]]) != (want := render[p:q]):
-            got_text = tok.decode(got, skip_special_tokens=False)
-            if got_text == tok.decode(want, skip_special_tokens=False):
-                diffs.append(("non_canonical_bpe", got, want))
-            else:
-                diffs.append(("tool_call_reserialization" if "<tool_call>" in got_text else "template", got, want))
-        p, pending = q + hi - lo, None
-    if p != len(render) or pending is not None:
-        diffs.append(("template", ids[p:], render[p:]))
+        got_text = tok.decode(got, skip_special_tokens=False)
+        if got_text == tok.decode(want, skip_special_tokens=False):
+            diffs.append(("non_canonical_bpe", got, want))
+        else:
+            diffs.append(("tool_call_reserialization" if "<tool_call>" in got_text else "template", got, want))
+    if walk.broken is not None:
+        lo, hi = walk.broken
+        return [*diffs, ("template", ids[lo:hi], render[walk.at : walk.at + hi - lo])]
+    if walk.end != len(render) or walk.open_sample is not None:
+        diffs.append(("template", ids[walk.end :], render[walk.end :]))
     return diffs
 
 
