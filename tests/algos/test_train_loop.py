@@ -103,6 +103,35 @@ def test_one_sft_round_trains_on_the_filtered_exact_ids(tmp_path: Path, restored
         assert {"reward_mean", "filter_kept", "sft_loss_first", "sync_s", "eval_accuracy_final"} <= names
 
 
+def test_an_unsloth_round_serves_its_merged_weights(tmp_path: Path, restored_engine: str) -> None:
+    """The Unsloth trainer (LoRA, in a child process) inside the loop: its merged folder is what vLLM reloads."""
+    from spanlab.algos.unsloth_sft import unsloth_available
+
+    if not unsloth_available():
+        pytest.skip("unsloth is not installed or does not import here (scripts/setup.sh installs it on CPU)")
+    db = tmp_path / "run.duckdb"
+    config = parse(TrainConfig, {
+        "algorithm": "sft", "run_name": "unsloth", "out_dir": str(tmp_path / "runs"), "db": str(db),
+        "engine_url": restored_engine,
+        "agent": {"name": "calc", "kwargs": {"max_tokens": 32, "max_turns": 2}},
+        "dataset": {"name": "calc", "seed": 3, "levels": [1]},
+        "eval": {"tasks": 1},
+        "sft": {"rounds": 1, "tasks_per_round": 2, "samples_per_task": 1, "backend": "unsloth",
+                "lora": {"rank": 4, "alpha": 8},
+                "filter": {"rule": "threshold", "min_reward": 0.0, "dedupe": False},
+                "train": {"lr": 1e-5, "epochs": 1, "batch_size": 2}},
+        "loop": {"concurrency": 2},
+    })
+    report = train(config)
+    (round0,) = report.steps
+    assert round0["filter_kept"] == 2 and round0["steps"] == 1 and round0["loss_first"] > 0
+    merged = tmp_path / "runs" / "unsloth" / "round-0"
+    assert any(merged.glob("*.safetensors"))
+    with SpanStore(db) as store:
+        (policy,) = store.list_resources("policy")
+        assert policy.payload["path"] == str(merged) and policy.payload["method"] == "full_reload"
+
+
 def test_bad_train_config_names_the_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"loop\.steps"):
         parse(TrainConfig, {"loop": {"steps": -1}})
