@@ -103,6 +103,19 @@ def test_client_speaks_the_store_api(client: StoreClient) -> None:
     assert client.spans_table(kinds=["no-such-kind"]).num_rows == 0
 
 
+def test_record_batches_larger_than_an_http_chunk_read_back_whole(client: StoreClient) -> None:
+    """A 300 KB record batch spans many HTTP chunks: the reader must wait for the rest, not see a cut message."""
+    client.enqueue_one({"q": "big"}, mode="test")
+    rollout, attempt = client.dequeue(worker_id="remote", mode="test")
+    spans = [llm_span(rollout, attempt, n_prompt=2_000, seed=100 + i) for i in range(40)]
+    assert client.add_spans(spans) == 40
+    reader = client.spans_reader(attempt_ids=[attempt.attempt_id], columns=["span_id", "prompt_token_ids"],
+                                 batch_size=1024)
+    table = reader.read_all()
+    assert table["span_id"].to_pylist() == [s.span_id for s in spans]
+    assert table["prompt_token_ids"].to_pylist() == [s.llm.prompt_token_ids for s in spans]
+
+
 def test_errors_are_4xx_with_a_message(server: ServerProcess, client: StoreClient) -> None:
     auth = {"Authorization": f"Bearer {TOKEN}"}
     json_header = {**auth, "Content-Type": "application/json"}

@@ -53,8 +53,12 @@ def reader_to_chunks(reader: pa.RecordBatchReader) -> Iterator[bytes]:
 
 
 def open_chunked_stream(chunks: Iterator[bytes]) -> pa.RecordBatchReader:
-    """A reader over an Arrow IPC stream arriving in chunks (the client side of reader_to_chunks)."""
-    return ipc.open_stream(_ChunkReader(chunks))
+    """A reader over an Arrow IPC stream arriving in chunks (the client side of reader_to_chunks).
+
+    Buffered because a raw reader returns at most one chunk per read, and pyarrow takes a short read of a
+    message body as a truncated stream: a record batch bigger than one HTTP chunk would fail to read.
+    """
+    return ipc.open_stream(io.BufferedReader(_ChunkReader(chunks)))
 
 
 class _ChunkReader(io.RawIOBase):
