@@ -91,12 +91,12 @@ class Job:
     progress: Progress
     started: float = field(default_factory=time.monotonic)
 
-    def held_out(self, phase: str, step: int | None = None) -> None:
+    def held_out(self, phase: str) -> None:
         """Evaluate the served policy on the held-out tasks; into the report and ``train_metrics``."""
         result = evaluate(self.rig.collector, self.splits["eval"], phase=phase,
                           temperature=self.config.eval.temperature, model=self.sync.served_name)
         self.report.evaluations.append(result)
-        self.rig.store.add_metrics(self.report.run_id, self.algorithm, len(self.report.steps) if step is None else step,
+        self.rig.store.add_metrics(self.report.run_id, self.algorithm, len(self.report.steps),
                                    {f"eval_accuracy_{phase}": result.accuracy})
 
     def warm_start(self) -> None:

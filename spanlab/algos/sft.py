@@ -65,6 +65,11 @@ def encode_conversation(tokenizer: Any, messages: list[dict], tools: list[dict] 
     for t, (start, _end) in enumerate(enc["offset_mapping"]):
         if any(a <= start < b for a, b in spans):
             mask[t] = 1
+    return sft_sample(ids, mask)
+
+
+def sft_sample(ids: np.ndarray, mask: np.ndarray) -> Sample:
+    """A trainer row of token IDs and their loss mask; SFT needs no engine logprobs, reward or span IDs."""
     return Sample(rollout_id="", group_id="", input_ids=ids, loss_mask=mask,
                   engine_logprobs=np.zeros(len(ids), dtype=np.float32), reward=0.0, span_ids=[])
 

@@ -25,12 +25,12 @@ import torch
 from rich.console import Console
 
 from spanlab.adapters.grpo import Sample
-from spanlab.adapters.sft import build_sft_dataset, rows_from_table, write_dataset
+from spanlab.adapters.sft import IGNORE_INDEX, build_sft_dataset, rows_from_table, write_dataset
 from spanlab.algos.config import SFTRoundsConfig, TrainConfig
-from spanlab.algos.model import apply_lora
+from spanlab.algos.model import MissingDependencyError, apply_lora
 from spanlab.algos.phases import open_job
 from spanlab.algos.report import TrainReport
-from spanlab.algos.sft import sft_train
+from spanlab.algos.sft import sft_sample, sft_train
 from spanlab.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -94,8 +94,6 @@ def choose_backend(rounds: SFTRoundsConfig) -> str:
 
     available = unsloth_available()
     if rounds.backend == "unsloth" and not available:
-        from spanlab.algos.model import MissingDependencyError
-
         raise MissingDependencyError("sft.backend: unsloth is not importable here; install it (README, "
                                      "'Unsloth') or set sft.backend: torch")
     backend = "unsloth" if available else "torch"
@@ -107,10 +105,8 @@ def samples_from_table(table: pa.Table) -> tuple[list[Sample], list[float]]:
     """Trainer samples (loss mask = labels != -100) and their weights, from an SFT dataset table."""
     samples, weights = [], []
     for row in rows_from_table(table):
-        ids = np.asarray(row["input_ids"], dtype=np.int32)
-        mask = (np.asarray(row["labels"]) != -100).astype(np.uint8)
-        samples.append(Sample(rollout_id="", group_id="", input_ids=ids, loss_mask=mask,
-                              engine_logprobs=np.zeros(len(ids), dtype=np.float32), reward=0.0))
+        mask = (np.asarray(row["labels"]) != IGNORE_INDEX).astype(np.uint8)
+        samples.append(sft_sample(np.asarray(row["input_ids"], dtype=np.int32), mask))
         weights.append(float(row["weight"]))
     return samples, weights
 
