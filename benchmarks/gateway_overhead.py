@@ -173,10 +173,10 @@ def _request(n_msgs: int) -> dict[str, Any]:
     return {"model": "bench", "messages": msgs, "max_tokens": 64, "temperature": 1.0}
 
 
-async def _call(session: aiohttp.ClientSession, url: str, body: bytes) -> float:
+async def _call(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str] | None = None) -> float:
     """One call, body read to the end (for a stream: every SSE event); milliseconds."""
     t0 = time.perf_counter()
-    async with session.post(url, data=body, headers={"content-type": "application/json"}) as r:
+    async with session.post(url, data=body, headers={"content-type": "application/json", **(headers or {})}) as r:
         async for _ in r.content.iter_any():
             pass
         r.raise_for_status()
@@ -204,7 +204,9 @@ async def latency(direct_url: str, gw_url: str, body: bytes, n: int) -> dict[str
     return out
 
 
-async def throughput(url: str, body: bytes, concurrency: int, seconds: float) -> tuple[int, float]:
+async def throughput(
+    url: str, body: bytes, concurrency: int, seconds: float, headers: dict[str, str] | None = None
+) -> tuple[int, float]:
     """``concurrency`` agents calling back to back for ``seconds``; returns (calls, elapsed s)."""
     done = 0
     deadline = time.perf_counter() + seconds
@@ -213,7 +215,7 @@ async def throughput(url: str, body: bytes, concurrency: int, seconds: float) ->
         async def agent() -> None:
             nonlocal done
             while time.perf_counter() < deadline:
-                await _call(s, url, body)
+                await _call(s, url, body, headers)
                 done += 1
 
         t0 = time.perf_counter()
