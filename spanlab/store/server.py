@@ -20,10 +20,10 @@ from typing import Any
 
 import pyarrow as pa
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from spanlab.errors import InvalidSpanError, NotFoundError, QueryError, StoreError
 from spanlab.store.arrow import spans_to_arrow
@@ -72,18 +72,25 @@ class InsertedResponse(_Strict):
     span_ids: list[str]
 
 
-class _BodyLimit(BaseHTTPMiddleware):
-    """413 for bodies over the limit, checked on the declared length before anything is read."""
+class _BodyLimit:
+    """413 for bodies over the limit, checked on the declared length before anything is read.
 
-    def __init__(self, app: Any, max_bytes: int) -> None:
-        super().__init__(app)
+    Plain ASGI rather than Starlette's ``BaseHTTPMiddleware``, which re-wraps every request and response
+    in memory streams: that cost ~1.5 ms per request here, more than a queue operation's own SQL.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
         self.max_bytes = max_bytes
 
-    async def dispatch(self, request: Request, call_next: Any) -> Response:
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
-            return JSONResponse({"detail": f"body of {length} bytes is over the {self.max_bytes}-byte limit"}, 413)
-        return await call_next(request)
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            length = dict(scope["headers"]).get(b"content-length")
+            if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
+                detail = f"body of {length.decode(errors='replace')} bytes is over the {self.max_bytes}-byte limit"
+                await JSONResponse({"detail": detail}, 413)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def create_store_app(store: SpanStore, *, token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
