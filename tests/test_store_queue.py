@@ -8,9 +8,10 @@ import time
 import pytest
 
 from spanlab.errors import InvalidSpanError, NotFoundError
-from spanlab.store import SpanStore
+from spanlab.store import SpanStore, queue
 from spanlab.store.queue import next_rollout_status
-from spanlab.types import Rollout, RolloutConfig
+from spanlab.types import Rollout, RolloutConfig, reward_span
+from tests.conftest import llm_span
 
 
 def test_dequeue_is_fifo_and_opens_an_attempt(store: SpanStore) -> None:
@@ -106,6 +107,40 @@ def test_success_ends_rollout_and_late_finish_is_ignored(store: SpanStore) -> No
     assert store.finish_attempt(attempt.attempt_id, "failed").status == "succeeded"
     assert store.get_attempt(attempt.attempt_id).status == "succeeded"
     assert store.get_rollout(r.rollout_id).status == "succeeded"
+
+
+def test_finish_stores_the_last_spans_in_the_same_transaction(store: SpanStore, monkeypatch) -> None:
+    store.enqueue_one({"x": 1}, config=RolloutConfig(max_attempts=2))
+    rollout, attempt = store.dequeue()
+    reward = reward_span(rollout.rollout_id, attempt.attempt_id, 1.0)
+    call = llm_span(rollout, attempt, seed=3)
+
+    def broken_close(*args, **kwargs):
+        raise RuntimeError("crash between the insert and the status update")
+
+    monkeypatch.setattr(queue, "close_attempt", broken_close)
+    with pytest.raises(RuntimeError, match="crash"):
+        store.finish_attempt(attempt.attempt_id, "succeeded", [call, reward])
+    assert store.spans_table(attempt_ids=[attempt.attempt_id]).num_rows == 0  # rolled back with the finish
+    assert store.get_attempt(attempt.attempt_id).status == "preparing"
+    monkeypatch.undo()
+
+    assert store.finish_attempt(attempt.attempt_id, "succeeded", [call, reward]).status == "succeeded"
+    assert store.finish_attempt(attempt.attempt_id, "succeeded", [call, reward]).status == "succeeded"  # a retry
+    stored = store.spans_table(attempt_ids=[attempt.attempt_id], columns=["span_id", "kind", "reward_value"])
+    assert stored["span_id"].to_pylist() == [call.span_id, reward.span_id]  # once each
+    assert stored["reward_value"].to_pylist() == [None, 1.0]
+
+
+def test_finish_refuses_spans_of_another_attempt(store: SpanStore) -> None:
+    store.enqueue([Rollout(input={"i": i}) for i in range(2)])
+    (_, a1), (r2, a2) = store.dequeue(), store.dequeue()
+    with pytest.raises(InvalidSpanError, match="spans of attempt"):
+        store.finish_attempt(a1.attempt_id, "succeeded", [reward_span(r2.rollout_id, a2.attempt_id, 1.0)])
+    assert store.get_attempt(a1.attempt_id).status == "preparing"  # still open, nothing stored
+    assert store.spans_table().num_rows == 0
+    with pytest.raises(InvalidSpanError, match="status must be"):
+        store.finish_attempt(a1.attempt_id, "done")  # type: ignore[arg-type]
 
 
 def test_timeout_and_unresponsive_detection() -> None:

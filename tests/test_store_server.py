@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from spanlab.errors import InvalidSpanError, NotFoundError, QueryError, StoreError
 from spanlab.store.client import StoreClient
-from spanlab.types import RolloutConfig
+from spanlab.types import Rollout, RolloutConfig, reward_span
 from tests.conftest import llm_span
 
 SPANLAB = str(Path(sys.executable).with_name("spanlab"))
@@ -101,6 +101,30 @@ def test_client_speaks_the_store_api(client: StoreClient) -> None:
     rows = client.query(f"SELECT llm_calls FROM rollout_summary WHERE rollout_id = '{r.rollout_id}'").to_pylist()
     assert rows == [{"llm_calls": 4}]
     assert client.spans_table(kinds=["no-such-kind"]).num_rows == 0
+
+
+def test_finish_with_the_last_spans_over_http(server: ServerProcess, client: StoreClient) -> None:
+    client.enqueue([Rollout(input={"i": i}, mode="test") for i in range(2)])
+    (r1, a1), (r2, a2) = client.dequeue(mode="test"), client.dequeue(mode="test")
+    calls = [llm_span(r1, a1, n_prompt=500, seed=i) for i in range(3)]
+    done = client.finish_attempt(a1.attempt_id, "succeeded", [*calls, reward_span(r1.rollout_id, a1.attempt_id, 0.5)])
+    assert done.status == "succeeded"
+    table = client.spans_table(attempt_ids=[a1.attempt_id], columns=["span_id", "prompt_token_ids", "reward_value"])
+    assert table["prompt_token_ids"].to_pylist()[:3] == [s.llm.prompt_token_ids for s in calls]
+    assert table["reward_value"].to_pylist() == [None, None, None, 0.5]
+    with pytest.raises(InvalidSpanError, match="spans of attempt"):
+        client.finish_attempt(a2.attempt_id, "failed", [reward_span(r1.rollout_id, a1.attempt_id, 1.0)])
+    # the JSON route, for clients without Arrow
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    reward = reward_span(r2.rollout_id, a2.attempt_id, 1.0).model_dump(mode="json")
+    got = httpx.post(f"{server.url}/attempts/{a2.attempt_id}/finish", json={"status": "succeeded", "spans": [reward]},
+                     headers=auth)
+    assert got.status_code == 200 and got.json()["status"] == "succeeded"
+    rewards = client.spans_table(attempt_ids=[a2.attempt_id], columns=["reward_value"])["reward_value"]
+    assert rewards.to_pylist() == [1.0]
+    bad = httpx.post(f"{server.url}/attempts/{a2.attempt_id}/finish/arrow", params={"status": "done"}, content=b"x",
+                     headers=auth)
+    assert bad.status_code == 422 and "status" in bad.text
 
 
 def test_record_batches_larger_than_an_http_chunk_read_back_whole(client: StoreClient) -> None:

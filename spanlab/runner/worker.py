@@ -124,9 +124,7 @@ class Worker:
             logger.info("rollout %s attempt %d failed: %r", rollout.rollout_id, attempt.sequence_id, exc)
         finally:
             beats.cancel()
-        if spans:
-            await asyncio.to_thread(self.store.add_spans, spans)
-        await asyncio.to_thread(self.store.finish_attempt, attempt.attempt_id, status)
+        await asyncio.to_thread(self.store.finish_attempt, attempt.attempt_id, status, spans)
         setattr(self.stats, status, getattr(self.stats, status) + 1)
 
     async def _heartbeat(self, attempt_id: str, agent_task: asyncio.Task) -> None:

@@ -62,8 +62,13 @@ class StoreAPI(ABC):
         """Mark the attempt alive; the returned status tells a worker whether it was timed out meanwhile."""
 
     @abstractmethod
-    def finish_attempt(self, attempt_id: str, status: FinishedAttemptStatus) -> Rollout:
-        """End the attempt and apply the rollout's retry policy; returns the rollout's new state."""
+    def finish_attempt(self, attempt_id: str, status: FinishedAttemptStatus, spans: Sequence[Span] = ()) -> Rollout:
+        """End the attempt and apply the rollout's retry policy; returns the rollout's new state.
+
+        ``spans`` are the attempt's last spans (its reward, an error): stored in the same transaction, so
+        an attempt never ends succeeded without its reward, and one call does what ``add_spans`` then
+        ``finish_attempt`` would. Repeating the call is safe (span IDs already stored are skipped).
+        """
 
     @abstractmethod
     def expire_stale_attempts(self) -> list[Attempt]:

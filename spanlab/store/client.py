@@ -90,8 +90,13 @@ class StoreClient(StoreAPI):
     def heartbeat(self, attempt_id: str) -> Attempt:
         return Attempt.model_validate(self._json("POST", f"/attempts/{attempt_id}/heartbeat"))
 
-    def finish_attempt(self, attempt_id: str, status: FinishedAttemptStatus) -> Rollout:
-        return Rollout.model_validate(self._json("POST", f"/attempts/{attempt_id}/finish", json={"status": status}))
+    def finish_attempt(self, attempt_id: str, status: FinishedAttemptStatus, spans: Sequence[Span] = ()) -> Rollout:
+        if not spans:
+            return Rollout.model_validate(self._json("POST", f"/attempts/{attempt_id}/finish", json={"status": status}))
+        tbl = spans_to_arrow([s if isinstance(s, Span) else Span.model_validate(s) for s in spans])
+        got = self._json("POST", f"/attempts/{attempt_id}/finish/arrow", params={"status": status},
+                         content=table_to_bytes(tbl), headers={"Content-Type": ARROW_STREAM})
+        return Rollout.model_validate(got)
 
     def expire_stale_attempts(self) -> list[Attempt]:
         return [Attempt.model_validate(a) for a in self._json("POST", "/expire")]

@@ -203,19 +203,40 @@ class SpanStore(StoreAPI):
             self._queue.active[attempt_id] = (rollout.model_copy(update={"status": "running"}), attempt)
             return attempt
 
-    def finish_attempt(self, attempt_id: str, status: FinishedAttemptStatus) -> Rollout:
+    def finish_attempt(self, attempt_id: str, status: FinishedAttemptStatus, spans: Sequence[Span] = ()) -> Rollout:
+        spans = [_validated(Span, s, i) for i, s in enumerate(spans)]
+        return self.finish_attempt_table(attempt_id, status, spans_to_arrow(spans) if spans else None, validated=True)
+
+    def finish_attempt_table(
+        self, attempt_id: str, status: FinishedAttemptStatus, tbl: pa.Table | None, *, validated: bool = False
+    ) -> Rollout:
+        """``finish_attempt`` with the last spans as an Arrow table (the store server's wire path)."""
         if status not in ("failed", "succeeded", "timeout", "unresponsive"):
             raise InvalidSpanError(
                 f"finish_attempt: status must be failed|succeeded|timeout|unresponsive, not {status!r}"
             )
+        if tbl is not None:
+            tbl = self._checked(tbl, validated)
+            foreign = set(tbl["attempt_id"].to_pylist()) - {attempt_id}
+            if foreign:
+                raise InvalidSpanError(
+                    f"finish_attempt({attempt_id!r}) got spans of attempt {sorted(map(str, foreign))[0]!r}; "
+                    "nothing stored, the attempt is still open"
+                )
         with self._lock:
             live = self._queue.active.get(attempt_id)
             if live is None:  # already ended (timed out, cancelled, finished twice) or unknown
-                return self.get_rollout(self.get_attempt(attempt_id).rollout_id)
-            rollout = live[0]
-            now = time.time()
+                rollout_id = self.get_attempt(attempt_id).rollout_id
+                if tbl is not None and tbl.num_rows:
+                    self._store_fresh(tbl)  # as add_spans would: a late reward still counts for the record
+                return self.get_rollout(rollout_id)
+            fresh = self._span_index.new_rows(self._conn, tbl) if tbl is not None and tbl.num_rows else None
             with self._transaction() as cur:
-                rollout = queue.close_attempt(cur, rollout, attempt_id, status, now)
+                if fresh is not None and fresh.num_rows:
+                    self._insert_spans(fresh)
+                rollout = queue.close_attempt(cur, live[0], attempt_id, status, time.time())
+            if fresh is not None:
+                self._span_index.mark_stored(fresh)
             del self._queue.active[attempt_id]
             if rollout.status == "requeuing":
                 self._queue.push(rollout.enqueue_time, rollout.rollout_id, rollout.mode)
@@ -289,12 +310,19 @@ class SpanStore(StoreAPI):
 
         ``validated=True`` says ``tbl`` already has the span schema and passed ``validate_span_table``.
         """
+        tbl = self._checked(tbl, validated)
+        return self._store_fresh(tbl) if tbl.num_rows else []
+
+    def _checked(self, tbl: pa.Table, validated: bool) -> pa.Table:
+        """Every check a span batch passes before anything of it is written."""
         if not validated:
             tbl = conform(tbl)
             validate_span_table(tbl)
-        if tbl.num_rows == 0:
-            return []
-        check_batch(tbl, self.max_tokens_per_span, self.max_json_bytes)
+        if tbl.num_rows:
+            check_batch(tbl, self.max_tokens_per_span, self.max_json_bytes)
+        return tbl
+
+    def _store_fresh(self, tbl: pa.Table) -> list[str]:
         with self._lock:
             fresh = self._span_index.new_rows(self._conn, tbl)
             if fresh.num_rows == 0:
@@ -304,8 +332,9 @@ class SpanStore(StoreAPI):
         return fresh["span_id"].to_pylist()
 
     def _insert_spans(self, new_spans: pa.Table) -> None:
-        """One INSERT, atomic on its own. Columns go by position: ``SPAN_ARROW_SCHEMA`` follows the table's
-        column order (a test checks it). ~1.5 ms cheaper per batch than register/INSERT/unregister."""
+        """One INSERT, atomic on its own or part of the caller's transaction. Columns go by position:
+        ``SPAN_ARROW_SCHEMA`` follows the table's column order (a test checks it). ~1.5 ms cheaper per
+        batch than register/INSERT/unregister."""
         if self._closed:
             raise StoreError("the span store is closed")
         try:

@@ -54,6 +54,7 @@ class DequeueResponse(_Strict):
 
 class FinishRequest(_Strict):
     status: FinishedAttemptStatus
+    spans: list[Span] = Field(default_factory=list, description="the attempt's last spans, stored with the finish")
 
 
 class ResourceRequest(_Strict):
@@ -181,7 +182,15 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
 
     @app.post("/attempts/{attempt_id}/finish")
     async def finish(attempt_id: str, req: FinishRequest) -> Rollout:
-        return await run(store.finish_attempt, attempt_id, req.status)
+        return await run(store.finish_attempt, attempt_id, req.status, req.spans)
+
+    @app.post("/attempts/{attempt_id}/finish/arrow",
+              openapi_extra={"requestBody": {"content": {ARROW_STREAM: {"schema": {}}}}})
+    async def finish_arrow(attempt_id: str, request: Request, status: FinishedAttemptStatus = Query()) -> Rollout:
+        """Finish with the last spans as an Arrow IPC stream (the `spans` table's columns)."""
+        tbl = conform(bytes_to_table(await request.body()))
+        validate_span_table(tbl)
+        return await run(lambda: store.finish_attempt_table(attempt_id, status, tbl, validated=True))
 
     @app.post("/expire")
     async def expire() -> list[Attempt]:
