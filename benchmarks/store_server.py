@@ -3,7 +3,8 @@
 Starts `spanlab store serve` on a fresh file, then C client processes each send B batches of S spans
 (2,000 prompt + 500 response token IDs and 500 logprobs per span, NumPy arrays) through StoreClient
 (Arrow IPC). Reports spans/s over the wall time of all clients, then rollouts/s through
-enqueue -> dequeue -> finish from the same number of clients. Median of --reps runs.
+enqueue -> dequeue -> finish from the same number of clients, then heartbeats/s (each client beating for
+8 live attempts). Median of --reps runs.
 
 Run: .venv/bin/python benchmarks/store_server.py [--clients 4] [--spans 16384] [--batch 2048] [--reps 3] [--no-compress]
 """
@@ -87,6 +88,19 @@ def _queue_worker(url: str, n: int, ready, go) -> None:
     client.close()
 
 
+def _beat_worker(url: str, attempt_ids: list[str], beats: int, ready, go) -> None:
+    """A worker's heartbeat loop over its live attempts, as fast as the server answers."""
+    client = StoreClient(url)
+    client.heartbeat(attempt_ids[0])  # connection open, and each attempt past its first (committed) beat
+    for a in attempt_ids[1:]:
+        client.heartbeat(a)
+    ready.set()
+    go.wait()
+    for i in range(beats):
+        client.heartbeat(attempt_ids[i % len(attempt_ids)])
+    client.close()
+
+
 def _run_clients(target, args_per_client: list[tuple]) -> float:
     ctx = mp.get_context("spawn")
     go = ctx.Event()
@@ -105,7 +119,7 @@ def _run_clients(target, args_per_client: list[tuple]) -> float:
 
 
 def run_once(clients: int, n_spans: int, batch: int, n_rollouts: int, seed: int,
-             compress: bool = True) -> tuple[float, float]:
+             compress: bool = True) -> tuple[float, float, float]:
     with tempfile.TemporaryDirectory() as tmp:
         port = _free_port()
         server = _start_server(Path(tmp) / "bench.duckdb", port, compress)
@@ -123,11 +137,16 @@ def run_once(clients: int, n_spans: int, batch: int, n_rollouts: int, seed: int,
             client.enqueue([Rollout(input={"i": i}) for i in range(n_rollouts)])
             wall_q = _run_clients(_queue_worker, [(url, n_rollouts // clients) for _ in range(clients)])
             rollouts_per_s = (n_rollouts // clients * clients) / wall_q
+            client.enqueue([Rollout(input={"live": i}) for i in range(8 * clients)])
+            live = [client.dequeue(worker_id="bench")[1].attempt_id for _ in range(8 * clients)]
+            beats = 500
+            wall_b = _run_clients(_beat_worker, [(url, live[c::clients], beats) for c in range(clients)])
+            beats_per_s = beats * clients / wall_b
             client.close()
         finally:
             server.terminate()
             server.wait()
-    return spans_per_s, rollouts_per_s
+    return spans_per_s, rollouts_per_s, beats_per_s
 
 
 def main() -> None:
@@ -143,11 +162,14 @@ def main() -> None:
                for seed in range(args.reps)]
     spans = statistics.median(r[0] for r in results)
     rollouts = statistics.median(r[1] for r in results)
+    beats = statistics.median(r[2] for r in results)
     print(f"spans over HTTP: {spans:.0f} spans/s ({args.clients} client processes, batches of {args.batch}, "
           f"{'uncompressed store, ' if args.no_compress else ''}"
           f"2,500 token IDs each; median of {args.reps}; runs: {[round(r[0]) for r in results]})")
     print(f"queue: {rollouts:.0f} rollouts/s through dequeue+finish ({args.clients} clients; median of {args.reps}; "
           f"runs: {[round(r[1]) for r in results]})")
+    print(f"heartbeats: {beats:.0f} beats/s ({args.clients} clients, 8 live attempts each; median of {args.reps}; "
+          f"runs: {[round(r[2]) for r in results]})")
 
 
 if __name__ == "__main__":

@@ -65,6 +65,34 @@ def test_heartbeat_moves_to_running(store: SpanStore) -> None:
         store.heartbeat("at-missing")
 
 
+def test_later_heartbeats_reach_the_file_before_anyone_reads_it(tmp_path) -> None:
+    """Beats after the first live in memory until a flush; every read path and close() flush first."""
+    path = tmp_path / "s.duckdb"
+    with SpanStore(path, heartbeat_flush_s=3600) as store:
+        store.enqueue([Rollout(input={"i": i}) for i in range(3)])
+        (_, a1), (_, a2), (_, a3) = store.dequeue(), store.dequeue(), store.dequeue()
+        store.heartbeat(a1.attempt_id)
+        time.sleep(0.01)
+        beat1 = store.heartbeat(a1.attempt_id).last_heartbeat_time
+        sql = f"SELECT last_heartbeat_time AS t FROM attempts WHERE attempt_id = '{a1.attempt_id}'"
+        assert store.query(sql).to_pylist() == [{"t": beat1}]
+        assert store.query_read_only(sql).to_pylist() == [{"t": beat1}]
+        time.sleep(0.01)
+        beat2 = store.heartbeat(a1.attempt_id).last_heartbeat_time
+        assert beat2 > beat1 and store.get_attempt(a1.attempt_id).last_heartbeat_time == beat2
+        store.heartbeat(a2.attempt_id)
+        time.sleep(0.01)
+        beat_a2 = store.heartbeat(a2.attempt_id).last_heartbeat_time
+        store.finish_attempt(a2.attempt_id, "succeeded")  # the finish writes the last beat with the status
+        store.heartbeat(a3.attempt_id)
+        time.sleep(0.01)
+        beat_a3 = store.heartbeat(a3.attempt_id).last_heartbeat_time
+    with SpanStore(path) as reopened:  # close() flushed the rest
+        assert reopened.get_attempt(a2.attempt_id).last_heartbeat_time == beat_a2
+        assert reopened.get_attempt(a3.attempt_id).last_heartbeat_time == beat_a3
+        assert reopened.get_attempt(a3.attempt_id).status == "running"
+
+
 @pytest.mark.parametrize(
     ("attempt_status", "num_attempts", "max_attempts", "retry_on", "expected"),
     [

@@ -156,10 +156,16 @@ def record_heartbeat(cur: duckdb.DuckDBPyConnection, attempt: Attempt, now: floa
 
 
 def close_attempt(
-    cur: duckdb.DuckDBPyConnection, rollout: Rollout, attempt_id: str, status: FinishedAttemptStatus, now: float
+    cur: duckdb.DuckDBPyConnection, rollout: Rollout, attempt: Attempt, status: FinishedAttemptStatus, now: float
 ) -> Rollout:
-    """End an active attempt of ``rollout`` and apply the retry policy; returns the rollout's new state."""
-    cur.execute("UPDATE attempts SET status = ?, end_time = ? WHERE attempt_id = ?", [status, now, attempt_id])
+    """End an active attempt of ``rollout`` and apply the retry policy; returns the rollout's new state.
+
+    ``attempt`` is the live copy: its last heartbeat time, which may not have reached the file yet, is written too.
+    """
+    cur.execute(
+        "UPDATE attempts SET status = ?, end_time = ?, last_heartbeat_time = ? WHERE attempt_id = ?",
+        [status, now, attempt.last_heartbeat_time, attempt.attempt_id],
+    )
     new_status = next_rollout_status(rollout, status)
     end_time = rollout.end_time if new_status in ("requeuing", "cancelled") else now
     cur.execute(
