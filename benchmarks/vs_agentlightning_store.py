@@ -23,7 +23,9 @@ Spans are added through each system's batch call, by default one rollout's K spa
 (``--batch-rollouts B``: the spans of B rollouts per call, as a gateway's span writer batches them): AGL
 ``add_many_spans`` (whose HTTP client sends one request per span), spanlab ``add_spans`` (one request per call).
 Rollouts are dequeued one at a time and each attempt is finished (AGL ``update_attempt(status="succeeded")``,
-spanlab ``finish_attempt``). One warm-up rollout per system first (not timed, not read back). Every process is its
+spanlab ``finish_attempt``); with one rollout per call spanlab sends the spans with the finish
+(``finish_attempt(id, "succeeded", spans)``, one request and one transaction), as its runner does. One
+warm-up rollout per system first (not timed, not read back). Every process is its
 own subprocess (its peak RSS is its own: /proc VmHWM); the systems run in alternating order within each
 repetition so that all see the same machine load. Prints medians over --reps, ratios spanlab/AGL, and
 checks that every system read back the same token IDs (sum and count).
@@ -270,11 +272,16 @@ def _spanlab_rollouts(store: Any, args: argparse.Namespace, as_lists: bool, n: i
                                        prompt_token_ids=prompts[k].tolist() if as_lists else prompts[k],
                                        response_token_ids=responses[k].tolist() if as_lists else responses[k]))
                       for k in range(args.spans)]
-        with ingest:
-            added = store.add_spans(spans)
-            for _, attempt in group:
-                store.finish_attempt(attempt.attempt_id, "succeeded")
-        assert added == len(spans), added
+        if len(group) == 1:  # a rollout's spans go with its finish: one call, one transaction
+            with ingest:
+                done = store.finish_attempt(group[0][1].attempt_id, "succeeded", spans)
+            assert done.status == "succeeded", done.status
+        else:
+            with ingest:
+                added = store.add_spans(spans)
+                for _, attempt in group:
+                    store.finish_attempt(attempt.attempt_id, "succeeded")
+            assert added == len(spans), added
         rollout_ids += [rollout.rollout_id for rollout, _ in group]
         del spans
     return rollout_ids
