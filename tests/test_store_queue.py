@@ -8,7 +8,7 @@ import time
 import pytest
 
 from spanlab.errors import InvalidSpanError, NotFoundError
-from spanlab.store import SpanStore, queue
+from spanlab.store import SpanStore
 from spanlab.store.queue import next_rollout_status
 from spanlab.types import Rollout, RolloutConfig, reward_span
 from tests.conftest import llm_span
@@ -68,7 +68,7 @@ def test_heartbeat_moves_to_running(store: SpanStore) -> None:
 def test_later_heartbeats_reach_the_file_before_anyone_reads_it(tmp_path) -> None:
     """Beats after the first live in memory until a flush; every read path and close() flush first."""
     path = tmp_path / "s.duckdb"
-    with SpanStore(path, heartbeat_flush_s=3600) as store:
+    with SpanStore(path, queue_flush_s=3600) as store:
         store.enqueue([Rollout(input={"i": i}) for i in range(3)])
         (_, a1), (_, a2), (_, a3) = store.dequeue(), store.dequeue(), store.dequeue()
         store.heartbeat(a1.attempt_id)
@@ -143,15 +143,16 @@ def test_finish_stores_the_last_spans_in_the_same_transaction(store: SpanStore, 
     reward = reward_span(rollout.rollout_id, attempt.attempt_id, 1.0)
     call = llm_span(rollout, attempt, seed=3)
 
-    def broken_close(*args, **kwargs):
-        raise RuntimeError("crash between the insert and the status update")
+    def broken_insert(*args, **kwargs):
+        raise RuntimeError("the span insert failed")
 
-    monkeypatch.setattr(queue, "close_attempt", broken_close)
-    with pytest.raises(RuntimeError, match="crash"):
+    monkeypatch.setattr(SpanStore, "_insert_spans", broken_insert)
+    with pytest.raises(RuntimeError, match="insert failed"):
         store.finish_attempt(attempt.attempt_id, "succeeded", [call, reward])
-    assert store.spans_table(attempt_ids=[attempt.attempt_id]).num_rows == 0  # rolled back with the finish
-    assert store.get_attempt(attempt.attempt_id).status == "preparing"
     monkeypatch.undo()
+    assert store.spans_table(attempt_ids=[attempt.attempt_id]).num_rows == 0
+    assert store.get_attempt(attempt.attempt_id).status == "preparing"  # no finish without its spans
+    assert store.dequeue() is None  # and the rollout was not put back in the queue either
 
     assert store.finish_attempt(attempt.attempt_id, "succeeded", [call, reward]).status == "succeeded"
     assert store.finish_attempt(attempt.attempt_id, "succeeded", [call, reward]).status == "succeeded"  # a retry

@@ -1,9 +1,10 @@
 """The DuckDB span store: rollout queue, spans with exact token IDs, versioned resources.
 
 One ``SpanStore`` owns one DuckDB file (DuckDB lets a single process write it). All mutations run
-under one lock and inside a transaction, so the queue is atomic across threads; reads use their own
-cursor and stream Arrow batches. A write call that returns has committed to DuckDB's WAL: a SIGKILL
-afterwards loses nothing.
+under one lock, so the queue is atomic across threads; reads use their own cursor and stream Arrow
+batches. A write call that returns is durable: spans, rollouts and resources are committed to DuckDB,
+queue transitions (dequeue, first heartbeat, finish) to the queue journal, which reaches the queue
+tables in groups (:mod:`spanlab.store.journal`). A SIGKILL afterwards loses nothing.
 
     store = SpanStore("runs/spans.duckdb")
     rollout, attempt = store.dequeue(worker_id="w0")
@@ -31,6 +32,7 @@ from spanlab.store.arrow import spans_to_arrow
 from spanlab.store.base import StoreAPI
 from spanlab.store.connection import MEMORY, SAFE_QUERY_CONFIG, connect, cursor, dumps, fetch_dicts, loads
 from spanlab.store.ingest import AttemptIndex, check_batch
+from spanlab.store.journal import QueueJournal, read_journal
 from spanlab.store.queue_index import QueueIndex
 from spanlab.store.schema import SCHEMA_VERSION, SPAN_COLUMNS, TABLES_DDL
 from spanlab.store.sql import fetch_user_query
@@ -55,13 +57,15 @@ class SpanStore(StoreAPI):
         max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
         stale_check_interval_s: float = 1.0,
         timeout_grace_s: float = 2.0,
-        heartbeat_flush_s: float = 5.0,
+        queue_flush_s: float = 1.0,
         compress: bool = True,
     ) -> None:
         """``compress=False`` stores columns uncompressed: ~1.35x faster bulk ingest (DuckDB alone:
         ~9.2k -> ~12.5k spans/s of 2,500 token IDs here) for ~1.6x the file size.
 
-        ``heartbeat_flush_s``: how late a heartbeat's time may reach the file (see :meth:`heartbeat`).
+        ``queue_flush_s``: how long queue transitions and heartbeat times may wait in the queue journal
+        and in memory before they are written to the tables (reads never see them late: every read of the
+        queue tables writes them first). See :mod:`spanlab.store.journal`.
         """
         self.path = str(path)
         self.max_tokens_per_span = max_tokens_per_span
@@ -69,9 +73,9 @@ class SpanStore(StoreAPI):
         self._stale_check_interval_s = stale_check_interval_s
         self.timeout_grace_s = timeout_grace_s
         self._last_stale_check = 0.0
-        self._heartbeat_flush_s = heartbeat_flush_s
+        self._queue_flush_s = queue_flush_s
         self._unflushed_beats: set[str] = set()
-        self._last_beat_flush = time.monotonic()
+        self._last_queue_flush = time.monotonic()
         self._lock = threading.RLock()
         self._conn = connect(self.path)
         if not compress:
@@ -80,6 +84,14 @@ class SpanStore(StoreAPI):
         self._queue = QueueIndex()
         self._closed = False
         self._init_schema()
+        journal_path = None if self.path == MEMORY else Path(self.path + ".queue-journal")
+        try:
+            if journal_path is not None and journal_path.exists():
+                self._replay(journal_path)
+            self._journal = QueueJournal(journal_path)
+        except BaseException:
+            self._conn.close()
+            raise
         self._load_queue()
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -104,10 +116,13 @@ class SpanStore(StoreAPI):
         with self._lock:
             if self._closed:
                 return
+            written = False
             try:
-                self._flush_heartbeats()
+                self._write_queue()
+                written = True
             finally:
                 self._closed = True
+                self._journal.close(remove=written)  # kept, and replayed on the next open, if the write failed
             try:
                 if self.path != MEMORY:
                     self._conn.execute("CHECKPOINT")
@@ -157,10 +172,76 @@ class SpanStore(StoreAPI):
     def _load_queue(self) -> None:
         latest = self._conn.execute("SELECT name, max(version) FROM resources GROUP BY name").fetchall()
         self._latest_resources: dict[str, int] = dict(latest)
-        for enqueue_time, rollout_id, mode in queue.waiting_rollouts(self._conn):
-            self._queue.push(enqueue_time, rollout_id, mode)
+        for rollout in queue.waiting_rollouts(self._conn):
+            self._queue.push(rollout)
         for rollout, attempt in queue.active_attempts(self._conn):
             self._queue.active[attempt.attempt_id] = (rollout, attempt)
+
+    def _replay(self, path: Path) -> None:
+        """Write a leftover queue journal (the last run ended without writing it) to the tables.
+
+        Lines apply in order, the last state of a row wins; a finish whose spans never got stored is skipped.
+        """
+        entries = read_journal(path)
+        required = sorted({s for _, _, req in entries for s in req})
+        stored = {r[0] for r in self._conn.execute(
+            "SELECT span_id FROM spans WHERE span_id IN (SELECT unnest(?::VARCHAR[]))", [required]).fetchall()}
+        rollouts: dict[str, dict[str, Any]] = {}
+        attempts: dict[str, Attempt] = {}
+        for state, attempt, requires in entries:
+            if any(s not in stored for s in requires):
+                logger.warning("queue journal: attempt %s's finish was cut off before its spans were stored; "
+                               "the attempt stays open", attempt.attempt_id)
+                continue
+            rollouts[state["rollout_id"]] = state
+            attempts[attempt.attempt_id] = attempt
+        if attempts:
+            logger.info("queue journal %s: writing %d transitions left by the last run", path, len(entries))
+            with self._transaction() as cur:
+                queue.write_states(cur, list(rollouts.values()), list(attempts.values()))
+        path.write_bytes(b"")
+
+    def _write_queue(self) -> None:
+        """Write pending queue transitions and heartbeat times to the tables, in one transaction."""
+        with self._lock:
+            self._last_queue_flush = time.monotonic()
+            if not self._journal.attempts and not self._unflushed_beats:
+                return
+            with self._transaction() as cur:
+                self._write_pending(cur)
+            self._after_write()
+
+    def _write_pending(self, cur: duckdb.DuckDBPyConnection) -> None:
+        """Inside a transaction: the journal's states and the live attempts' newer heartbeat times."""
+        beats = {a: self._queue.active[a][1] for a in self._unflushed_beats if a in self._queue.active}
+        attempts = {**self._journal.attempts, **beats}
+        queue.write_states(cur, list(self._journal.rollouts.values()), list(attempts.values()))
+
+    def _after_write(self) -> None:
+        """Once ``_write_pending`` committed: nothing is pending any more."""
+        self._journal.clear()
+        self._unflushed_beats.clear()
+        self._last_queue_flush = time.monotonic()
+
+    def _maybe_write_queue(self) -> None:
+        if len(self._journal) >= 1024 or time.monotonic() - self._last_queue_flush >= self._queue_flush_s:
+            self._write_queue()
+
+    def _record(self, rollout: Rollout, attempt: Attempt, requires: list[str] | None = None) -> None:
+        """Make a transition durable (journal), then live (index)."""
+        if self._closed:
+            raise StoreError("the span store is closed")
+        self._journal.record(rollout, attempt, requires)
+        self._apply(rollout, attempt)
+
+    def _apply(self, rollout: Rollout, attempt: Attempt) -> None:
+        self._unflushed_beats.discard(attempt.attempt_id)
+        if attempt.status in ("preparing", "running"):
+            self._queue.active[attempt.attempt_id] = (rollout, attempt)
+        else:
+            self._queue.active.pop(attempt.attempt_id, None)
+            if rollout.status == "requeuing":
+                self._queue.push(rollout)
 
     def enqueue(self, rollouts: Sequence[Rollout]) -> list[Rollout]:
         rollouts = [_validated(Rollout, r, i) for i, r in enumerate(rollouts)]
@@ -180,34 +261,33 @@ class SpanStore(StoreAPI):
         with self._lock:  # index them only once committed
             for r in rollouts:
                 if r.status in ("queuing", "requeuing"):
-                    self._queue.push(r.enqueue_time, r.rollout_id, r.mode)
+                    self._queue.push(r)
         return rollouts
 
     def dequeue(self, worker_id: str | None = None, mode: str | None = None) -> tuple[Rollout, Attempt] | None:
+        """Take the oldest waiting rollout: decided in memory, made durable by one journal append (no SQL)."""
         self._maybe_expire(time.time())
         with self._lock:
             now = time.time()  # read under the lock: attempt times then order like the operations do
-            picked = self._queue.pop(mode)
-            if picked is None:
+            waiting = self._queue.pop(mode)
+            if waiting is None:
                 return None
-            enqueue_time, rollout_id, picked_mode = picked
+            rollout, attempt = queue.opened(waiting, worker_id, now, self._resources_ref())
             try:
-                with self._transaction() as cur:
-                    resources = self._resources_ref()
-                    rollout, attempt = queue.open_attempt(cur, rollout_id, worker_id, now, resources)
+                self._record(rollout, attempt)
             except BaseException:
-                self._queue.push(enqueue_time, rollout_id, picked_mode)  # nothing changed: it still waits
+                self._queue.push(waiting)  # nothing changed: it still waits
                 raise
-            self._queue.active[attempt.attempt_id] = (rollout, attempt)
-            self._span_index.add_attempt(attempt.attempt_id, rollout_id)
+            self._span_index.add_attempt(attempt.attempt_id, rollout.rollout_id)
+            self._maybe_write_queue()
         return rollout, attempt
 
     def heartbeat(self, attempt_id: str) -> Attempt:
-        """Mark a live attempt alive. The first beat (preparing -> running) commits at once; later beats
-        only move the time in memory, which is what timeout detection reads, and reach the file in one
-        UPDATE for all attempts every ``heartbeat_flush_s`` (and before SQL, attempt reads, close). A
-        beat then costs microseconds instead of a transaction (~3 ms), so hundreds of live rollouts
-        beating every 2 s no longer keep the store busy. A crash loses at most that much heartbeat time."""
+        """Mark a live attempt alive. The first beat (preparing -> running) is a journaled transition;
+        later beats only move the time in memory, which is what timeout detection reads, and reach the
+        file with the next write of the queue tables (every ``queue_flush_s``, before reads, on close). A
+        beat costs microseconds, so hundreds of live rollouts beating every 2 s do not keep the store
+        busy; a crash loses at most ``queue_flush_s`` of heartbeat times, never a status."""
         with self._lock:
             live = self._queue.active.get(attempt_id)
             if live is None:  # unknown, or already ended: the stored state says which
@@ -215,33 +295,14 @@ class SpanStore(StoreAPI):
             rollout, attempt = live
             now = time.time()
             if attempt.status == "preparing":
-                with self._transaction() as cur:
-                    attempt = queue.record_heartbeat(cur, attempt, now)
-                rollout = rollout.model_copy(update={"status": "running"})
-                self._unflushed_beats.discard(attempt_id)
+                rollout, attempt = queue.started(rollout, attempt, now)
+                self._record(rollout, attempt)
             else:
                 attempt = attempt.model_copy(update={"last_heartbeat_time": now})
+                self._queue.active[attempt_id] = (rollout, attempt)
                 self._unflushed_beats.add(attempt_id)
-            self._queue.active[attempt_id] = (rollout, attempt)
-            if time.monotonic() - self._last_beat_flush >= self._heartbeat_flush_s:
-                self._flush_heartbeats()
+            self._maybe_write_queue()
             return attempt
-
-    def _flush_heartbeats(self) -> None:
-        """Write the heartbeat times held in memory, one UPDATE for all attempts."""
-        with self._lock:
-            self._last_beat_flush = time.monotonic()
-            beats = {a: self._queue.active[a][1].last_heartbeat_time for a in self._unflushed_beats
-                     if a in self._queue.active}
-            if not beats:
-                self._unflushed_beats.clear()
-                return
-            tbl = pa.table({"attempt_id": pa.array(list(beats), pa.string()),
-                            "t": pa.array(list(beats.values()), pa.float64())})
-            with self._registered("_beats", tbl), self._transaction() as cur:
-                cur.execute("UPDATE attempts SET last_heartbeat_time = _beats.t FROM _beats "
-                            "WHERE attempts.attempt_id = _beats.attempt_id")
-            self._unflushed_beats.clear()
 
     def finish_attempt(self, attempt_id: str, status: FinishedAttemptStatus, spans: Sequence[Span] = ()) -> Rollout:
         spans = [_validated(Span, s, i) for i, s in enumerate(spans)]
@@ -250,7 +311,11 @@ class SpanStore(StoreAPI):
     def finish_attempt_table(
         self, attempt_id: str, status: FinishedAttemptStatus, tbl: pa.Table | None, *, validated: bool = False
     ) -> Rollout:
-        """``finish_attempt`` with the last spans as an Arrow table (the store server's wire path)."""
+        """``finish_attempt`` with the last spans as an Arrow table (the store server's wire path).
+
+        The finish is journaled naming its spans, then the spans are inserted (one DuckDB statement):
+        after a crash either both count or neither does (see :mod:`spanlab.store.journal`).
+        """
         if status not in ("failed", "succeeded", "timeout", "unresponsive"):
             raise InvalidSpanError(
                 f"finish_attempt: status must be failed|succeeded|timeout|unresponsive, not {status!r}"
@@ -270,17 +335,21 @@ class SpanStore(StoreAPI):
                 if tbl is not None and tbl.num_rows:
                     self._store_fresh(tbl)  # as add_spans would: a late reward still counts for the record
                 return self.get_rollout(rollout_id)
+            rollout, attempt = queue.closed(*live, status, time.time())
             fresh = self._span_index.new_rows(self._conn, tbl) if tbl is not None and tbl.num_rows else None
-            with self._transaction() as cur:
-                if fresh is not None and fresh.num_rows:
+            if fresh is None or fresh.num_rows == 0:
+                self._record(rollout, attempt)
+            else:
+                self._record(rollout, attempt, requires=fresh["span_id"].to_pylist())
+                try:
                     self._insert_spans(fresh)
-                rollout = queue.close_attempt(cur, live[0], live[1], status, time.time())
-            self._unflushed_beats.discard(attempt_id)
-            if fresh is not None:
+                except BaseException:
+                    self._journal.record(*live)  # the finish did not happen: the attempt's live state again
+                    self._queue.discard(rollout.rollout_id)
+                    self._apply(*live)
+                    raise
                 self._span_index.mark_stored(fresh)
-            del self._queue.active[attempt_id]
-            if rollout.status == "requeuing":
-                self._queue.push(rollout.enqueue_time, rollout.rollout_id, rollout.mode)
+            self._maybe_write_queue()
             return rollout
 
     def expire_stale_attempts(self) -> list[Attempt]:
@@ -299,6 +368,7 @@ class SpanStore(StoreAPI):
 
     def cancel_rollout(self, rollout_id: str) -> Rollout:
         with self._lock:
+            self._write_queue()
             with self._transaction() as cur:
                 rollout = queue.cancel_rollout(cur, rollout_id, time.time())
             self._queue.discard(rollout_id)
@@ -307,15 +377,17 @@ class SpanStore(StoreAPI):
             return rollout
 
     def get_rollout(self, rollout_id: str) -> Rollout:
+        self._write_queue()
         return queue.get_rollout(self._cursor(), rollout_id)
 
     def get_attempt(self, attempt_id: str) -> Attempt:
-        self._flush_heartbeats()
+        self._write_queue()
         return queue.get_attempt(self._cursor(), attempt_id)
 
     def list_rollouts(
         self, *, status: str | None = None, mode: str | None = None, limit: int = 1000, offset: int = 0
     ) -> list[Rollout]:
+        self._write_queue()
         where, params = _where({"status": status, "mode": mode})
         rows = fetch_dicts(
             self._cursor().execute(
@@ -327,7 +399,7 @@ class SpanStore(StoreAPI):
         return [queue.row_to_rollout(r) for r in rows]
 
     def list_attempts(self, rollout_id: str) -> list[Attempt]:
-        self._flush_heartbeats()
+        self._write_queue()
         rows = fetch_dicts(
             self._cursor().execute(
                 f"SELECT {queue.ATTEMPT_COLUMNS} FROM attempts WHERE rollout_id = ? ORDER BY sequence_id", [rollout_id]
@@ -367,6 +439,8 @@ class SpanStore(StoreAPI):
 
     def _store_fresh(self, tbl: pa.Table) -> list[str]:
         with self._lock:
+            if not self._span_index.knows(tbl["attempt_id"].to_pylist()):
+                self._write_queue()  # it loads unknown attempts from the table: pending ones must be there
             fresh = self._span_index.new_rows(self._conn, tbl)
             if fresh.num_rows == 0:
                 return []
@@ -470,7 +544,7 @@ class SpanStore(StoreAPI):
 
     def query_read_only(self, sql: str, max_rows: int | None = None) -> pa.Table:
         """One SELECT (or EXPLAIN), refused otherwise; for user-facing SQL over a live store."""
-        self._flush_heartbeats()
+        self._write_queue()
         cur = self._cursor()
         try:
             statements = cur.extract_statements(sql)
@@ -484,7 +558,7 @@ class SpanStore(StoreAPI):
         return fetch_user_query(cur, sql, max_rows)
 
     def query(self, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
-        self._flush_heartbeats()
+        self._write_queue()
         try:
             return self._cursor().sql(sql, params=list(params or [])).to_arrow_table()
         except duckdb.Error as exc:

@@ -71,6 +71,10 @@ class AttemptIndex:
     def add_attempt(self, attempt_id: str, rollout_id: str) -> None:
         self._put(attempt_id, AttemptState(rollout_id))
 
+    def knows(self, attempt_ids: list[str | None]) -> bool:
+        """Whether every named attempt is in the index (so ingest reads no attempt row)."""
+        return all(a in self._states for a in attempt_ids if a is not None)
+
     def states_for(
         self, conn: duckdb.DuckDBPyConnection, pairs: dict[str | None, str | None]
     ) -> dict[str | None, AttemptState]:

@@ -1,10 +1,11 @@
-"""The rollout queue as plain SQL functions over one DuckDB connection.
+"""The rollout queue: its transitions as pure functions, and the SQL that reads and writes its tables.
 
-Callers (``SpanStore``) hold the store's lock and run each function inside a transaction, so a
-dequeue that picks a rollout and creates its attempt is atomic: two workers never get the same
-rollout. The retry policy lives in :func:`next_rollout_status`, one pure function that tests can
-read like a table. Which rollout to dequeue and which attempts are overdue is decided in memory
-(:mod:`spanlab.store.queue_index`); these functions only read and write the tables.
+``SpanStore`` holds the store's lock around each transition, so a dequeue that picks a rollout and
+creates its attempt is atomic: two workers never get the same rollout. Transitions (:func:`opened`,
+:func:`started`, :func:`closed`) compute the new rows in Python; the queue journal makes them durable
+and :func:`write_states` writes them to the tables in groups (:mod:`spanlab.store.journal`). The retry
+policy lives in :func:`next_rollout_status`, one pure function that tests can read like a table. Which
+rollout to dequeue and which attempts are overdue is decided in memory (:mod:`spanlab.store.queue_index`).
 """
 
 from __future__ import annotations
@@ -106,27 +107,20 @@ def next_rollout_status(rollout: Rollout, attempt_status: FinishedAttemptStatus)
     return "failed"
 
 
-def open_attempt(
-    cur: duckdb.DuckDBPyConnection, rollout_id: str, worker_id: str | None, now: float, resources: str | None
-) -> tuple[Rollout, Attempt]:
-    """Start the next attempt of a waiting rollout (caller holds a transaction and picked the rollout).
+def opened(rollout: Rollout, worker_id: str | None, now: float, resources: str | None) -> tuple[Rollout, Attempt]:
+    """A waiting rollout and its new attempt once dequeued.
 
     A rollout enqueued without ``resources_version`` takes ``resources`` (the latest versions, as
     ``name@version,...``) when first dequeued, and keeps it across retries.
     """
-    rows = fetch_dicts(
-        cur.execute(
-            "UPDATE rollouts SET status = 'preparing', num_attempts = num_attempts + 1, "
-            "start_time = coalesce(start_time, ?), resources_version = coalesce(resources_version, ?) "
-            f"WHERE rollout_id = ? RETURNING {ROLLOUT_COLUMNS}",
-            [now, resources, rollout_id],
-        )
-    )
-    if not rows:
-        raise NotFoundError(f"unknown rollout_id {rollout_id!r}")
-    rollout = row_to_rollout(rows[0])
+    rollout = rollout.model_copy(update={
+        "status": "preparing",
+        "num_attempts": rollout.num_attempts + 1,
+        "start_time": rollout.start_time if rollout.start_time is not None else now,
+        "resources_version": rollout.resources_version if rollout.resources_version is not None else resources,
+    })
     attempt = Attempt(
-        rollout_id=rollout_id,
+        rollout_id=rollout.rollout_id,
         attempt_id=new_id("at"),
         sequence_id=rollout.num_attempts,
         worker_id=worker_id,
@@ -134,44 +128,67 @@ def open_attempt(
         start_time=now,
         last_heartbeat_time=now,
     )
-    cur.execute(
-        f"INSERT INTO attempts ({ATTEMPT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?)",
-        [attempt.attempt_id, rollout_id, attempt.sequence_id, worker_id, "preparing", now, now, "{}"],
-    )
     return rollout, attempt
 
 
-def record_heartbeat(cur: duckdb.DuckDBPyConnection, attempt: Attempt, now: float) -> Attempt:
-    """Mark an active attempt alive and running (its rollout too, on the first beat)."""
-    cur.execute(
-        "UPDATE attempts SET last_heartbeat_time = ?, status = 'running' WHERE attempt_id = ?",
-        [now, attempt.attempt_id],
-    )
-    if attempt.status == "preparing":
-        cur.execute(
-            "UPDATE rollouts SET status = 'running' WHERE rollout_id = ? AND status = 'preparing'",
-            [attempt.rollout_id],
-        )
-    return attempt.model_copy(update={"status": "running", "last_heartbeat_time": now})
+def started(rollout: Rollout, attempt: Attempt, now: float) -> tuple[Rollout, Attempt]:
+    """A preparing attempt (and its rollout) after its first heartbeat."""
+    status = "running" if rollout.status == "preparing" else rollout.status
+    return (rollout.model_copy(update={"status": status}),
+            attempt.model_copy(update={"status": "running", "last_heartbeat_time": now}))
 
 
-def close_attempt(
-    cur: duckdb.DuckDBPyConnection, rollout: Rollout, attempt: Attempt, status: FinishedAttemptStatus, now: float
-) -> Rollout:
-    """End an active attempt of ``rollout`` and apply the retry policy; returns the rollout's new state.
-
-    ``attempt`` is the live copy: its last heartbeat time, which may not have reached the file yet, is written too.
-    """
-    cur.execute(
-        "UPDATE attempts SET status = ?, end_time = ?, last_heartbeat_time = ? WHERE attempt_id = ?",
-        [status, now, attempt.last_heartbeat_time, attempt.attempt_id],
-    )
+def closed(
+    rollout: Rollout, attempt: Attempt, status: FinishedAttemptStatus, now: float
+) -> tuple[Rollout, Attempt]:
+    """An active attempt and its rollout once the attempt ends, with the retry policy applied."""
     new_status = next_rollout_status(rollout, status)
     end_time = rollout.end_time if new_status in ("requeuing", "cancelled") else now
-    cur.execute(
-        "UPDATE rollouts SET status = ?, end_time = ? WHERE rollout_id = ?", [new_status, end_time, rollout.rollout_id]
-    )
-    return rollout.model_copy(update={"status": new_status, "end_time": end_time})
+    return (rollout.model_copy(update={"status": new_status, "end_time": end_time}),
+            attempt.model_copy(update={"status": status, "end_time": now}))
+
+
+def write_states(cur: duckdb.DuckDBPyConnection, rollouts: list[dict[str, Any]], attempts: list[Attempt]) -> None:
+    """Write queue states (the resulting rows, so writing one twice is harmless) with two statements.
+
+    Called inside the caller's transaction. ``rollouts`` hold the columns a transition changes
+    (:data:`spanlab.store.journal.ROLLOUT_STATE`); attempts are whole rows, inserted or replaced.
+    """
+    if attempts:
+        tbl = pa.table({
+            "attempt_id": [a.attempt_id for a in attempts],
+            "rollout_id": [a.rollout_id for a in attempts],
+            "sequence_id": pa.array([a.sequence_id for a in attempts], pa.int32()),
+            "worker_id": pa.array([a.worker_id for a in attempts], pa.string()),
+            "status": [a.status for a in attempts],
+            "start_time": pa.array([a.start_time for a in attempts], pa.float64()),
+            "end_time": pa.array([a.end_time for a in attempts], pa.float64()),
+            "last_heartbeat_time": pa.array([a.last_heartbeat_time for a in attempts], pa.float64()),
+            "metadata": [dumps(a.metadata) for a in attempts],
+        })
+        cur.register("_attempt_states", tbl)
+        try:
+            cur.execute(f"INSERT OR REPLACE INTO attempts ({ATTEMPT_COLUMNS}) SELECT * FROM _attempt_states")
+        finally:
+            cur.unregister("_attempt_states")
+    if rollouts:
+        tbl = pa.table({
+            "rollout_id": [r["rollout_id"] for r in rollouts],
+            "status": [r["status"] for r in rollouts],
+            "num_attempts": pa.array([r["num_attempts"] for r in rollouts], pa.int32()),
+            "start_time": pa.array([r["start_time"] for r in rollouts], pa.float64()),
+            "end_time": pa.array([r["end_time"] for r in rollouts], pa.float64()),
+            "resources_version": pa.array([r["resources_version"] for r in rollouts], pa.string()),
+        })
+        cur.register("_rollout_states", tbl)
+        try:
+            cur.execute(
+                "UPDATE rollouts SET status = s.status, num_attempts = s.num_attempts, start_time = s.start_time, "
+                "end_time = s.end_time, resources_version = s.resources_version "
+                "FROM _rollout_states s WHERE rollouts.rollout_id = s.rollout_id"
+            )
+        finally:
+            cur.unregister("_rollout_states")
 
 
 def active_attempts(cur: duckdb.DuckDBPyConnection) -> list[tuple[Rollout, Attempt]]:
@@ -184,11 +201,12 @@ def active_attempts(cur: duckdb.DuckDBPyConnection) -> list[tuple[Rollout, Attem
     return out
 
 
-def waiting_rollouts(cur: duckdb.DuckDBPyConnection) -> list[tuple[float, str, str]]:
-    """(enqueue_time, rollout_id, mode) of every rollout waiting for an attempt."""
-    return cur.execute(
-        "SELECT enqueue_time, rollout_id, mode FROM rollouts WHERE status IN ('queuing', 'requeuing')"
-    ).fetchall()
+def waiting_rollouts(cur: duckdb.DuckDBPyConnection) -> list[Rollout]:
+    """Every rollout waiting for an attempt (held in memory by the queue index, so dequeue reads no row)."""
+    rows = fetch_dicts(
+        cur.execute(f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE status IN ('queuing', 'requeuing')")
+    )
+    return [row_to_rollout(r) for r in rows]
 
 
 def cancel_rollout(cur: duckdb.DuckDBPyConnection, rollout_id: str, now: float) -> Rollout:

@@ -1,9 +1,10 @@
 """The in-memory side of the rollout queue: who waits, in what order, and which attempts are live.
 
-A DuckDB statement costs about a millisecond, so scanning the rollouts table for the oldest waiting
+A DuckDB statement costs a millisecond or two, so reading the rollouts table for the oldest waiting
 rollout, or for overdue attempts, on every dequeue caps the queue at a few dozen rollouts/s. The
-store process owns its file, so it can keep this index in memory: rebuilt from the tables on open,
-updated only after each transaction commits. DuckDB stays the source of truth.
+store process owns its file, so it keeps the waiting rollouts and the live attempts here: rebuilt from
+the tables (and the queue journal) on open, changed only once a transition is durable. Memory grows with
+the waiting rollouts' inputs (a GRPO queue of 10,000 short tasks: a few MB).
 """
 
 from __future__ import annotations
@@ -17,29 +18,29 @@ from spanlab.types import Attempt, Rollout
 @dataclass
 class QueueIndex:
     _heaps: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
-    _waiting: set[str] = field(default_factory=set)
+    _waiting: dict[str, Rollout] = field(default_factory=dict)
     active: dict[str, tuple[Rollout, Attempt]] = field(default_factory=dict)
 
-    def push(self, enqueue_time: float, rollout_id: str, mode: str) -> None:
-        heapq.heappush(self._heaps.setdefault(mode, []), (enqueue_time, rollout_id))
-        self._waiting.add(rollout_id)
+    def push(self, rollout: Rollout) -> None:
+        heapq.heappush(self._heaps.setdefault(rollout.mode, []), (rollout.enqueue_time, rollout.rollout_id))
+        self._waiting[rollout.rollout_id] = rollout
 
     def discard(self, rollout_id: str) -> None:
         """Stop a rollout from being dequeued (lazy: its heap entry is skipped when reached)."""
-        self._waiting.discard(rollout_id)
+        self._waiting.pop(rollout_id, None)
 
-    def pop(self, mode: str | None) -> tuple[float, str, str] | None:
-        """(enqueue_time, rollout_id, mode) of the oldest waiting rollout (of ``mode``, if given), removed."""
+    def pop(self, mode: str | None) -> Rollout | None:
+        """The oldest waiting rollout (of ``mode``, if given), removed."""
         modes = [mode] if mode else list(self._heaps)
         while True:
             candidates = [m for m in modes if self._heaps.get(m)]
             if not candidates:
                 return None
             best = min(candidates, key=lambda m: self._heaps[m][0])
-            enqueue_time, rollout_id = heapq.heappop(self._heaps[best])
-            if rollout_id in self._waiting:
-                self._waiting.discard(rollout_id)
-                return enqueue_time, rollout_id, best
+            _, rollout_id = heapq.heappop(self._heaps[best])
+            rollout = self._waiting.pop(rollout_id, None)
+            if rollout is not None:
+                return rollout
 
     def overdue(self, now: float, timeout_grace_s: float = 0.0) -> list[tuple[str, str]]:
         """(attempt_id, "timeout" | "unresponsive") for live attempts past their rollout's limits.
