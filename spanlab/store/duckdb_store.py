@@ -14,31 +14,26 @@ tables in groups (:mod:`spanlab.store.journal`). A SIGKILL afterwards loses noth
 from __future__ import annotations
 
 import logging
-import math
-import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import duckdb
 import pyarrow as pa
-from pydantic import ValidationError
 
-from spanlab.errors import InvalidSpanError, NotFoundError, QueryError, StoreError
+from spanlab.errors import InvalidSpanError, StoreError
 from spanlab.store import queue
 from spanlab.store.arrow import spans_to_arrow
 from spanlab.store.base import StoreAPI
-from spanlab.store.connection import MEMORY, SAFE_QUERY_CONFIG, connect, cursor, dumps, fetch_dicts, loads
+from spanlab.store.connection import MEMORY, fetch_dicts
+from spanlab.store.database import Database, validated, where_equal
 from spanlab.store.ingest import AttemptIndex, check_batch
-from spanlab.store.journal import QueueJournal, read_journal
+from spanlab.store.journal import QueueJournal, effective_states, read_journal
 from spanlab.store.queue_index import QueueIndex
-from spanlab.store.schema import SCHEMA_VERSION, SPAN_COLUMNS, TABLES_DDL
-from spanlab.store.sql import fetch_user_query
+from spanlab.store.schema import SPAN_COLUMNS
 from spanlab.store.validate import conform, validate_span_table
-from spanlab.store.views import VIEWS_DDL
-from spanlab.types import Attempt, FinishedAttemptStatus, Resource, ResourceKind, Rollout, Span
+from spanlab.types import Attempt, FinishedAttemptStatus, Rollout, Span
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +41,7 @@ DEFAULT_MAX_TOKENS_PER_SPAN = 1_048_576
 DEFAULT_MAX_JSON_BYTES = 16 * 1024 * 1024
 
 
-class SpanStore(StoreAPI):
+class SpanStore(Database, StoreAPI):
     """DuckDB-backed store. ``path=":memory:"`` gives a throwaway store for tests and notebooks."""
 
     def __init__(
@@ -67,50 +62,23 @@ class SpanStore(StoreAPI):
         and in memory before they are written to the tables (reads never see them late: every read of the
         queue tables writes them first). See :mod:`spanlab.store.journal`.
         """
-        self.path = str(path)
+        super().__init__(path, compress=compress)
         self.max_tokens_per_span = max_tokens_per_span
         self.max_json_bytes = max_json_bytes
         self._stale_check_interval_s = stale_check_interval_s
         self.timeout_grace_s = timeout_grace_s
         self._last_stale_check = 0.0
         self._queue_flush_s = queue_flush_s
-        self._unflushed_beats: set[str] = set()
-        self._last_queue_flush = time.monotonic()
-        self._lock = threading.RLock()
-        self._conn = connect(self.path)
-        if not compress:
-            self._conn.execute("SET force_compression = 'uncompressed'")
         self._span_index = AttemptIndex()
-        self._queue = QueueIndex()
-        self._closed = False
-        self._init_schema()
         journal_path = None if self.path == MEMORY else Path(self.path + ".queue-journal")
         try:
             if journal_path is not None and journal_path.exists():
                 self._replay(journal_path)
-            self._journal = QueueJournal(journal_path)
+            self._queue = QueueIndex(QueueJournal(journal_path))
         except BaseException:
             self._conn.close()
             raise
         self._load_queue()
-
-    # --- lifecycle -----------------------------------------------------------------------------
-    def _init_schema(self) -> None:
-        try:
-            with self._transaction() as cur:
-                cur.execute(TABLES_DDL)
-                row = cur.execute("SELECT value FROM spanlab_meta WHERE key = 'schema_version'").fetchone()
-                if row is None:
-                    cur.execute("INSERT INTO spanlab_meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
-                elif int(row[0]) > SCHEMA_VERSION:
-                    raise StoreError(
-                        f"{self.path} was written by a newer spanlab (schema {row[0]} > {SCHEMA_VERSION}); "
-                        "upgrade spanlab"
-                    )
-                cur.execute(VIEWS_DDL)
-        except StoreError:
-            self._conn.close()
-            raise
 
     def close(self) -> None:
         with self._lock:
@@ -121,130 +89,53 @@ class SpanStore(StoreAPI):
                 self._write_queue()
                 written = True
             finally:
-                self._closed = True
-                self._journal.close(remove=written)  # kept, and replayed on the next open, if the write failed
-            try:
-                if self.path != MEMORY:
-                    self._conn.execute("CHECKPOINT")
-            finally:
-                self._conn.close()
+                self._queue.journal.close(remove=written)  # kept, and replayed on the next open, if not written
+                super().close()
 
-    @contextmanager
-    def _transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """Lock + BEGIN/COMMIT; DuckDB errors become ``StoreError`` and roll back."""
-        with self._lock:
-            if self._closed:
-                raise StoreError("the span store is closed")
-            cur = self._conn
-            cur.execute("BEGIN TRANSACTION")
-            try:
-                yield cur
-                cur.execute("COMMIT")
-            except BaseException as exc:
-                cur.execute("ROLLBACK")
-                if isinstance(exc, (duckdb.ConversionException, duckdb.ConstraintException)):
-                    raise InvalidSpanError(f"rejected by DuckDB: {exc}; nothing of this batch was stored") from exc
-                if isinstance(exc, duckdb.Error):
-                    raise StoreError(f"span store {self.path}: {exc}") from exc
-                raise
-
-    @contextmanager
-    def _registered(self, name: str, tbl: pa.Table) -> Iterator[None]:
-        """Make an Arrow table visible to SQL as ``name``; unregistered outside any transaction."""
-        with self._lock:
-            self._conn.register(name, tbl)
-            try:
-                yield
-            finally:
-                self._conn.unregister(name)
-
-    def _cursor(self) -> duckdb.DuckDBPyConnection:
-        with self._lock:
-            if self._closed:
-                raise StoreError("the span store is closed")
-            return cursor(self._conn, self.path)
+    def _before_read(self) -> None:
+        self._write_queue()
 
     # --- rollout queue -------------------------------------------------------------------------
-    def _resources_ref(self) -> str | None:
-        """The latest version of every resource, as recorded on the rollouts that use them."""
-        return ",".join(f"{n}@{v}" for n, v in sorted(self._latest_resources.items())) or None
-
     def _load_queue(self) -> None:
-        latest = self._conn.execute("SELECT name, max(version) FROM resources GROUP BY name").fetchall()
-        self._latest_resources: dict[str, int] = dict(latest)
         for rollout in queue.waiting_rollouts(self._conn):
             self._queue.push(rollout)
         for rollout, attempt in queue.active_attempts(self._conn):
             self._queue.active[attempt.attempt_id] = (rollout, attempt)
 
     def _replay(self, path: Path) -> None:
-        """Write a leftover queue journal (the last run ended without writing it) to the tables.
-
-        Lines apply in order, the last state of a row wins; a finish whose spans never got stored is skipped.
-        """
+        """Write a leftover queue journal (the last run ended without writing it) to the tables."""
         entries = read_journal(path)
         required = sorted({s for _, _, req in entries for s in req})
         stored = {r[0] for r in self._conn.execute(
             "SELECT span_id FROM spans WHERE span_id IN (SELECT unnest(?::VARCHAR[]))", [required]).fetchall()}
-        rollouts: dict[str, dict[str, Any]] = {}
-        attempts: dict[str, Attempt] = {}
-        for state, attempt, requires in entries:
-            if any(s not in stored for s in requires):
-                logger.warning("queue journal: attempt %s's finish was cut off before its spans were stored; "
-                               "the attempt stays open", attempt.attempt_id)
-                continue
-            rollouts[state["rollout_id"]] = state
-            attempts[attempt.attempt_id] = attempt
+        rollouts, attempts = effective_states(entries, stored)
         if attempts:
             logger.info("queue journal %s: writing %d transitions left by the last run", path, len(entries))
             with self._transaction() as cur:
-                queue.write_states(cur, list(rollouts.values()), list(attempts.values()))
+                queue.write_states(cur, rollouts, attempts)
         path.write_bytes(b"")
 
     def _write_queue(self) -> None:
         """Write pending queue transitions and heartbeat times to the tables, in one transaction."""
         with self._lock:
-            self._last_queue_flush = time.monotonic()
-            if not self._journal.attempts and not self._unflushed_beats:
+            pending = self._queue.pending()
+            if pending is None:
                 return
             with self._transaction() as cur:
-                self._write_pending(cur)
-            self._after_write()
-
-    def _write_pending(self, cur: duckdb.DuckDBPyConnection) -> None:
-        """Inside a transaction: the journal's states and the live attempts' newer heartbeat times."""
-        beats = {a: self._queue.active[a][1] for a in self._unflushed_beats if a in self._queue.active}
-        attempts = {**self._journal.attempts, **beats}
-        queue.write_states(cur, list(self._journal.rollouts.values()), list(attempts.values()))
-
-    def _after_write(self) -> None:
-        """Once ``_write_pending`` committed: nothing is pending any more."""
-        self._journal.clear()
-        self._unflushed_beats.clear()
-        self._last_queue_flush = time.monotonic()
+                queue.write_states(cur, *pending)
+            self._queue.written()
 
     def _maybe_write_queue(self) -> None:
-        if len(self._journal) >= 1024 or time.monotonic() - self._last_queue_flush >= self._queue_flush_s:
+        if self._queue.due(self._queue_flush_s):
             self._write_queue()
 
     def _record(self, rollout: Rollout, attempt: Attempt, requires: list[str] | None = None) -> None:
-        """Make a transition durable (journal), then live (index)."""
         if self._closed:
             raise StoreError("the span store is closed")
-        self._journal.record(rollout, attempt, requires)
-        self._apply(rollout, attempt)
-
-    def _apply(self, rollout: Rollout, attempt: Attempt) -> None:
-        self._unflushed_beats.discard(attempt.attempt_id)
-        if attempt.status in ("preparing", "running"):
-            self._queue.active[attempt.attempt_id] = (rollout, attempt)
-        else:
-            self._queue.active.pop(attempt.attempt_id, None)
-            if rollout.status == "requeuing":
-                self._queue.push(rollout)
+        self._queue.record(rollout, attempt, requires)
 
     def enqueue(self, rollouts: Sequence[Rollout]) -> list[Rollout]:
-        rollouts = [_validated(Rollout, r, i) for i, r in enumerate(rollouts)]
+        rollouts = [validated(Rollout, r, i) for i, r in enumerate(rollouts)]
         if not rollouts:
             return []
         ids = [r.rollout_id for r in rollouts]
@@ -298,14 +189,12 @@ class SpanStore(StoreAPI):
                 rollout, attempt = queue.started(rollout, attempt, now)
                 self._record(rollout, attempt)
             else:
-                attempt = attempt.model_copy(update={"last_heartbeat_time": now})
-                self._queue.active[attempt_id] = (rollout, attempt)
-                self._unflushed_beats.add(attempt_id)
+                attempt = self._queue.beat(attempt_id, now)
             self._maybe_write_queue()
             return attempt
 
     def finish_attempt(self, attempt_id: str, status: FinishedAttemptStatus, spans: Sequence[Span] = ()) -> Rollout:
-        spans = [_validated(Span, s, i) for i, s in enumerate(spans)]
+        spans = [validated(Span, s, i) for i, s in enumerate(spans)]
         return self.finish_attempt_table(attempt_id, status, spans_to_arrow(spans) if spans else None, validated=True)
 
     def finish_attempt_table(
@@ -344,9 +233,8 @@ class SpanStore(StoreAPI):
                 try:
                     self._insert_spans(fresh)
                 except BaseException:
-                    self._journal.record(*live)  # the finish did not happen: the attempt's live state again
                     self._queue.discard(rollout.rollout_id)
-                    self._apply(*live)
+                    self._record(*live)  # the finish did not happen: the attempt's live state again
                     raise
                 self._span_index.mark_stored(fresh)
             self._maybe_write_queue()
@@ -388,7 +276,7 @@ class SpanStore(StoreAPI):
         self, *, status: str | None = None, mode: str | None = None, limit: int = 1000, offset: int = 0
     ) -> list[Rollout]:
         self._write_queue()
-        where, params = _where({"status": status, "mode": mode})
+        where, params = where_equal({"status": status, "mode": mode})
         rows = fetch_dicts(
             self._cursor().execute(
                 f"SELECT {queue.ROLLOUT_COLUMNS} FROM rollouts {where} ORDER BY enqueue_time, rollout_id "
@@ -409,7 +297,7 @@ class SpanStore(StoreAPI):
 
     # --- spans ---------------------------------------------------------------------------------
     def add_spans(self, spans: Sequence[Span]) -> int:
-        spans = [_validated(Span, s, i) for i, s in enumerate(spans)]
+        spans = [validated(Span, s, i) for i, s in enumerate(spans)]
         # pydantic already enforced every span rule, so the table skips the column-wise checks
         return len(self.ingest(spans_to_arrow(spans), validated=True)) if spans else 0
 
@@ -481,111 +369,9 @@ class SpanStore(StoreAPI):
         except duckdb.Error as exc:
             raise StoreError(f"cannot read spans: {exc}") from exc
 
-    # --- resources -----------------------------------------------------------------------------
-    def add_resource(self, name: str, payload: dict[str, Any], kind: ResourceKind = "other") -> Resource:
-        res = _validated(Resource, {"name": name, "payload": payload, "kind": kind}, 0)
-        with self._lock:
-            with self._transaction() as cur:
-                (latest,) = cur.execute("SELECT max(version) FROM resources WHERE name = ?", [name]).fetchone()
-                res.version = (latest or 0) + 1
-                cur.execute(
-                    "INSERT INTO resources VALUES (?, ?, ?, ?, ?)",
-                    [res.name, res.version, res.kind, dumps(res.payload), res.created_time],
-                )
-            self._latest_resources[res.name] = res.version  # only once committed
-        return res
 
-    def get_resource(self, name: str, version: int | None = None) -> Resource:
-        sql = "SELECT * FROM resources WHERE name = ? "
-        sql += "AND version = ?" if version is not None else "ORDER BY version DESC LIMIT 1"
-        rows = fetch_dicts(self._cursor().execute(sql, [name] + ([version] if version is not None else [])))
-        if not rows:
-            raise NotFoundError(f"unknown resource {name!r}" + (f" version {version}" if version else ""))
-        return _row_to_resource(rows[0])
-
-    def list_resources(self, name: str | None = None) -> list[Resource]:
-        where, params = _where({"name": name})
-        rows = fetch_dicts(self._cursor().execute(f"SELECT * FROM resources {where} ORDER BY name, version", params))
-        return [_row_to_resource(r) for r in rows]
-
-    # --- training metrics ----------------------------------------------------------------------
-    def add_metrics(self, run_id: str, algorithm: str, step: int, metrics: dict[str, float]) -> None:
-        """Record one training step's metrics (long format: ``train_metrics`` is queryable with SQL)."""
-        now = time.time()
-        rows = [
-            [run_id, algorithm, int(step), str(k), None if v is None else float(v), now] for k, v in metrics.items()
-        ]
-        bad = [r[3] for r in rows if r[4] is not None and not math.isfinite(r[4])]
-        if bad:
-            logger.warning("run %s step %d: non-finite metrics %s", run_id, step, bad)
-        tbl = pa.table(
-            {
-                "run_id": pa.array([r[0] for r in rows], pa.string()),
-                "algorithm": pa.array([r[1] for r in rows], pa.string()),
-                "step": pa.array([r[2] for r in rows], pa.int32()),
-                "name": pa.array([r[3] for r in rows], pa.string()),
-                "value": pa.array([r[4] for r in rows], pa.float64()),
-                "time": pa.array([r[5] for r in rows], pa.float64()),
-            }
-        )
-        with self._lock, self._transaction() as cur, self._registered("_metrics_in", tbl):
-            cur.execute("INSERT INTO train_metrics SELECT * FROM _metrics_in")
-
-    # --- SQL -----------------------------------------------------------------------------------
-    def restrict_to_store(self) -> None:
-        """Turn off DuckDB's access to other files, the network and extensions for this database.
-
-        For a process that serves user SQL (the store server): the store's own file stays open and
-        writable, but no query can read /etc/passwd, COPY out, ATTACH or INSTALL. Irreversible.
-        """
-        with self._lock:
-            for key, value in SAFE_QUERY_CONFIG.items():
-                self._conn.execute(f"SET {key} = {str(value).lower()}")
-
-    def query_read_only(self, sql: str, max_rows: int | None = None) -> pa.Table:
-        """One SELECT (or EXPLAIN), refused otherwise; for user-facing SQL over a live store."""
-        self._write_queue()
-        cur = self._cursor()
-        try:
-            statements = cur.extract_statements(sql)
-        except duckdb.Error as exc:
-            raise QueryError(str(exc)) from exc
-        if len(statements) != 1:
-            raise QueryError(f"send exactly one statement, not {len(statements)}")
-        kind = statements[0].type
-        if kind not in (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN):
-            raise QueryError(f"not allowed: only SELECT queries run here (read-only), not {kind.name}")
-        return fetch_user_query(cur, sql, max_rows)
-
-    def query(self, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
-        self._write_queue()
-        try:
-            return self._cursor().sql(sql, params=list(params or [])).to_arrow_table()
-        except duckdb.Error as exc:
-            raise StoreError(f"query failed: {exc}") from exc
-
-
-def _validated(model: type, value: Any, index: int) -> Any:
-    """Accept a model instance or a dict; turn pydantic's error into one that names the item."""
-    if isinstance(value, model):
-        return value
-    try:
-        return model.model_validate(value)
-    except ValidationError as exc:
-        raise InvalidSpanError(
-            f"{model.__name__} #{index} is invalid; nothing of this batch was stored:\n{exc}"
-        ) from exc
-
-
-def _where(equals: dict[str, Any]) -> tuple[str, list[Any]]:
-    parts = [(f"{k} = ?", v) for k, v in equals.items() if v is not None]
-    return ("WHERE " + " AND ".join(p for p, _ in parts) if parts else ""), [v for _, v in parts]
 
 
 def _where_in(lists: dict[str, Sequence[str] | None]) -> tuple[str, list[Any]]:
     parts = [(f"{k} IN (SELECT unnest(?::VARCHAR[]))", list(v)) for k, v in lists.items() if v is not None]
     return ("WHERE " + " AND ".join(p for p, _ in parts) if parts else ""), [v for _, v in parts]
-
-
-def _row_to_resource(row: dict[str, Any]) -> Resource:
-    return Resource(**{**row, "payload": loads(row["payload"]) or {}})

@@ -103,3 +103,20 @@ def read_journal(path: Path) -> list[tuple[dict[str, Any], Attempt, list[str]]]:
                 continue
             raise StoreError(f"queue journal {path} line {i + 1} is corrupt ({exc}); nothing was changed") from exc
     return entries
+
+
+def effective_states(
+    entries: list[tuple[dict[str, Any], Attempt, list[str]]], stored_span_ids: set[str]
+) -> tuple[list[dict[str, Any]], list[Attempt]]:
+    """What a leftover journal leaves in the tables: per row its last state, skipping every finish whose
+    spans were not all stored (it was cut off before they were, so it never happened)."""
+    rollouts: dict[str, dict[str, Any]] = {}
+    attempts: dict[str, Attempt] = {}
+    for state, attempt, requires in entries:
+        if any(s not in stored_span_ids for s in requires):
+            logger.warning("queue journal: the finish of attempt %s was cut off before its spans were stored; "
+                           "the attempt stays open", attempt.attempt_id)
+            continue
+        rollouts[state["rollout_id"]] = state
+        attempts[attempt.attempt_id] = attempt
+    return list(rollouts.values()), list(attempts.values())

@@ -5,21 +5,71 @@ rollout, or for overdue attempts, on every dequeue caps the queue at a few dozen
 store process owns its file, so it keeps the waiting rollouts and the live attempts here: rebuilt from
 the tables (and the queue journal) on open, changed only once a transition is durable. Memory grows with
 the waiting rollouts' inputs (a GRPO queue of 10,000 short tasks: a few MB).
+
+It also knows what the tables have not seen yet: the journal's transitions and the heartbeat times
+of live attempts (:meth:`pending`), which the store writes in one transaction when :meth:`due`.
 """
 
 from __future__ import annotations
 
 import heapq
+import time
 from dataclasses import dataclass, field
+from typing import Any
 
+from spanlab.store.journal import QueueJournal
 from spanlab.types import Attempt, Rollout
+
+MAX_PENDING = 1024  # transitions held before the tables must be written, whatever the interval
 
 
 @dataclass
 class QueueIndex:
+    journal: QueueJournal = field(default_factory=lambda: QueueJournal(None))
     _heaps: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
     _waiting: dict[str, Rollout] = field(default_factory=dict)
     active: dict[str, tuple[Rollout, Attempt]] = field(default_factory=dict)
+    _beats: set[str] = field(default_factory=set)
+    _last_write: float = field(default_factory=time.monotonic)
+
+    def record(self, rollout: Rollout, attempt: Attempt, requires: list[str] | None = None) -> None:
+        """A transition: durable first (journal), then live."""
+        self.journal.record(rollout, attempt, requires)
+        self.apply(rollout, attempt)
+
+    def apply(self, rollout: Rollout, attempt: Attempt) -> None:
+        self._beats.discard(attempt.attempt_id)
+        if attempt.status in ("preparing", "running"):
+            self.active[attempt.attempt_id] = (rollout, attempt)
+        else:
+            self.active.pop(attempt.attempt_id, None)
+            if rollout.status == "requeuing":
+                self.push(rollout)
+
+    def beat(self, attempt_id: str, now: float) -> Attempt:
+        """A running attempt's heartbeat: only its time moves, in memory, until the next write."""
+        rollout, attempt = self.active[attempt_id]
+        attempt = attempt.model_copy(update={"last_heartbeat_time": now})
+        self.active[attempt_id] = (rollout, attempt)
+        self._beats.add(attempt_id)
+        return attempt
+
+    def due(self, interval_s: float) -> bool:
+        return len(self.journal) >= MAX_PENDING or time.monotonic() - self._last_write >= interval_s
+
+    def pending(self) -> tuple[list[dict[str, Any]], list[Attempt]] | None:
+        """(rollout states, attempt rows) the tables have not seen; None if nothing."""
+        self._last_write = time.monotonic()
+        beats = {a: self.active[a][1] for a in self._beats if a in self.active}
+        if not self.journal.attempts and not beats:
+            return None
+        return list(self.journal.rollouts.values()), list({**self.journal.attempts, **beats}.values())
+
+    def written(self) -> None:
+        """Once what :meth:`pending` returned is committed."""
+        self.journal.clear()
+        self._beats.clear()
+        self._last_write = time.monotonic()
 
     def push(self, rollout: Rollout) -> None:
         heapq.heappush(self._heaps.setdefault(rollout.mode, []), (rollout.enqueue_time, rollout.rollout_id))
