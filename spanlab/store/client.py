@@ -93,9 +93,8 @@ class StoreClient(StoreAPI):
     def finish_attempt(self, attempt_id: str, status: FinishedAttemptStatus, spans: Sequence[Span] = ()) -> Rollout:
         if not spans:
             return Rollout.model_validate(self._json("POST", f"/attempts/{attempt_id}/finish", json={"status": status}))
-        tbl = spans_to_arrow([s if isinstance(s, Span) else Span.model_validate(s) for s in spans])
         got = self._json("POST", f"/attempts/{attempt_id}/finish/arrow", params={"status": status},
-                         content=table_to_bytes(tbl), headers={"Content-Type": ARROW_STREAM})
+                         content=table_to_bytes(_spans_table(spans)), headers={"Content-Type": ARROW_STREAM})
         return Rollout.model_validate(got)
 
     def expire_stale_attempts(self) -> list[Attempt]:
@@ -121,8 +120,7 @@ class StoreClient(StoreAPI):
 
     # --- spans ---------------------------------------------------------------------------------
     def add_spans(self, spans: Sequence[Span]) -> int:
-        spans = [s if isinstance(s, Span) else Span.model_validate(s) for s in spans]
-        return self.add_span_table(spans_to_arrow(spans)) if spans else 0
+        return self.add_span_table(_spans_table(spans)) if spans else 0
 
     def add_span_table(self, tbl: pa.Table) -> int:
         resp = self._json("POST", "/spans/arrow", content=table_to_bytes(tbl), headers={"Content-Type": ARROW_STREAM})
@@ -162,6 +160,10 @@ class StoreClient(StoreAPI):
             raise QueryError("the store server takes plain SQL without parameters")
         rows = self._json("POST", "/sql", json={"query": sql})
         return pa.Table.from_pylist(rows)
+
+
+def _spans_table(spans: Sequence[Span | dict[str, Any]]) -> pa.Table:
+    return spans_to_arrow([s if isinstance(s, Span) else Span.model_validate(s) for s in spans])
 
 
 def _chunks(resp: httpx.Response) -> Iterator[bytes]:

@@ -10,10 +10,12 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import duckdb
+import pyarrow as pa
 
 from spanlab.errors import StoreError, StoreLockedError
 
@@ -108,3 +110,13 @@ def fetch_dicts(cur: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     """Rows of the last result as dicts (small results only: queue rows, resources)."""
     names = [d[0] for d in cur.description or []]
     return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+@contextlib.contextmanager
+def registered(conn: duckdb.DuckDBPyConnection, name: str, tbl: pa.Table) -> Iterator[None]:
+    """Make an Arrow table visible to SQL on ``conn`` as ``name`` for the block."""
+    conn.register(name, tbl)
+    try:
+        yield
+    finally:
+        conn.unregister(name)

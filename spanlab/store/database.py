@@ -22,7 +22,16 @@ import pyarrow as pa
 from pydantic import ValidationError
 
 from spanlab.errors import InvalidSpanError, NotFoundError, QueryError, StoreError
-from spanlab.store.connection import MEMORY, SAFE_QUERY_CONFIG, connect, cursor, dumps, fetch_dicts, loads
+from spanlab.store.connection import (
+    MEMORY,
+    SAFE_QUERY_CONFIG,
+    connect,
+    cursor,
+    dumps,
+    fetch_dicts,
+    loads,
+    registered,
+)
 from spanlab.store.schema import SCHEMA_VERSION, TABLES_DDL
 from spanlab.store.sql import fetch_user_query
 from spanlab.store.views import VIEWS_DDL
@@ -46,6 +55,10 @@ class Database:
     def _resources_ref(self) -> str | None:
         """The latest version of every resource, as recorded on the rollouts that use them."""
         return ",".join(f"{n}@{v}" for n, v in sorted(self._latest_resources.items())) or None
+
+    def _ensure_open(self) -> None:
+        if self._closed:
+            raise StoreError("the span store is closed")
 
     def _before_read(self) -> None:
         """Hook: make the tables current before SQL reads them."""
@@ -82,8 +95,7 @@ class Database:
     def _transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """Lock + BEGIN/COMMIT; DuckDB errors become ``StoreError`` and roll back."""
         with self._lock:
-            if self._closed:
-                raise StoreError("the span store is closed")
+            self._ensure_open()
             cur = self._conn
             cur.execute("BEGIN TRANSACTION")
             try:
@@ -100,22 +112,17 @@ class Database:
     @contextmanager
     def _registered(self, name: str, tbl: pa.Table) -> Iterator[None]:
         """Make an Arrow table visible to SQL as ``name``; unregistered outside any transaction."""
-        with self._lock:
-            self._conn.register(name, tbl)
-            try:
-                yield
-            finally:
-                self._conn.unregister(name)
+        with self._lock, registered(self._conn, name, tbl):
+            yield
 
     def _cursor(self) -> duckdb.DuckDBPyConnection:
         with self._lock:
-            if self._closed:
-                raise StoreError("the span store is closed")
+            self._ensure_open()
             return cursor(self._conn, self.path)
 
     # --- resources -----------------------------------------------------------------------------
     def add_resource(self, name: str, payload: dict[str, Any], kind: ResourceKind = "other") -> Resource:
-        res = validated(Resource, {"name": name, "payload": payload, "kind": kind}, 0)
+        res = as_model(Resource, {"name": name, "payload": payload, "kind": kind}, 0)
         with self._lock:
             with self._transaction() as cur:
                 (latest,) = cur.execute("SELECT max(version) FROM resources WHERE name = ?", [name]).fetchone()
@@ -206,7 +213,7 @@ def _row_to_resource(row: dict[str, Any]) -> Resource:
     return Resource(**{**row, "payload": loads(row["payload"]) or {}})
 
 
-def validated(model: type, value: Any, index: int) -> Any:
+def as_model(model: type, value: Any, index: int) -> Any:
     """Accept a model instance or a dict; turn pydantic's error into one that names the item."""
     if isinstance(value, model):
         return value

@@ -16,7 +16,7 @@ import duckdb
 import pyarrow as pa
 
 from spanlab.errors import NotFoundError
-from spanlab.store.connection import dumps, fetch_dicts, loads
+from spanlab.store.connection import dumps, fetch_dicts, loads, registered
 from spanlab.types import (
     Attempt,
     FinishedAttemptStatus,
@@ -166,11 +166,8 @@ def write_states(cur: duckdb.DuckDBPyConnection, rollouts: list[dict[str, Any]],
             "last_heartbeat_time": pa.array([a.last_heartbeat_time for a in attempts], pa.float64()),
             "metadata": [dumps(a.metadata) for a in attempts],
         })
-        cur.register("_attempt_states", tbl)
-        try:
+        with registered(cur, "_attempt_states", tbl):
             cur.execute(f"INSERT OR REPLACE INTO attempts ({ATTEMPT_COLUMNS}) SELECT * FROM _attempt_states")
-        finally:
-            cur.unregister("_attempt_states")
     if rollouts:
         tbl = pa.table({
             "rollout_id": [r["rollout_id"] for r in rollouts],
@@ -180,15 +177,12 @@ def write_states(cur: duckdb.DuckDBPyConnection, rollouts: list[dict[str, Any]],
             "end_time": pa.array([r["end_time"] for r in rollouts], pa.float64()),
             "resources_version": pa.array([r["resources_version"] for r in rollouts], pa.string()),
         })
-        cur.register("_rollout_states", tbl)
-        try:
+        with registered(cur, "_rollout_states", tbl):
             cur.execute(
                 "UPDATE rollouts SET status = s.status, num_attempts = s.num_attempts, start_time = s.start_time, "
                 "end_time = s.end_time, resources_version = s.resources_version "
                 "FROM _rollout_states s WHERE rollouts.rollout_id = s.rollout_id"
             )
-        finally:
-            cur.unregister("_rollout_states")
 
 
 def active_attempts(cur: duckdb.DuckDBPyConnection) -> list[tuple[Rollout, Attempt]]:

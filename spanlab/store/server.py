@@ -136,9 +136,13 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
     async def run(fn: Any, *args: Any) -> Any:
         return await asyncio.to_thread(fn, *args)
 
-    async def write_spans(tbl: pa.Table) -> InsertedResponse:
+    def checked(tbl: pa.Table) -> pa.Table:
         tbl = conform(tbl)
         validate_span_table(tbl)  # here, so a bad batch fails alone, before it is combined with others
+        return tbl
+
+    async def write_spans(tbl: pa.Table) -> InsertedResponse:
+        tbl = checked(tbl)
         new_ids = await asyncio.wrap_future(batcher.submit(tbl))
         return InsertedResponse(inserted=len(new_ids), span_ids=new_ids)
 
@@ -188,8 +192,7 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
               openapi_extra={"requestBody": {"content": {ARROW_STREAM: {"schema": {}}}}})
     async def finish_arrow(attempt_id: str, request: Request, status: FinishedAttemptStatus = Query()) -> Rollout:
         """Finish with the last spans as an Arrow IPC stream (the `spans` table's columns)."""
-        tbl = conform(bytes_to_table(await request.body()))
-        validate_span_table(tbl)
+        tbl = checked(bytes_to_table(await request.body()))
         return await run(lambda: store.finish_attempt_table(attempt_id, status, tbl, validated=True))
 
     @app.post("/expire")
