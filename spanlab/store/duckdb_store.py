@@ -2,9 +2,10 @@
 
 One ``SpanStore`` owns one DuckDB file (DuckDB lets a single process write it). All mutations run
 under one lock, so the queue is atomic across threads; reads use their own cursor and stream Arrow
-batches. A write call that returns is durable: spans, rollouts and resources are committed to DuckDB,
-queue transitions (dequeue, first heartbeat, finish) to the queue journal, which reaches the queue
-tables in groups (:mod:`spanlab.store.journal`). A SIGKILL afterwards loses nothing.
+batches. A write call that returns is durable: rollouts and resources are committed to DuckDB, queue
+transitions (dequeue, first heartbeat, finish) to the queue journal (:mod:`spanlab.store.journal`), span
+batches smaller than a row group to the span journal (:mod:`spanlab.store.span_journal`), bigger ones to
+DuckDB; the journals reach the tables in groups. A SIGKILL afterwards loses nothing.
 
     store = SpanStore("runs/spans.duckdb")
     rollout, attempt = store.dequeue(worker_id="w0")
@@ -17,7 +18,6 @@ import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -33,6 +33,8 @@ from spanlab.store.ingest import AttemptIndex, check_batch
 from spanlab.store.journal import QueueJournal, effective_states, read_journal
 from spanlab.store.queue_index import QueueIndex
 from spanlab.store.schema import SPAN_COLUMNS
+from spanlab.store.span_journal import SpanJournal, read_span_journal
+from spanlab.store.span_reads import read_spans
 from spanlab.store.validate import conform, validate_span_table
 from spanlab.types import Attempt, FinishedAttemptStatus, Rollout, Span
 
@@ -54,6 +56,7 @@ class SpanStore(Database, StoreAPI):
         stale_check_interval_s: float = 1.0,
         timeout_grace_s: float = 2.0,
         queue_flush_s: float = 1.0,
+        span_flush_s: float = 1.0,
         compress: bool = True,
     ) -> None:
         """``compress=False`` stores columns uncompressed: ~1.35x faster bulk ingest (DuckDB alone:
@@ -62,6 +65,10 @@ class SpanStore(Database, StoreAPI):
         ``queue_flush_s``: how long queue transitions and heartbeat times may wait in the queue journal
         and in memory before they are written to the tables (reads never see them late: every read of the
         queue tables writes them first). See :mod:`spanlab.store.journal`.
+
+        ``span_flush_s``: how long small span batches may wait in the span journal before they are inserted
+        into the ``spans`` table (SQL never sees them late: it inserts them first; ``spans_reader`` reads
+        them where they are). See :mod:`spanlab.store.span_journal`.
         """
         super().__init__(path, compress=compress)
         self.max_tokens_per_span = max_tokens_per_span
@@ -70,12 +77,18 @@ class SpanStore(Database, StoreAPI):
         self.timeout_grace_s = timeout_grace_s
         self._last_stale_check = 0.0
         self._queue_flush_s = queue_flush_s
+        self._span_flush_s = span_flush_s
         self._span_index = AttemptIndex()
-        journal_path = None if self.path == MEMORY else Path(self.path + ".queue-journal")
+        span_path = queue_path = None
+        if self.path != MEMORY:
+            span_path, queue_path = Path(self.path + ".span-journal"), Path(self.path + ".queue-journal")
         try:
-            if journal_path is not None and journal_path.exists():
-                self._replay(journal_path)
-            self._queue = QueueIndex(QueueJournal(journal_path))
+            if span_path is not None and span_path.exists():  # first: finishes in the queue journal need them
+                self._replay_spans(span_path)
+            if queue_path is not None and queue_path.exists():
+                self._replay(queue_path)
+            self._spans = SpanJournal(span_path)
+            self._queue = QueueIndex(QueueJournal(queue_path))
         except BaseException:
             self._conn.close()
             raise
@@ -85,15 +98,19 @@ class SpanStore(Database, StoreAPI):
         with self._lock:
             if self._closed:
                 return
-            written = False
+            spans_written = written = False
             try:
+                self._flush_spans()
+                spans_written = True
                 self._write_queue()
                 written = True
-            finally:
-                self._queue.journal.close(remove=written)  # kept, and replayed on the next open, if not written
+            finally:  # a journal not written to its table is kept, and replayed on the next open
+                self._spans.close(remove=spans_written)
+                self._queue.journal.close(remove=written)
                 super().close()
 
     def _before_read(self) -> None:
+        self._flush_spans()
         self._write_queue()
 
     # --- rollout queue -------------------------------------------------------------------------
@@ -115,6 +132,24 @@ class SpanStore(Database, StoreAPI):
             with self._transaction() as cur:
                 queue.write_states(cur, rollouts, attempts)
         path.write_bytes(b"")
+
+    def _replay_spans(self, path: Path) -> None:
+        """Insert the spans a leftover span journal holds (those not in the table already)."""
+        tbl, complete = read_span_journal(path)
+        if tbl is not None:
+            with self._registered("_journal_spans", tbl), self._transaction() as cur:
+                (n,) = cur.execute(
+                    "INSERT INTO spans SELECT * FROM _journal_spans j WHERE NOT EXISTS (SELECT 1 FROM spans s "
+                    "WHERE s.span_id = j.span_id AND s.attempt_id IS NOT DISTINCT FROM j.attempt_id)"
+                ).fetchone()
+            logger.info("span journal %s: inserted %d spans left by the last run", path, n)
+        if complete:
+            path.write_bytes(b"")
+            return
+        kept = path.with_name(f"{path.name}.unreadable-{int(time.time())}")
+        path.rename(kept)
+        logger.error("span journal %s has an unreadable record before its end: kept as %s; the %d spans "
+                     "before it were inserted", path, kept, 0 if tbl is None else tbl.num_rows)
 
     def _write_queue(self) -> None:
         """Write pending queue transitions and heartbeat times to the tables, in one transaction."""
@@ -225,7 +260,7 @@ class SpanStore(Database, StoreAPI):
                     self._store_fresh(tbl)  # as add_spans would: a late reward still counts for the record
                 return self.get_rollout(rollout_id)
             rollout, attempt = queue.closed(*live, status, time.time())
-            fresh = self._span_index.new_rows(self._conn, tbl) if tbl is not None and tbl.num_rows else None
+            fresh = self._fresh_rows(tbl) if tbl is not None and tbl.num_rows else None
             if fresh is None or fresh.num_rows == 0:
                 self._record(rollout, attempt)
             else:
@@ -237,6 +272,7 @@ class SpanStore(Database, StoreAPI):
                     self._record(*live)  # the finish did not happen: the attempt's live state again
                     raise
                 self._span_index.mark_stored(fresh)
+                self._maybe_flush_spans()
             self._maybe_write_queue()
             return rollout
 
@@ -327,19 +363,54 @@ class SpanStore(Database, StoreAPI):
 
     def _store_fresh(self, tbl: pa.Table) -> list[str]:
         with self._lock:
-            if not self._span_index.knows(pc.unique(tbl["attempt_id"]).to_pylist()):
-                self._write_queue()  # it loads unknown attempts from the table: pending ones must be there
-            fresh = self._span_index.new_rows(self._conn, tbl)
+            fresh = self._fresh_rows(tbl)
             if fresh.num_rows == 0:
                 return []
             self._insert_spans(fresh)
             self._span_index.mark_stored(fresh)
+            self._maybe_flush_spans()
         return fresh["span_id"].to_pylist()
 
+    def _fresh_rows(self, tbl: pa.Table) -> pa.Table:
+        """The rows of ``tbl`` not stored yet (see ``AttemptIndex.new_rows``)."""
+        if not self._span_index.knows(pc.unique(tbl["attempt_id"]).to_pylist()):
+            self._flush_spans()  # the index loads unknown attempts from the tables: pending rows must be there
+            self._write_queue()
+        return self._span_index.new_rows(self._conn, tbl, self._spans.unattributed_ids)
+
     def _insert_spans(self, new_spans: pa.Table) -> None:
-        """One INSERT, atomic on its own or part of the caller's transaction. Columns go by position:
-        ``SPAN_ARROW_SCHEMA`` follows the table's column order (a test checks it). ~1.5 ms cheaper per
-        batch than register/INSERT/unregister."""
+        """Make new spans durable: a batch smaller than a row group (with what is buffered) goes to the span
+        journal, a bigger one straight into the table."""
+        self._ensure_open()
+        if not self._spans.fits(new_spans):
+            self._flush_spans()
+        if self._spans.fits(new_spans):
+            self._spans.append(new_spans)
+        else:
+            self._insert_into_table(new_spans)
+
+    def _flush_spans(self) -> None:
+        """Insert the span journal's batches into the table as one batch, then empty the journal."""
+        with self._lock:
+            buffered = self._spans.table()
+            if buffered is None:
+                return
+            self._insert_into_table(buffered)
+            self._spans.clear()
+
+    def _maybe_flush_spans(self) -> None:
+        """The periodic flush after a write that already returned durable: a failure here loses nothing
+        (the batches stay journaled) and surfaces at the next flush that must happen (a read, a full row
+        group, close), so it is logged, not raised into the write that succeeded."""
+        if self._spans.due(self._span_flush_s):
+            try:
+                self._flush_spans()
+            except StoreError as exc:
+                logger.error("span store %s: spans stay in the span journal for now: %s", self.path, exc)
+
+    def _insert_into_table(self, new_spans: pa.Table) -> None:
+        """One INSERT, atomic on its own. Columns go by position: ``SPAN_ARROW_SCHEMA`` follows the table's
+        column order (a test checks it). ~1.5 ms cheaper per batch than register/INSERT/unregister."""
         self._ensure_open()
         try:
             self._conn.from_arrow(new_spans).insert_into("spans")
@@ -361,16 +432,9 @@ class SpanStore(Database, StoreAPI):
         unknown = [c for c in cols if c not in SPAN_COLUMNS]
         if unknown:
             raise InvalidSpanError(f"unknown span columns {unknown}; known: {', '.join(SPAN_COLUMNS)}")
-        where, params = _where_in({"rollout_id": rollout_ids, "attempt_id": attempt_ids, "kind": kinds})
-        sql = f"SELECT {', '.join(cols)} FROM spans {where} ORDER BY rollout_id, attempt_id, sequence_id"
-        try:
-            return self._cursor().sql(sql, params=params).to_arrow_reader(batch_size)
-        except duckdb.Error as exc:
-            raise StoreError(f"cannot read spans: {exc}") from exc
-
-
-
-
-def _where_in(lists: dict[str, Sequence[str] | None]) -> tuple[str, list[Any]]:
-    parts = [(f"{k} IN (SELECT unnest(?::VARCHAR[]))", list(v)) for k, v in lists.items() if v is not None]
-    return ("WHERE " + " AND ".join(p for p, _ in parts) if parts else ""), [v for _, v in parts]
+        lists = {"rollout_id": rollout_ids, "attempt_id": attempt_ids, "kind": kinds}
+        with self._lock:  # the buffered batches and the table's snapshot are taken together
+            try:
+                return read_spans(self._cursor(), self._spans.table(), lists, cols, batch_size)
+            except duckdb.Error as exc:
+                raise StoreError(f"cannot read spans: {exc}") from exc

@@ -72,8 +72,8 @@ class AttemptIndex:
         self._put(attempt_id, AttemptState(rollout_id))
 
     def knows(self, attempt_ids: list[str | None]) -> bool:
-        """Whether every named attempt is in the index (so ingest reads no attempt row)."""
-        return all(a in self._states for a in attempt_ids if a is not None)
+        """Whether every attempt (None: unattributed spans) is in the index, so ingest reads no table."""
+        return all(a in self._states for a in attempt_ids)
 
     def states_for(
         self, conn: duckdb.DuckDBPyConnection, pairs: dict[str | None, str | None]
@@ -96,12 +96,13 @@ class AttemptIndex:
             states[attempt_id] = state
         return states
 
-    def new_rows(self, conn: duckdb.DuckDBPyConnection, tbl: pa.Table) -> pa.Table:
+    def new_rows(self, conn: duckdb.DuckDBPyConnection, tbl: pa.Table, buffered: set[str]) -> pa.Table:
         """The rows not stored yet, with sequence numbers filled in.
 
-        A retried write is skipped instead of duplicated. Nothing is remembered until
-        :meth:`mark_stored`, so a failed insert leaves the index as it was (except sequence numbers,
-        where a gap is harmless).
+        A retried write is skipped instead of duplicated. Nothing is remembered until :meth:`mark_stored`, so
+        a failed insert leaves the index as it was (except sequence numbers, where a gap is harmless).
+        ``buffered``: IDs of unattributed spans stored but not in the table yet (the span journal's);
+        unattributed spans are checked against the table and them.
         """
         span_ids = tbl["span_id"].to_pylist()
         attempt_ids = tbl["attempt_id"].to_pylist()
@@ -112,7 +113,7 @@ class AttemptIndex:
                 "SELECT span_id FROM spans WHERE attempt_id IS NULL AND span_id IN (SELECT unnest(?::VARCHAR[]))",
                 [[s for s, a in zip(span_ids, attempt_ids, strict=True) if a is None]],
             ).fetchall()
-            stored_unattributed = {r[0] for r in rows}
+            stored_unattributed = {r[0] for r in rows} | buffered
         keep, seqs = [], []
         for i, (span_id, attempt_id, given) in enumerate(
             zip(span_ids, attempt_ids, tbl["sequence_id"].to_pylist(), strict=True)
