@@ -16,8 +16,9 @@ Each system stores token IDs its own way:
       as *strings* (``str(list)``; read back with ``ast.literal_eval``). AGL's training path.
     - ``list``: what its AgentOps tracer records for an in-process vLLM: ``prompt_token_ids`` /
       ``response_token_ids`` attributes as integer sequences.
-* spanlab (./.venv): ``SpanStore`` on a fresh DuckDB file in-process; ``spanlab store serve`` + ``StoreClient``
-  over HTTP (Arrow IPC). Token IDs are ``INTEGER[]`` columns, read back as Arrow with ``spans_reader``.
+* spanlab (./.venv): ``SpanStore`` on a fresh DuckDB file in-process (``--spanlab-memory``: ``SpanStore(":memory:")``,
+  nothing durable, like AGL's in-memory store); ``spanlab store serve`` + ``StoreClient`` over HTTP (Arrow IPC).
+  Token IDs are ``INTEGER[]`` columns, read back as Arrow with ``spans_reader``.
 
 Spans are added through each system's batch call, by default one rollout's K spans at a time as it ends
 (``--batch-rollouts B``: the spans of B rollouts per call, as a gateway's span writer batches them): AGL
@@ -322,7 +323,7 @@ class SpanlabSession:
         for v in variants:
             db = Path(self.tmp.name) / f"{v}.duckdb"
             if transport == "mem":
-                self.stores[v] = SpanStore(db)
+                self.stores[v] = SpanStore(":memory:" if args.spanlab_memory else db)
                 continue
             port = _free_port()
             spanlab = str(Path(sys.executable).with_name("spanlab"))
@@ -408,6 +409,9 @@ def main() -> None:
     ap.add_argument("--spanlab-inputs", nargs="+", default=["numpy", "lists"], choices=["numpy", "lists"],
                     help="token IDs handed to spanlab as NumPy arrays and/or Python lists")
     ap.add_argument("--transports", nargs="+", default=["mem", "http"], choices=["mem", "http"])
+    ap.add_argument("--spanlab-memory", action="store_true",
+                    help="in-process spanlab on SpanStore(':memory:') (nothing durable, like AGL's in-memory store) "
+                         "instead of a DuckDB file")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -418,6 +422,8 @@ def main() -> None:
 
     argv = [f"--rollouts={args.rollouts}", f"--spans={args.spans}", f"--prompt={args.prompt}",
             f"--response={args.response}", f"--batch-rollouts={args.batch_rollouts}"]
+    if args.spanlab_memory:
+        argv.append("--spanlab-memory")
     children: list[Child] = []
     t_start = time.perf_counter()
     try:
@@ -427,7 +433,8 @@ def main() -> None:
             c.answer()
         n_spans = args.rollouts * args.spans
         print(f"# {args.rollouts} rollouts x {args.spans} LLM-call spans of {args.prompt}+{args.response} token IDs "
-              f"= {n_spans} spans, spans of {args.batch_rollouts} rollout(s) per add call; {args.reps} reps, "
+              f"= {n_spans} spans, spans of {args.batch_rollouts} rollout(s) per add call; spanlab in-process on "
+              f"{'a :memory: store' if args.spanlab_memory else 'a DuckDB file'}; {args.reps} reps, "
               f"systems alternating; set-up {time.perf_counter() - t_start:.0f} s; load average "
               f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
         results: dict[str, list[dict[str, Any]]] = {}

@@ -79,6 +79,7 @@ class VLLMServer:
         self.startup_s: float | None = None
         self.restarts = 0
         self._proc: subprocess.Popen[bytes] | None = None
+        self._core_pids: list[int] = []  # vLLM's EngineCore process(es), found once the server is ready
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------------ properties
@@ -164,6 +165,7 @@ class VLLMServer:
         except BaseException:
             self._kill_tree()
             raise
+        self._core_pids = [p for p in self.pids() if _process_title(p).startswith("VLLM::EngineCore")]
         self.startup_s = time.monotonic() - t0
         logger.info("vLLM ready on %s after %.1fs", self.base_url, self.startup_s)
 
@@ -239,6 +241,8 @@ class VLLMServer:
             return "stopped"
         if self._proc.poll() is not None:
             return "dead"
+        if self._core_pids and not set(self._core_pids) & set(self.pids()):
+            return "dead"  # the engine core died; the API server can take a while to notice and exit
         try:
             code = httpx.get(f"{self.root_url}/health", timeout=timeout_s).status_code
         except httpx.TransportError:
@@ -319,3 +323,11 @@ def _spawn_watched(argv: list[str], *, env: dict[str, str], log_fh: object, name
     proc = box["proc"]
     assert isinstance(proc, subprocess.Popen)
     return proc
+
+
+def _process_title(pid: int) -> str:
+    """A process's command line as ``ps`` shows it (vLLM renames its engine processes ``VLLM::...``)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""

@@ -1,0 +1,202 @@
+"""The spans table of a store: checked ingest, the span journal in front of it, and reads of both.
+
+Every span batch passes the same gate whatever its door (typed ``Span`` objects, Arrow from the store
+server or a bulk producer): :func:`~spanlab.store.validate.validate_span_table`, the limits of
+:func:`~spanlab.store.ingest.check_batch`, and the per-attempt dedupe of the :class:`AttemptIndex`. A batch
+smaller than a row group then waits in the span journal (:mod:`spanlab.store.span_journal`); a bigger
+one is inserted at once. :class:`~spanlab.store.duckdb_store.SpanStore` adds the rollout queue on top.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spanlab.errors import InvalidSpanError, StoreError
+from spanlab.store.arrow import spans_to_arrow
+from spanlab.store.connection import MEMORY
+from spanlab.store.database import Database, as_model
+from spanlab.store.ingest import AttemptIndex, check_batch
+from spanlab.store.schema import SPAN_COLUMNS
+from spanlab.store.span_journal import SpanJournal, read_span_journal
+from spanlab.store.span_reads import read_spans
+from spanlab.store.validate import conform, validate_span_table
+from spanlab.types import Span
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_TOKENS_PER_SPAN = 1_048_576
+DEFAULT_MAX_JSON_BYTES = 16 * 1024 * 1024
+
+
+class SpanTable(Database):
+    """The ``spans`` table and the span journal in front of it; a leftover journal is inserted on open."""
+
+    def __init__(
+        self,
+        path: str | Path = MEMORY,
+        *,
+        max_tokens_per_span: int = DEFAULT_MAX_TOKENS_PER_SPAN,
+        max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
+        span_flush_s: float = 1.0,
+        compress: bool = True,
+    ) -> None:
+        super().__init__(path, compress=compress)
+        self.max_tokens_per_span = max_tokens_per_span
+        self.max_json_bytes = max_json_bytes
+        self._span_flush_s = span_flush_s
+        self._span_index = AttemptIndex()
+        span_path = None if self.path == MEMORY else Path(self.path + ".span-journal")
+        try:
+            if span_path is not None and span_path.exists():
+                self._replay_spans(span_path)
+            self._spans = SpanJournal(span_path)
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            written = False
+            try:
+                self._flush_spans()
+                written = True
+            finally:
+                self._spans.close(remove=written)  # kept, and replayed on the next open, if not inserted
+                super().close()
+
+    def _before_read(self) -> None:
+        self._flush_spans()
+
+    def _replay_spans(self, path: Path) -> None:
+        """Insert the spans a leftover span journal holds (those not in the table already)."""
+        tbl, complete = read_span_journal(path)
+        if tbl is not None:
+            with self._registered("_journal_spans", tbl), self._transaction() as cur:
+                (n,) = cur.execute(
+                    "INSERT INTO spans SELECT * FROM _journal_spans j WHERE NOT EXISTS (SELECT 1 FROM spans s "
+                    "WHERE s.span_id = j.span_id AND s.attempt_id IS NOT DISTINCT FROM j.attempt_id)"
+                ).fetchone()
+            logger.info("span journal %s: inserted %d spans left by the last run", path, n)
+        if complete:
+            path.write_bytes(b"")
+            return
+        kept = path.with_name(f"{path.name}.unreadable-{int(time.time())}")
+        path.rename(kept)
+        logger.error("span journal %s has an unreadable record before its end: kept as %s; the %d spans "
+                     "before it were inserted", path, kept, 0 if tbl is None else tbl.num_rows)
+
+
+    def add_spans(self, spans: Sequence[Span]) -> int:
+        spans = [as_model(Span, s, i) for i, s in enumerate(spans)]
+        # pydantic already enforced every span rule, so the table skips the column-wise checks
+        return len(self.ingest(spans_to_arrow(spans), validated=True)) if spans else 0
+
+    def add_span_table(self, tbl: pa.Table) -> int:
+        """Store a batch given as an Arrow table with the ``spans`` columns (any subset of the optional ones).
+
+        The bulk and wire path: no Python object per span. Checked by the same rules as ``add_spans``.
+        """
+        return len(self.ingest(tbl))
+
+    def ingest(self, tbl: pa.Table, *, validated: bool = False) -> list[str]:
+        """``add_span_table`` that returns the span_ids it stored (the rest were already there).
+
+        ``validated=True`` says ``tbl`` already has the span schema and passed ``validate_span_table``.
+        """
+        tbl = self._checked(tbl, validated)
+        return self._store_fresh(tbl) if tbl.num_rows else []
+
+    def _checked(self, tbl: pa.Table, validated: bool) -> pa.Table:
+        """Every check a span batch passes before anything of it is written."""
+        if not validated:
+            tbl = conform(tbl)
+            validate_span_table(tbl)
+        if tbl.num_rows:
+            check_batch(tbl, self.max_tokens_per_span, self.max_json_bytes)
+        return tbl
+
+    def _store_fresh(self, tbl: pa.Table) -> list[str]:
+        with self._lock:
+            fresh = self._fresh_rows(tbl)
+            if fresh.num_rows == 0:
+                return []
+            self._insert_spans(fresh)
+            self._span_index.mark_stored(fresh)
+            self._maybe_flush_spans()
+        return fresh["span_id"].to_pylist()
+
+    def _fresh_rows(self, tbl: pa.Table) -> pa.Table:
+        """The rows of ``tbl`` not stored yet (see ``AttemptIndex.new_rows``)."""
+        if not self._span_index.knows(pc.unique(tbl["attempt_id"]).to_pylist()):
+            self._before_read()  # the index loads unknown attempts from the tables: they must be current
+        return self._span_index.new_rows(self._conn, tbl, self._spans.unattributed_ids)
+
+    def _insert_spans(self, new_spans: pa.Table) -> None:
+        """Make new spans durable: a batch smaller than a row group (with what is buffered) goes to the span
+        journal, a bigger one straight into the table."""
+        self._ensure_open()
+        if not self._spans.fits(new_spans):
+            self._flush_spans()
+        if self._spans.fits(new_spans):
+            self._spans.append(new_spans)
+        else:
+            self._insert_into_table(new_spans)
+
+    def _flush_spans(self) -> None:
+        """Insert the span journal's batches into the table as one batch, then empty the journal."""
+        with self._lock:
+            buffered = self._spans.table()
+            if buffered is None:
+                return
+            self._insert_into_table(buffered)
+            self._spans.clear()
+
+    def _maybe_flush_spans(self) -> None:
+        """The periodic flush after a write that already returned durable: a failure here loses nothing
+        (the batches stay journaled) and surfaces at the next flush that must happen (a read, a full row
+        group, close), so it is logged, not raised into the write that succeeded."""
+        if self._spans.due(self._span_flush_s):
+            try:
+                self._flush_spans()
+            except StoreError as exc:
+                logger.error("span store %s: spans stay in the span journal for now: %s", self.path, exc)
+
+    def _insert_into_table(self, new_spans: pa.Table) -> None:
+        """One INSERT, atomic on its own. Columns go by position: ``SPAN_ARROW_SCHEMA`` follows the table's
+        column order (a test checks it). ~1.5 ms cheaper per batch than register/INSERT/unregister."""
+        self._ensure_open()
+        try:
+            self._conn.from_arrow(new_spans).insert_into("spans")
+        except (duckdb.ConversionException, duckdb.ConstraintException) as exc:
+            raise InvalidSpanError(f"rejected by DuckDB: {exc}; nothing of this batch was stored") from exc
+        except duckdb.Error as exc:
+            raise StoreError(f"span store {self.path}: {exc}") from exc
+
+    def spans_reader(
+        self,
+        *,
+        rollout_ids: Sequence[str] | None = None,
+        attempt_ids: Sequence[str] | None = None,
+        kinds: Sequence[str] | None = None,
+        columns: Sequence[str] | None = None,
+        batch_size: int = 1024,
+    ) -> pa.RecordBatchReader:
+        cols = list(columns) if columns else list(SPAN_COLUMNS)
+        unknown = [c for c in cols if c not in SPAN_COLUMNS]
+        if unknown:
+            raise InvalidSpanError(f"unknown span columns {unknown}; known: {', '.join(SPAN_COLUMNS)}")
+        lists = {"rollout_id": rollout_ids, "attempt_id": attempt_ids, "kind": kinds}
+        with self._lock:  # the buffered batches and the table's snapshot are taken together
+            try:
+                return read_spans(self._cursor(), self._spans.table(), lists, cols, batch_size)
+            except duckdb.Error as exc:
+                raise StoreError(f"cannot read spans: {exc}") from exc
