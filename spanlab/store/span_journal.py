@@ -57,7 +57,7 @@ class SpanJournal:
 
     def fits(self, tbl: pa.Table) -> bool:
         """Whether ``tbl`` may wait here; a batch that fills a row group goes straight to the table."""
-        return self.rows + tbl.num_rows < FLUSH_ROWS and self.nbytes + tbl.nbytes < FLUSH_BYTES
+        return self.rows + tbl.num_rows < FLUSH_ROWS and self.nbytes + _size(tbl) < FLUSH_BYTES
 
     def due(self, interval_s: float) -> bool:
         return self.since is not None and time.monotonic() - self.since >= interval_s
@@ -80,7 +80,7 @@ class SpanJournal:
             self._size += len(header) + body.size
         self.tables.append(tbl)
         self.rows += tbl.num_rows
-        self.nbytes += tbl.nbytes
+        self.nbytes += _size(tbl)
         unattributed = pc.is_null(tbl["attempt_id"])
         if pc.any(unattributed).as_py():
             self.unattributed_ids.update(tbl.filter(unattributed)["span_id"].to_pylist())
@@ -175,3 +175,9 @@ def check_insertable(tbl: pa.Table) -> None:
 
 def _no_constant(name: str) -> float:
     raise ValueError(f"{name} is not JSON")
+
+
+def _size(tbl: pa.Table) -> int:
+    """Bytes of the buffers ``tbl`` holds: an upper bound for slices, where ``nbytes`` is exact but walks
+    every column's offsets (~20x slower here)."""
+    return tbl.get_total_buffer_size()
