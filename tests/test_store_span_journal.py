@@ -21,10 +21,10 @@ COLUMNS = ["span_id", "rollout_id", "attempt_id", "sequence_id", "kind", "attrib
            "response_token_ids", "reward_value"]
 
 
-def _calls(rollout_id: str, attempt_id: str, n: int, seed: int) -> list[Span]:
+def _calls(rollout_id: str, attempt_id: str, n: int, seed: int, prompt: int = 30) -> list[Span]:
     rng = np.random.default_rng(seed)
     return [Span(rollout_id=rollout_id, attempt_id=attempt_id, name="chat", kind="llm_call", attributes={"k": k},
-                 llm=LLMCall(model="m", prompt_token_ids=rng.integers(0, 1000, 30).tolist(),
+                 llm=LLMCall(model="m", prompt_token_ids=rng.integers(0, 1000, prompt).tolist(),
                              response_token_ids=rng.integers(0, 1000, 5).tolist()))
             for k in range(n)]
 
@@ -100,13 +100,20 @@ def test_spans_reach_the_table_when_due_or_a_row_group_is_full(tmp_path: Path) -
     with SpanStore(path, span_flush_s=3600) as store:
         store.enqueue([Rollout(rollout_id="big", input={})])
         _, attempt = store.dequeue("w")
+
+        def in_table() -> int:
+            return store._cursor().execute("SELECT count(*) FROM spans WHERE rollout_id = 'big'").fetchall()[0][0]
+
         store.add_spans(_calls("big", attempt.attempt_id, 5, 0))
-        assert _journal(path).stat().st_size > 0
-        big = _calls("big", attempt.attempt_id, 2048, 1)
-        assert store.add_spans(big) == 2048  # a row group: straight into the table, with what waited
-        assert _journal(path).stat().st_size == 0
-        (n,) = store._conn.execute("SELECT count(*) FROM spans WHERE rollout_id = 'big'").fetchone()
-        assert n == 2053
+        assert _journal(path).stat().st_size > 0 and in_table() == 0
+        assert store.add_spans(_calls("big", attempt.attempt_id, 2048, 1)) == 2048  # a row group: straight in
+        assert in_table() == 2048
+        assert store.add_spans(_calls("big", attempt.attempt_id, 450, 9, prompt=2500)) == 450  # > 4 MB: straight in
+        assert in_table() == 2498
+        for seed in range(2, 7):  # 5 + 4 x 500 wait; the fifth 500 would make a row group: what waits goes in
+            store.add_spans(_calls("big", attempt.attempt_id, 500, seed))
+        assert in_table() == 2498 + 2005 and _journal(path).stat().st_size > 0
+        assert store.spans_reader(rollout_ids=["big"], columns=["span_id"]).read_all().num_rows == 5003
 
 
 def test_a_bad_batch_is_refused_and_loses_nothing_buffered(tmp_path: Path) -> None:

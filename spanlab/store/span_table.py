@@ -141,15 +141,15 @@ class SpanTable(Database):
         return self._span_index.new_rows(self._conn, tbl, self._spans.unattributed_ids)
 
     def _insert_spans(self, new_spans: pa.Table) -> None:
-        """Make new spans durable: a batch smaller than a row group (with what is buffered) goes to the span
-        journal, a bigger one straight into the table."""
+        """Make new spans durable: a small batch in the span journal (inserted later with what waits there,
+        as one batch), a big one straight into the table."""
         self._ensure_open()
+        if not self._spans.takes(new_spans):
+            self._insert_into_table(new_spans)
+            return
         if not self._spans.fits(new_spans):
             self._flush_spans()
-        if self._spans.fits(new_spans):
-            self._spans.append(new_spans)
-        else:
-            self._insert_into_table(new_spans)
+        self._spans.append(new_spans)
 
     def _flush_spans(self) -> None:
         """Insert the span journal's batches into the table as one batch, then empty the journal."""
