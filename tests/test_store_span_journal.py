@@ -203,3 +203,28 @@ def test_a_torn_last_record_is_dropped_and_a_corrupt_one_kept_aside(tmp_path: Pa
         assert store.query("SELECT count(*) AS n FROM spans").to_pylist() == [{"n": 0}]
     (kept,) = tmp_path.glob("*.span-journal.unreadable-*")
     assert kept.read_bytes() == bytes(bad)  # nothing deleted
+
+
+def test_a_failed_journal_write_stores_nothing_and_leaves_no_partial_record(tmp_path: Path, monkeypatch) -> None:
+    import spanlab.store.append_file as append_file
+    from spanlab.errors import StoreError
+    from spanlab.store.span_journal import read_span_journal
+
+    path = tmp_path / "s.duckdb"
+    with SpanStore(path, span_flush_s=3600) as store:
+        store.enqueue([Rollout(rollout_id="r", input={})])
+        _, attempt = store.dequeue("w")
+        assert store.add_spans(_calls("r", attempt.attempt_id, 2, 0)) == 2
+
+        def disk_full(fd: int) -> None:
+            raise OSError(28, "No space left on device")
+
+        spans = _calls("r", attempt.attempt_id, 2, 1)
+        monkeypatch.setattr(append_file.os, "fdatasync", disk_full)
+        with pytest.raises(StoreError, match="No space left on device"):
+            store.add_spans(spans)
+        monkeypatch.undo()
+        assert store.spans_table(rollout_ids=["r"]).num_rows == 2
+        assert store.add_spans(spans) == 2  # not taken for stored: the retry counts
+        tbl, complete = read_span_journal(_journal(path))
+        assert complete and tbl is not None and tbl.num_rows == 4  # the failed record was cut off the file

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
 from spanlab.errors import StoreError
+from spanlab.store.append_file import AppendFile
 from spanlab.types import Attempt, Rollout
 
 logger = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ class QueueJournal:
         self.path = path
         self.rollouts: dict[str, dict[str, Any]] = {}
         self.attempts: dict[str, Attempt] = {}
-        self._file = open(path, "ab") if path is not None else None  # noqa: SIM115 - held open for appends
+        self.file = AppendFile(path)
 
     def __len__(self) -> int:
         return len(self.attempts)
@@ -57,17 +57,11 @@ class QueueJournal:
         ``requires``: span IDs this state only holds with (a finish's spans, inserted after this returns).
         """
         state = rollout_state(rollout)
-        if self._file is not None:
+        if self.path is not None:
             entry: dict[str, Any] = {"rollout": state, "attempt": attempt.model_dump(mode="json")}
             if requires:
                 entry["requires"] = requires
-            line = json.dumps(entry, separators=(",", ":"))
-            try:
-                self._file.write(line.encode() + b"\n")
-                self._file.flush()
-                os.fdatasync(self._file.fileno())
-            except OSError as exc:
-                raise StoreError(f"cannot write the queue journal {self.path}: {exc}") from exc
+            self.file.append(json.dumps(entry, separators=(",", ":")).encode() + b"\n")
         self.rollouts[rollout.rollout_id] = state
         self.attempts[attempt.attempt_id] = attempt
 
@@ -75,15 +69,10 @@ class QueueJournal:
         """Forget what is pending: call only once it is committed to the tables."""
         self.rollouts.clear()
         self.attempts.clear()
-        if self._file is not None:  # no fsync: replaying lines already written is harmless
-            self._file.truncate(0)
+        self.file.clear()  # replaying lines already written is harmless
 
     def close(self, *, remove: bool) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-            if remove and self.path is not None:
-                self.path.unlink(missing_ok=True)
+        self.file.close(remove=remove)
 
 
 def read_journal(path: Path) -> list[tuple[dict[str, Any], Attempt, list[str]]]:

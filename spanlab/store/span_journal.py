@@ -19,10 +19,8 @@ CRC-32) was never acknowledged and is dropped; a journal with a bad record befor
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
 import struct
 import time
 import zlib
@@ -31,7 +29,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spanlab.errors import InvalidSpanError, StoreError
+from spanlab.errors import InvalidSpanError
+from spanlab.store.append_file import AppendFile
 from spanlab.store.schema import JSON_SPAN_COLUMNS, SPAN_ARROW_SCHEMA
 
 logger = logging.getLogger(__name__)
@@ -55,8 +54,7 @@ class SpanJournal:
         self.unattributed_ids: set[str] = set()  # the dedupe of spans of no attempt asks the table and these
         self.since: float | None = None  # monotonic time of the oldest buffered batch
         self._joined: pa.Table | None = None
-        self._file = open(path, "ab") if path is not None else None  # noqa: SIM115 - held open for appends
-        self._size = 0  # bytes of whole records in the file
+        self.file = AppendFile(path)
 
     @staticmethod
     def takes(tbl: pa.Table) -> bool:
@@ -73,19 +71,9 @@ class SpanJournal:
     def append(self, tbl: pa.Table) -> None:
         """Make ``tbl`` durable (on return) and pending for the table. ``tbl`` has the span schema."""
         check_insertable(tbl)
-        if self._file is not None:
+        if self.path is not None:
             header, body = _record(tbl)
-            try:
-                self._file.write(header)
-                self._file.write(memoryview(body))
-                self._file.flush()
-                os.fdatasync(self._file.fileno())
-            except OSError as exc:
-                with contextlib.suppress(OSError):  # no half record in front of the next one
-                    self._file.truncate(self._size)
-                raise StoreError(f"cannot write the span journal {self.path}: {exc}; nothing of this batch "
-                                 "was stored") from exc
-            self._size += len(header) + body.size
+            self.file.append(header, memoryview(body))
         self.tables.append(tbl)
         self.rows += tbl.num_rows
         self.nbytes += _size(tbl)
@@ -107,16 +95,10 @@ class SpanJournal:
         """Forget the buffered batches: call only once they are committed to the table."""
         self.tables, self.rows, self.nbytes, self.since, self._joined = [], 0, 0, None, None
         self.unattributed_ids = set()
-        if self._file is not None:  # no fsync: replaying batches already in the table is harmless
-            self._file.truncate(0)
-            self._size = 0
+        self.file.clear()  # replaying batches already in the table is harmless
 
     def close(self, *, remove: bool) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-            if remove and self.path is not None:
-                self.path.unlink(missing_ok=True)
+        self.file.close(remove=remove)
 
 
 def read_span_journal(path: Path) -> tuple[pa.Table | None, bool]:
