@@ -84,7 +84,7 @@ class SpanTable(Database):
                 (n,) = cur.execute(
                     "INSERT INTO spans SELECT * FROM _journal_spans j WHERE NOT EXISTS (SELECT 1 FROM spans s "
                     "WHERE s.span_id = j.span_id AND s.attempt_id IS NOT DISTINCT FROM j.attempt_id)"
-                ).fetchone()
+                ).fetchall()[0]
             logger.info("span journal %s: inserted %d spans left by the last run", path, n)
         if complete:
             path.write_bytes(b"")
@@ -93,7 +93,6 @@ class SpanTable(Database):
         path.rename(kept)
         logger.error("span journal %s has an unreadable record before its end: kept as %s; the %d spans "
                      "before it were inserted", path, kept, 0 if tbl is None else tbl.num_rows)
-
 
     def add_spans(self, spans: Sequence[Span]) -> int:
         spans = [as_model(Span, s, i) for i, s in enumerate(spans)]
@@ -157,7 +156,11 @@ class SpanTable(Database):
             buffered = self._spans.table()
             if buffered is None:
                 return
-            self._insert_into_table(buffered)
+            try:
+                self._insert_into_table(buffered)
+            except InvalidSpanError as exc:  # checked before they were journaled, so this is not the caller's
+                raise StoreError(f"span store {self.path}: DuckDB refused spans waiting in the span journal "
+                                 f"({exc}); they stay in {self._spans.path or 'memory'}") from exc
             self._spans.clear()
 
     def _maybe_flush_spans(self) -> None:
