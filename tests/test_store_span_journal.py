@@ -228,3 +228,21 @@ def test_a_failed_journal_write_stores_nothing_and_leaves_no_partial_record(tmp_
         assert store.add_spans(spans) == 2  # not taken for stored: the retry counts
         tbl, complete = read_span_journal(_journal(path))
         assert complete and tbl is not None and tbl.num_rows == 4  # the failed record was cut off the file
+
+
+def test_a_flush_duckdb_refuses_keeps_the_spans_journaled(tmp_path: Path, monkeypatch) -> None:
+    from spanlab.errors import StoreError
+
+    path = tmp_path / "s.duckdb"
+    with SpanStore(path, span_flush_s=3600) as store:
+        ids = _fill(store, 2)
+
+        def refused(self: SpanStore, tbl: pa.Table) -> None:
+            raise InvalidSpanError("rejected by DuckDB: (simulated)")
+
+        monkeypatch.setattr(SpanStore, "_insert_into_table", refused)
+        with pytest.raises(StoreError, match=r"stay in .*span-journal"):
+            store.query("SELECT count(*) FROM spans")
+        assert store.spans_table(rollout_ids=ids).num_rows == 8  # still readable where they wait
+        monkeypatch.undo()
+        assert store.query("SELECT count(*) AS n FROM spans").to_pylist() == [{"n": 8}]
