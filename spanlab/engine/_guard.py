@@ -41,6 +41,15 @@ def set_pdeathsig(sig: int, expected_parent: int) -> None:
         os.kill(os.getpid(), sig)
 
 
+def cmdline(pid: int) -> str:
+    """A process's command line as ``ps`` shows it (vLLM renames its engine processes ``VLLM::...``)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def group_members(pgid: int, *, exclude: int | None = None) -> list[int]:
     """PIDs of live (non-zombie) processes whose process group is ``pgid``, read from /proc."""
     pids = []

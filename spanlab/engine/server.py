@@ -165,7 +165,7 @@ class VLLMServer:
         except BaseException:
             self._kill_tree()
             raise
-        self._core_pids = [p for p in self.pids() if _process_title(p).startswith("VLLM::EngineCore")]
+        self._core_pids = [p for p in self.pids() if _guard.cmdline(p).startswith("VLLM::EngineCore")]
         self.startup_s = time.monotonic() - t0
         logger.info("vLLM ready on %s after %.1fs", self.base_url, self.startup_s)
 
@@ -323,11 +323,3 @@ def _spawn_watched(argv: list[str], *, env: dict[str, str], log_fh: object, name
     proc = box["proc"]
     assert isinstance(proc, subprocess.Popen)
     return proc
-
-
-def _process_title(pid: int) -> str:
-    """A process's command line as ``ps`` shows it (vLLM renames its engine processes ``VLLM::...``)."""
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""

@@ -30,7 +30,7 @@ from spanlab.store.arrow import spans_to_arrow
 from spanlab.store.batcher import SpanBatcher
 from spanlab.store.duckdb_store import SpanStore
 from spanlab.store.sql import rows
-from spanlab.store.validate import conform, validate_span_table
+from spanlab.store.validate import checked_span_table
 from spanlab.store.wire import ARROW_STREAM, bytes_to_table, reader_to_chunks
 from spanlab.types import Attempt, FinishedAttemptStatus, Resource, ResourceKind, Rollout, RolloutMode, Span
 
@@ -136,13 +136,8 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
     async def run(fn: Any, *args: Any) -> Any:
         return await asyncio.to_thread(fn, *args)
 
-    def checked(tbl: pa.Table) -> pa.Table:
-        tbl = conform(tbl)
-        validate_span_table(tbl)  # here, so a bad batch fails alone, before it is combined with others
-        return tbl
-
     async def write_spans(tbl: pa.Table) -> InsertedResponse:
-        tbl = checked(tbl)
+        tbl = checked_span_table(tbl)  # here, so a bad batch fails alone, before it is combined with others
         new_ids = await asyncio.wrap_future(batcher.submit(tbl))
         return InsertedResponse(inserted=len(new_ids), span_ids=new_ids)
 
@@ -192,7 +187,7 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
               openapi_extra={"requestBody": {"content": {ARROW_STREAM: {"schema": {}}}}})
     async def finish_arrow(attempt_id: str, request: Request, status: FinishedAttemptStatus = Query()) -> Rollout:
         """Finish with the last spans as an Arrow IPC stream (the `spans` table's columns)."""
-        tbl = checked(bytes_to_table(await request.body()))
+        tbl = checked_span_table(bytes_to_table(await request.body()))
         return await run(lambda: store.finish_attempt_table(attempt_id, status, tbl, validated=True))
 
     @app.post("/expire")

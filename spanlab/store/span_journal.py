@@ -31,11 +31,12 @@ import pyarrow.compute as pc
 
 from spanlab.errors import InvalidSpanError
 from spanlab.store.append_file import AppendFile
+from spanlab.store.connection import ROW_GROUP_SIZE
 from spanlab.store.schema import JSON_SPAN_COLUMNS, SPAN_ARROW_SCHEMA
 
 logger = logging.getLogger(__name__)
 
-FLUSH_ROWS = 2048  # a DuckDB row group of the store (connection.ROW_GROUP_SIZE): inserted straight into the file
+FLUSH_ROWS = ROW_GROUP_SIZE  # a DuckDB row group of the store: inserted straight into the file
 FLUSH_BYTES = 64 * 1024 * 1024  # bounds the memory buffered spans take, whatever their size
 # Bigger batches go straight to the table: journaling costs ~0.05 ms per 2,500-ID span (copy, CRC, write,
 # fsync) on top of the insert it defers, while what it saves is the insert's fixed ~5-15 ms per batch.
@@ -108,17 +109,11 @@ def read_span_journal(path: Path) -> tuple[pa.Table | None, bool]:
     batches: list[pa.RecordBatch] = []
     pos = 0
     while pos < len(data):
-        header_end = pos + _HEADER.size
-        if header_end > len(data):
+        body, end = _record_at(data, pos)
+        if body is None and end >= len(data):
             logger.warning("span journal %s: dropping a torn last record (%d bytes)", path, len(data) - pos)
             break
-        size, crc = _HEADER.unpack_from(data, pos)
-        end = header_end + size
-        body = data[header_end:end]
-        if end > len(data) or zlib.crc32(body) != crc:
-            if end >= len(data):
-                logger.warning("span journal %s: dropping a torn last record (%d bytes)", path, len(data) - pos)
-                break
+        if body is None:
             logger.error("span journal %s: record at byte %d is corrupt and more follow", path, pos)
             return _joined(batches), False
         try:
@@ -128,6 +123,17 @@ def read_span_journal(path: Path) -> tuple[pa.Table | None, bool]:
             return _joined(batches), False
         pos = end
     return _joined(batches), True
+
+
+def _record_at(data: bytes, pos: int) -> tuple[bytes | None, int]:
+    """The body of the record at ``pos`` (None if cut short or failing its CRC) and where it ends."""
+    start = pos + _HEADER.size
+    if start > len(data):
+        return None, len(data)
+    size, crc = _HEADER.unpack_from(data, pos)
+    end = start + size
+    body = data[start:end]
+    return (body if end <= len(data) and zlib.crc32(body) == crc else None), end
 
 
 def _record(tbl: pa.Table) -> tuple[bytes, pa.Buffer]:

@@ -26,7 +26,7 @@ from spanlab.store.ingest import AttemptIndex, check_batch
 from spanlab.store.schema import SPAN_COLUMNS
 from spanlab.store.span_journal import SpanJournal, read_span_journal
 from spanlab.store.span_reads import read_spans
-from spanlab.store.validate import conform, validate_span_table
+from spanlab.store.validate import checked_span_table
 from spanlab.types import Span
 
 logger = logging.getLogger(__name__)
@@ -117,8 +117,7 @@ class SpanTable(Database):
     def _checked(self, tbl: pa.Table, validated: bool) -> pa.Table:
         """Every check a span batch passes before anything of it is written."""
         if not validated:
-            tbl = conform(tbl)
-            validate_span_table(tbl)
+            tbl = checked_span_table(tbl)
         if tbl.num_rows:
             check_batch(tbl, self.max_tokens_per_span, self.max_json_bytes)
         return tbl

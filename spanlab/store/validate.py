@@ -46,6 +46,13 @@ def conform(tbl: pa.Table) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=SPAN_ARROW_SCHEMA)
 
 
+def checked_span_table(tbl: pa.Table) -> pa.Table:
+    """``tbl`` conformed to the span schema, with every rule of :func:`validate_span_table` checked."""
+    tbl = conform(tbl)
+    validate_span_table(tbl)
+    return tbl
+
+
 def _fail_at(tbl: pa.Table, bad: pa.Array | pa.ChunkedArray, message: str) -> None:
     """Raise for the first row where ``bad`` is true (nulls count as not bad)."""
     bad = pc.fill_null(bad, False)

@@ -26,13 +26,6 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
 def _alive(pids: list[int]) -> list[int]:
     out = []
     for pid in pids:
@@ -59,7 +52,7 @@ def test_parent_sigkill_leaves_no_vllm_processes(default_model_dir: Path) -> Non
         line = parent.stdout.readline() if parent.stdout else ""
         assert line, "child did not start a server"
         info = json.loads(line)
-        names = " ".join(_cmdline(p) for p in info["pids"])
+        names = " ".join(_guard.cmdline(p) for p in info["pids"])
         assert "vllm.entrypoints.openai.api_server" in names and "VLLM::EngineCore" in names
         parent.send_signal(signal.SIGKILL)
         parent.wait(timeout=10)
@@ -77,7 +70,7 @@ def test_dead_engine_is_detected_and_restarted(vllm_server: Any) -> None:
     if not isinstance(vllm_server, VLLMServer):
         pytest.skip("needs a server this session controls")
     base_url = vllm_server.base_url
-    core = [p for p in vllm_server.pids() if "VLLM::EngineCore" in _cmdline(p)]
+    core = [p for p in vllm_server.pids() if "VLLM::EngineCore" in _guard.cmdline(p)]
     assert core, "no EngineCore process found"
     os.kill(core[0], signal.SIGKILL)
     deadline = time.monotonic() + 30
