@@ -6,7 +6,7 @@ import pyarrow as pa
 import pytest
 
 from spanlab.errors import InvalidSpanError
-from spanlab.store import SpanStore
+from spanlab.store import SpanStore, validate
 from spanlab.store.arrow import spans_to_arrow
 from tests.conftest import llm_span
 
@@ -48,15 +48,31 @@ def test_minimal_columns_are_enough(store: SpanStore, started) -> None:
         ({"response_token_ids": [[1, 2, 3, 4, 5], [1, -7, 3, 4, 5], [1, 2, 3, 4, 5]]}, r"span #1 .*must be >= 0"),
         ({"response_logprobs": [[0.0] * 5, [0.0] * 4, [0.0] * 5]}, r"span #1 .*one entry per response token"),
         ({"response_logprobs": [[0.0] * 5, [0.0] * 5, [0.0, float("nan"), 0, 0, 0]]}, r"span #2 .*finite"),
+        ({"response_logprobs": [[0.0] * 5, [0.0, float("inf"), 0, 0, 0], [0.0] * 5]}, r"span #1 .*finite"),
         ({"loss_mask": [None, [1] * 24, None]}, r"span #1 .*one entry per prompt\+response token"),
         ({"loss_mask": [None, None, [0] * 24 + [2]]}, r"span #2 .*0 or 1"),
         ({"span_id": ["s0", "s0", "s2"]}, "appears twice"),
         ({"attempt_id": ["at-nope"] * 3}, "unknown attempt_id 'at-nope'"),
         ({"rollout_id": [None] * 3}, "both be set or both be None"),
         ({"request_messages": ["[]", "{not json", "[]"]}, r"span #1 .*`request_messages` is not valid JSON"),
+        ({"span_id": ["s0", "", "s2"]}, r"span #1 .*`span_id` is empty"),
+        ({"name": ["a", "b", None]}, r"span #2 .*`name` is missing"),
+        ({"sequence_id": [0, -1, 2]}, r"span #1 .*`sequence_id` must be >= 0"),
+        ({"kind": ["llm_call", "message", "llm_call"]}, r"span #1 .*only llm_call spans carry LLM fields"),
+        ({"kind": ["llm_call", "reward", "llm_call"], "model": ["m", None, "m"]}, r"span #1 .*needs its `reward`"),
+        ({"reward_value": [None, None, 0.5]}, r"span #2 .*only reward spans carry a reward"),
+        ({"kind": ["llm_call", "reward", "llm_call"], "model": ["m", None, "m"],
+          "reward_value": [None, float("inf"), None]}, r"span #1 .*reward value must be finite"),
     ],
 )
-def test_bad_batches_name_the_row_and_store_nothing(store: SpanStore, started, overrides, message) -> None:
+@pytest.mark.parametrize("row_pass", [True, False], ids=["row-pass", "columns-only"])
+def test_bad_batches_name_the_row_and_store_nothing(
+    store: SpanStore, started, overrides, message, row_pass, monkeypatch
+) -> None:
+    """Every rule holds on both paths: a small batch's Python row pass must never let through what the
+    column-wise checks refuse (``columns-only`` turns the row pass off)."""
+    if not row_pass:
+        monkeypatch.setattr(validate, "ROW_PASS_MAX_ROWS", -1)
     rollout, attempt = started
     with pytest.raises(InvalidSpanError, match=message):
         store.add_span_table(_table(rollout, attempt, **overrides))

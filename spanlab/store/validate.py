@@ -9,6 +9,7 @@ and a ``reward`` its value. Errors name the row and its span_id; nothing of the 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import get_args
 
@@ -25,15 +26,18 @@ _REQUIRED = ("span_id", "name", "kind", "start_time", "status")
 
 def conform(tbl: pa.Table) -> pa.Table:
     """Reorder and cast ``tbl`` to the span schema; absent optional columns become nulls."""
-    unknown = set(tbl.column_names) - set(SPAN_ARROW_SCHEMA.names)
+    if tbl.schema.equals(SPAN_ARROW_SCHEMA):  # what spans_to_arrow and StoreClient send: nothing to do
+        return tbl
+    names = set(tbl.column_names)
+    unknown = names - set(SPAN_ARROW_SCHEMA.names)
     if unknown:
         raise InvalidSpanError(f"unknown span columns {sorted(unknown)}; nothing stored")
-    missing = [c for c in _REQUIRED if c not in tbl.column_names]
+    missing = [c for c in _REQUIRED if c not in names]
     if missing:
         raise InvalidSpanError(f"span batch lacks required columns {missing}; nothing stored")
     arrays = []
     for field in SPAN_ARROW_SCHEMA:
-        if field.name not in tbl.column_names:
+        if field.name not in names:
             arrays.append(pa.nulls(tbl.num_rows, field.type))
             continue
         col = tbl[field.name]
@@ -66,8 +70,77 @@ def _list_lengths(col: pa.ChunkedArray) -> pa.ChunkedArray:
     return pc.fill_null(pc.list_value_length(col), 0)
 
 
+# Up to this many rows one Python pass over the rows is cheaper than the ~60 Arrow compute calls of the
+# column-wise checks (~20 us each, whatever the row count): 0.1 ms instead of 1.4 ms for a rollout's spans.
+ROW_PASS_MAX_ROWS = 256
+_KINDS, _STATUSES = frozenset(get_args(SpanKind)), frozenset(get_args(SpanStatus))
+_ROW_COLUMNS = (*_REQUIRED, "rollout_id", "attempt_id", "sequence_id", "model", "reward_value")
+_LIST_COLUMNS = ("prompt_token_ids", "response_token_ids", "response_logprobs", "loss_mask")
+
+
 def validate_span_table(tbl: pa.Table) -> None:
-    """All span rules, column by column; ``tbl`` must already be :func:`conform`-ed."""
+    """All span rules; ``tbl`` must already be :func:`conform`-ed.
+
+    A small batch that passes the row pass and the element checks is done. Otherwise the column-wise
+    checks run, and they are the authority: they name the first bad row, and decide alone (the row pass
+    only ever answers "all good" when they would, which the tests check with both on every rule).
+    """
+    if tbl.num_rows <= ROW_PASS_MAX_ROWS and _rows_pass(tbl) and _elements_pass(tbl):
+        return
+    _check_columns(tbl)
+
+
+def _rows_pass(tbl: pa.Table) -> bool:
+    """Every row-level rule of :func:`_check_columns`, in plain Python over the batch's rows."""
+    cols = [tbl[name].to_pylist() for name in _ROW_COLUMNS]
+    prompt, response, logprobs, mask = (_lengths(tbl[name]) for name in _LIST_COLUMNS)
+    rows = zip(*cols, strict=True)
+    for i, (span_id, name, kind, start, status, rollout_id, attempt_id, seq, model, reward) in enumerate(rows):
+        if not span_id or name is None or start is None or kind not in _KINDS or status not in _STATUSES:
+            return False
+        if (rollout_id is None) != (attempt_id is None) or (seq is not None and seq < 0):
+            return False
+        if (kind == "llm_call") != (model is not None) or (kind == "reward") != (reward is not None):
+            return False
+        if reward is not None and not math.isfinite(reward):
+            return False
+        n_resp = response[i] or 0
+        if logprobs[i] is not None and logprobs[i] != n_resp:
+            return False
+        if mask[i] is not None and mask[i] != (prompt[i] or 0) + n_resp:
+            return False
+    return True
+
+
+def _lengths(col: pa.ChunkedArray) -> list[int | None]:
+    return [None] * len(col) if col.null_count == len(col) else pc.list_value_length(col).to_pylist()
+
+
+def _elements_pass(tbl: pa.Table) -> bool:
+    """The element-level rules of :func:`_check_columns`: token IDs >= 0, mask 0/1, logprobs finite or -inf."""
+    checks = (*((c, _negative) for c in ("prompt_token_ids", "response_token_ids")),
+              ("loss_mask", _over_one), ("response_logprobs", _not_finite))
+    for name, is_bad in checks:
+        col = tbl[name]
+        if col.null_count < len(col) and any(is_bad(np.asarray(c.flatten())).any() for c in col.chunks):
+            return False
+    return True
+
+
+def _negative(v: np.ndarray) -> np.ndarray:
+    return v < 0
+
+
+def _over_one(v: np.ndarray) -> np.ndarray:
+    return v > 1
+
+
+def _not_finite(v: np.ndarray) -> np.ndarray:
+    return np.isnan(v) | (v == np.inf)
+
+
+def _check_columns(tbl: pa.Table) -> None:
+    """All span rules, column by column (~60 Arrow compute calls); raises naming the first bad row."""
     for name in _REQUIRED:
         _fail_at(tbl, pc.is_null(tbl[name]), f"`{name}` is missing")
     _fail_at(tbl, pc.equal(pc.binary_length(tbl["span_id"]), 0), "`span_id` is empty")
@@ -103,15 +176,13 @@ def validate_span_table(tbl: pa.Table) -> None:
         pc.and_(pc.is_valid(mask), pc.not_equal(pc.list_value_length(mask), n_all)),
         "loss_mask must have one entry per prompt+response token",
     )
-    _check_values(tbl, "loss_mask", lambda v: v > 1, "loss_mask values must be 0 or 1")
-    _check_values(
-        tbl, "response_logprobs", lambda v: np.isnan(v) | (v == np.inf), "response_logprobs must be finite (or -inf)"
-    )
+    _check_values(tbl, "loss_mask", _over_one, "loss_mask values must be 0 or 1")
+    _check_values(tbl, "response_logprobs", _not_finite, "response_logprobs must be finite (or -inf)")
 
 
 def _check_non_negative_ids(tbl: pa.Table) -> None:
     for col in ("prompt_token_ids", "response_token_ids"):
-        _check_values(tbl, col, lambda v: v < 0, "token IDs must be >= 0")
+        _check_values(tbl, col, _negative, "token IDs must be >= 0")
 
 
 def _check_values(tbl: pa.Table, col: str, is_bad: Callable[[np.ndarray], np.ndarray], message: str) -> None:
