@@ -85,13 +85,16 @@ def spans_to_arrow(spans: Sequence[Span]) -> pa.Table:
         "reward_value": of(rewards, "value"),
         "reward_call_span_id": of(rewards, "call_span_id"),
     }
-    arrays = [
-        list_column(cols[f.name], _LIST_COLUMNS[f.name], f.type)
-        if f.name in _LIST_COLUMNS
-        else pa.array(cols[f.name], type=f.type)
-        for f in SPAN_ARROW_SCHEMA
-    ]
-    return pa.Table.from_arrays(arrays, schema=SPAN_ARROW_SCHEMA)
+    return pa.Table.from_arrays([_column(cols[f.name], f) for f in SPAN_ARROW_SCHEMA], schema=SPAN_ARROW_SCHEMA)
+
+
+def _column(values: list[Any], field: pa.Field) -> pa.Array:
+    """One column; an all-null one (most optional fields of most spans) without looking at its values again."""
+    if all(v is None for v in values):
+        return pa.nulls(len(values), field.type)
+    if field.name in _LIST_COLUMNS:
+        return list_column(values, _LIST_COLUMNS[field.name], field.type)
+    return pa.array(values, type=field.type)
 
 
 def row_to_span(row: dict[str, Any]) -> Span:

@@ -22,7 +22,7 @@ from spanlab.store.schema import JSON_SPAN_COLUMNS
 def check_batch(tbl: pa.Table, max_tokens_per_span: int, max_json_bytes: int) -> None:
     """Limits that protect the store: no span_id twice in a batch, no span over the token or JSON limit."""
     ids = tbl["span_id"]
-    if pc.count_distinct(ids).as_py() != tbl.num_rows:
+    if len(set(ids.to_pylist())) != tbl.num_rows:
         counts = pc.value_counts(ids)
         dup = next(v["values"] for v in counts.to_pylist() if v["counts"] > 1)
         raise InvalidSpanError(f"span_id {dup!r} appears twice in the batch; nothing stored")
@@ -38,6 +38,8 @@ def check_batch(tbl: pa.Table, max_tokens_per_span: int, max_json_bytes: int) ->
             "nothing stored"
         )
     for col in JSON_SPAN_COLUMNS:
+        if tbl[col].null_count == tbl.num_rows:
+            continue
         lengths = pc.binary_length(tbl[col])
         biggest = pc.max(lengths).as_py()
         if biggest is not None and biggest > max_json_bytes:
