@@ -51,17 +51,19 @@ class QueueJournal:
     def __len__(self) -> int:
         return len(self.attempts)
 
-    def record(self, rollout: Rollout, attempt: Attempt, requires: list[str] | None = None) -> None:
+    def record(self, rollout: Rollout, attempt: Attempt, requires: list[str] | None = None, *,
+               sync: bool = True) -> None:
         """Make ``rollout``'s and ``attempt``'s new state durable (on return) and pending for the tables.
 
         ``requires``: span IDs this state only holds with (a finish's spans, inserted after this returns).
+        ``sync=False``: written but not fsync'd (see :mod:`spanlab.store.append_file`).
         """
         state = rollout_state(rollout)
         if self.path is not None:
             entry: dict[str, Any] = {"rollout": state, "attempt": attempt.model_dump(mode="json")}
             if requires:
                 entry["requires"] = requires
-            self.file.append(json.dumps(entry, separators=(",", ":")).encode() + b"\n")
+            self.file.append(json.dumps(entry, separators=(",", ":")).encode() + b"\n", sync=sync)
         self.rollouts[rollout.rollout_id] = state
         self.attempts[attempt.attempt_id] = attempt
 

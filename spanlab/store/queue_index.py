@@ -32,9 +32,10 @@ class QueueIndex:
     _beats: set[str] = field(default_factory=set)
     _last_write: float = field(default_factory=time.monotonic)
 
-    def record(self, rollout: Rollout, attempt: Attempt, requires: list[str] | None = None) -> None:
+    def record(self, rollout: Rollout, attempt: Attempt, requires: list[str] | None = None, *,
+               sync: bool = True) -> None:
         """A transition: durable first (journal), then live."""
-        self.journal.record(rollout, attempt, requires)
+        self.journal.record(rollout, attempt, requires, sync=sync)
         self.apply(rollout, attempt)
 
     def apply(self, rollout: Rollout, attempt: Attempt) -> None:

@@ -1,0 +1,82 @@
+"""The store's background flusher and its fsync policy: journals reach the tables with nobody calling,
+handing work out skips the fsync that results get, and the thread ends with its store."""
+
+from __future__ import annotations
+
+import gc
+import os
+import threading
+import time
+import weakref
+from pathlib import Path
+
+import pytest
+
+from spanlab.store import SpanStore
+from tests.conftest import llm_span
+
+
+def _wait_for(condition, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return condition()
+
+
+def _size(path: str) -> int:
+    return os.path.getsize(path) if os.path.exists(path) else 0
+
+
+def test_an_idle_store_writes_its_journals_to_the_tables(tmp_path: Path) -> None:
+    """No call after the writes: the background thread inserts the spans and writes the queue states."""
+    db = str(tmp_path / "s.duckdb")
+    with SpanStore(db, span_flush_s=0.2, queue_flush_s=0.2) as store:
+        store.enqueue_one({"q": 1})
+        rollout, attempt = store.dequeue(worker_id="w")
+        store.finish_attempt(attempt.attempt_id, "succeeded", [llm_span(rollout, attempt, seed=i) for i in range(3)])
+        assert _size(db + ".span-journal") > 0 and _size(db + ".queue-journal") > 0  # durable there first
+        assert _wait_for(lambda: _size(db + ".span-journal") == 0 and _size(db + ".queue-journal") == 0)
+        assert store._spans.rows == 0  # inserted, not only truncated
+        assert store.query("SELECT count(*) AS n FROM spans")["n"][0].as_py() == 3
+        assert store.get_rollout(rollout.rollout_id).status == "succeeded"
+
+
+def test_handing_work_out_is_not_fsynced_and_results_are(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dequeue is written (a killed process keeps it) but not fsync'd; a finish is fsync'd, and so is the
+    dequeue before it. The background thread syncs a dequeue nobody followed up."""
+    synced: list[int] = []
+    real = os.fdatasync
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (synced.append(fd), real(fd))[1])
+    db = str(tmp_path / "s.duckdb")
+    with SpanStore(db, queue_flush_s=3600, span_flush_s=3600) as store:  # the thread ticks every second
+        store.enqueue([{"input": {"q": i}} for i in range(2)])
+        journal = store._queue.journal.file
+        synced.clear()
+        rollout, attempt = store.dequeue(worker_id="w")
+        assert synced == [] and journal.dirty and _size(db + ".queue-journal") > 0
+        store.finish_attempt(attempt.attempt_id, "succeeded", [llm_span(rollout, attempt)])
+        assert len(synced) == 2 and not journal.dirty  # the finish's line (and the dequeue's), then the spans
+        store.dequeue(worker_id="w")
+        assert journal.dirty
+        assert _wait_for(lambda: not journal.dirty, timeout_s=5)
+
+
+def test_the_thread_ends_with_its_store(tmp_path: Path) -> None:
+    def new_thread(make):
+        before = set(threading.enumerate())
+        made = make()
+        (thread,) = [t for t in threading.enumerate() if t not in before and t.name.startswith("spanlab-flush")]
+        return made, thread
+
+    store, thread = new_thread(lambda: SpanStore(tmp_path / "closed.duckdb"))
+    store.close()
+    assert not thread.is_alive()
+
+    unclosed, thread = new_thread(lambda: SpanStore(":memory:", span_flush_s=0.2, queue_flush_s=0.2))
+    ref = weakref.ref(unclosed)
+    del unclosed
+    gc.collect()
+    assert ref() is None  # the thread does not keep a forgotten store alive
+    assert _wait_for(lambda: not thread.is_alive(), timeout_s=5)
