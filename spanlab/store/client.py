@@ -4,18 +4,22 @@ It implements :class:`StoreAPI`, so a runner, gateway or algorithm takes either 
 ``StoreClient``. Span batches go as Arrow IPC. Calls that are safe to repeat (reads, span writes,
 which the server deduplicates by span_id, heartbeats, finishing an attempt) are retried across
 connection failures and server restarts; the others are retried only when the request never reached
-the server.
+the server. HTTP is urllib3's connection pool: a runner makes two calls per rollout, and httpx spent
+~0.8 ms more per call here, as much as the store's own work on a dequeue.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
+from urllib.parse import urlencode, urlsplit
 
-import httpx
 import pyarrow as pa
+import urllib3
+from urllib3.exceptions import HTTPError, NewConnectionError
 
 from spanlab.errors import InvalidSpanError, NotFoundError, QueryError, StoreError
 from spanlab.store.arrow import spans_to_arrow
@@ -28,63 +32,78 @@ logger = logging.getLogger(__name__)
 _ERRORS: dict[int, type[Exception]] = {
     400: QueryError, 404: NotFoundError, 413: InvalidSpanError, 422: InvalidSpanError,
 }
+_JSON = {"Content-Type": "application/json"}
 
 
 class StoreClient(StoreAPI):
     def __init__(self, url: str, *, token: str | None = None, timeout_s: float = 60.0,
-                 retry_for_s: float = 30.0, transport: httpx.BaseTransport | None = None) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout_s, transport=transport)
+                 retry_for_s: float = 30.0) -> None:
+        self.url = url.rstrip("/")
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise StoreError(f"store URL {url!r} is not http(s)://host[:port]")
+        self._prefix = parts.path
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = urllib3.connection_from_url(self.url, maxsize=8, block=False, retries=False,
+                                                 timeout=urllib3.Timeout(connect=min(timeout_s, 10.0), read=timeout_s))
         self.retry_for_s = retry_for_s
 
     def close(self) -> None:
         self._http.close()
 
     # --- transport -----------------------------------------------------------------------------
-    def _call(self, method: str, path: str, *, idempotent: bool, **kw: Any) -> httpx.Response:
+    def _request(self, method: str, path: str, *, params: dict[str, Any] | None = None, body: bytes | None = None,
+                 headers: dict[str, str] | None = None, stream: bool = False) -> urllib3.BaseHTTPResponse:
+        url = self._prefix + path + ("?" + urlencode(params, doseq=True) if params else "")
+        return self._http.urlopen(method, url, body=body, headers={**self._headers, **(headers or {})},
+                                  preload_content=not stream, redirect=False)
+
+    def _call(self, method: str, path: str, *, idempotent: bool, **kw: Any) -> urllib3.BaseHTTPResponse:
         deadline = time.monotonic() + self.retry_for_s
         delay = 0.05
         while True:
             try:
-                resp = self._http.request(method, path, **kw)
-            except httpx.ConnectError as exc:  # never reached the server: always safe to retry
+                resp = self._request(method, path, **kw)
+            except NewConnectionError as exc:  # never reached the server: always safe to retry
                 err: Exception = exc
-            except httpx.TransportError as exc:  # may have reached it
+            except HTTPError as exc:  # may have reached it
                 if not idempotent:
-                    raise StoreError(f"store server {self._http.base_url}: {exc}") from exc
+                    raise StoreError(f"store server {self.url}: {exc}") from exc
                 err = exc
             else:
-                if resp.status_code < 500 or not idempotent:
+                if resp.status < 500 or not idempotent:
                     return self._check(resp)
-                err = StoreError(f"store server answered {resp.status_code}: {resp.text[:300]}")
+                err = StoreError(f"store server answered {resp.status}: {_text(resp)[:300]}")
             if time.monotonic() + delay > deadline:
-                raise StoreError(f"store server {self._http.base_url} unreachable: {err}") from err
+                raise StoreError(f"store server {self.url} unreachable: {err}") from err
             logger.warning("store server call %s %s failed (%s); retrying", method, path, err)
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
 
     @staticmethod
-    def _check(resp: httpx.Response) -> httpx.Response:
-        if resp.is_success:
+    def _check(resp: urllib3.BaseHTTPResponse) -> urllib3.BaseHTTPResponse:
+        if 200 <= resp.status < 300:
             return resp
         try:
-            detail = resp.json().get("detail", resp.text)
-        except ValueError:
-            detail = resp.text
-        if resp.status_code == 401:
+            detail = json.loads(resp.data).get("detail", _text(resp))
+        except (ValueError, AttributeError):
+            detail = _text(resp)
+        if resp.status == 401:
             raise StoreError(f"store server refused the request: {detail}")
-        raise _ERRORS.get(resp.status_code, StoreError)(str(detail))
+        raise _ERRORS.get(resp.status, StoreError)(str(detail))
 
-    def _json(self, method: str, path: str, *, idempotent: bool = True, **kw: Any) -> Any:
-        return self._call(method, path, idempotent=idempotent, **kw).json()
+    def _json(self, method: str, path: str, *, idempotent: bool = True, json_body: Any = None, **kw: Any) -> Any:
+        if json_body is not None:
+            kw |= {"body": json.dumps(json_body).encode(), "headers": _JSON}
+        return json.loads(self._call(method, path, idempotent=idempotent, **kw).data)
 
     # --- queue ---------------------------------------------------------------------------------
     def enqueue(self, rollouts: Sequence[Rollout]) -> list[Rollout]:
         body = [Rollout.model_validate(r).model_dump(mode="json") for r in rollouts]
-        return [Rollout.model_validate(r) for r in self._json("POST", "/rollouts", idempotent=False, json=body)]
+        return [Rollout.model_validate(r) for r in self._json("POST", "/rollouts", idempotent=False, json_body=body)]
 
     def dequeue(self, worker_id: str | None = None, mode: str | None = None) -> tuple[Rollout, Attempt] | None:
-        got = self._json("POST", "/dequeue", idempotent=False, json={"worker_id": worker_id, "mode": mode})
+        got = self._json("POST", "/dequeue", idempotent=False, json_body={"worker_id": worker_id, "mode": mode})
         return None if got is None else (Rollout.model_validate(got["rollout"]), Attempt.model_validate(got["attempt"]))
 
     def heartbeat(self, attempt_id: str) -> Attempt:
@@ -92,9 +111,10 @@ class StoreClient(StoreAPI):
 
     def finish_attempt(self, attempt_id: str, status: FinishedAttemptStatus, spans: Sequence[Span] = ()) -> Rollout:
         if not spans:
-            return Rollout.model_validate(self._json("POST", f"/attempts/{attempt_id}/finish", json={"status": status}))
+            got = self._json("POST", f"/attempts/{attempt_id}/finish", json_body={"status": status})
+            return Rollout.model_validate(got)
         got = self._json("POST", f"/attempts/{attempt_id}/finish/arrow", params={"status": status},
-                         content=table_to_bytes(_spans_table(spans)), headers={"Content-Type": ARROW_STREAM})
+                         body=table_to_bytes(_spans_table(spans)), headers={"Content-Type": ARROW_STREAM})
         return Rollout.model_validate(got)
 
     def expire_stale_attempts(self) -> list[Attempt]:
@@ -123,7 +143,7 @@ class StoreClient(StoreAPI):
         return self.add_span_table(_spans_table(spans)) if spans else 0
 
     def add_span_table(self, tbl: pa.Table) -> int:
-        resp = self._json("POST", "/spans/arrow", content=table_to_bytes(tbl), headers={"Content-Type": ARROW_STREAM})
+        resp = self._json("POST", "/spans/arrow", body=table_to_bytes(tbl), headers={"Content-Type": ARROW_STREAM})
         return int(resp["inserted"])
 
     def spans_reader(self, *, rollout_ids: Sequence[str] | None = None, attempt_ids: Sequence[str] | None = None,
@@ -134,9 +154,11 @@ class StoreClient(StoreAPI):
                             ("columns", columns)):
             if values is not None:
                 params[key] = list(values)
-        request = self._http.build_request("GET", "/spans/arrow", params=params)
-        resp = self._http.send(request, stream=True)
-        if not resp.is_success:
+        try:
+            resp = self._request("GET", "/spans/arrow", params=params, stream=True)
+        except HTTPError as exc:
+            raise StoreError(f"store server {self.url}: {exc}") from exc
+        if not 200 <= resp.status < 300:
             resp.read()
             self._check(resp)
         return open_chunked_stream(_chunks(resp))
@@ -144,7 +166,7 @@ class StoreClient(StoreAPI):
     # --- resources -----------------------------------------------------------------------------
     def add_resource(self, name: str, payload: dict[str, Any], kind: ResourceKind = "other") -> Resource:
         body = {"name": name, "payload": payload, "kind": kind}
-        return Resource.model_validate(self._json("POST", "/resources", idempotent=False, json=body))
+        return Resource.model_validate(self._json("POST", "/resources", idempotent=False, json_body=body))
 
     def get_resource(self, name: str, version: int | None = None) -> Resource:
         params = {"version": version} if version is not None else {}
@@ -158,7 +180,7 @@ class StoreClient(StoreAPI):
     def query(self, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
         if params:
             raise QueryError("the store server takes plain SQL without parameters")
-        rows = self._json("POST", "/sql", json={"query": sql})
+        rows = self._json("POST", "/sql", json_body={"query": sql})
         return pa.Table.from_pylist(rows)
 
 
@@ -166,9 +188,12 @@ def _spans_table(spans: Sequence[Span | dict[str, Any]]) -> pa.Table:
     return spans_to_arrow([s if isinstance(s, Span) else Span.model_validate(s) for s in spans])
 
 
-def _chunks(resp: httpx.Response) -> Iterator[bytes]:
+def _chunks(resp: urllib3.BaseHTTPResponse) -> Iterator[bytes]:
     try:
-        yield from resp.iter_bytes()
+        yield from resp.stream(1 << 16)
     finally:
-        resp.close()
+        resp.release_conn()
 
+
+def _text(resp: urllib3.BaseHTTPResponse) -> str:
+    return (resp.data or b"").decode(errors="replace")

@@ -20,7 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -166,10 +166,10 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
     async def cancel(rollout_id: str) -> Rollout:
         return await run(store.cancel_rollout, rollout_id)
 
-    @app.post("/dequeue")
-    async def dequeue(req: DequeueRequest) -> DequeueResponse | None:
+    @app.post("/dequeue", response_model=DequeueResponse | None)
+    async def dequeue(req: DequeueRequest) -> Response:
         got = await run(store.dequeue, req.worker_id, req.mode)
-        return None if got is None else DequeueResponse(rollout=got[0], attempt=got[1])
+        return _json(None if got is None else DequeueResponse.model_construct(rollout=got[0], attempt=got[1]))
 
     @app.get("/attempts/{attempt_id}")
     async def get_attempt(attempt_id: str) -> Attempt:
@@ -183,12 +183,12 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
     async def finish(attempt_id: str, req: FinishRequest) -> Rollout:
         return await run(store.finish_attempt, attempt_id, req.status, req.spans)
 
-    @app.post("/attempts/{attempt_id}/finish/arrow",
+    @app.post("/attempts/{attempt_id}/finish/arrow", response_model=Rollout,
               openapi_extra={"requestBody": {"content": {ARROW_STREAM: {"schema": {}}}}})
-    async def finish_arrow(attempt_id: str, request: Request, status: FinishedAttemptStatus = Query()) -> Rollout:
+    async def finish_arrow(attempt_id: str, request: Request, status: FinishedAttemptStatus = Query()) -> Response:
         """Finish with the last spans as an Arrow IPC stream (the `spans` table's columns)."""
         tbl = checked_span_table(bytes_to_table(await request.body()))
-        return await run(lambda: store.finish_attempt_table(attempt_id, status, tbl, validated=True))
+        return _json(await run(lambda: store.finish_attempt_table(attempt_id, status, tbl, validated=True)))
 
     @app.post("/expire")
     async def expire() -> list[Attempt]:
@@ -231,6 +231,12 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
         return list(rows(table))
 
     return app
+
+
+def _json(model: BaseModel | None) -> Response:
+    """A model as its JSON answer, serialized once: FastAPI would validate it against the route's model and
+    dump it through Python objects first (~0.3 ms a call here, a sixth of a dequeue's server time)."""
+    return Response(b"null" if model is None else model.model_dump_json(), media_type="application/json")
 
 
 def serve_store(db: str, *, host: str = "127.0.0.1", port: int = 8700, token: str | None = None,
