@@ -14,7 +14,8 @@ from spanlab.store import SpanStore
 from spanlab.types import Rollout, RolloutConfig
 
 # A worker's life in a child process that kills itself (SIGKILL: no close, no flush) once every call
-# below has returned. queue_flush_s is huge, so the tables see nothing: only the journal holds the queue.
+# below has returned. queue_flush_s is huge, so the tables see nothing: only the journal holds the queue,
+# from the enqueue on.
 CHILD = textwrap.dedent(
     """
     import os, signal, sys

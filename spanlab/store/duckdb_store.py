@@ -122,15 +122,16 @@ class SpanStore(SpanTable, StoreAPI):
 
     def _replay(self, path: Path) -> None:
         """Write a leftover queue journal (the last run ended without writing it) to the tables."""
-        entries = read_journal(path)
+        new_rollouts, entries = read_journal(path)
         required = sorted({s for _, _, req in entries for s in req})
         stored = {r[0] for r in self._conn.execute(
             "SELECT span_id FROM spans WHERE span_id IN (SELECT unnest(?::VARCHAR[]))", [required]).fetchall()}
         rollouts, attempts = effective_states(entries, stored)
-        if attempts:
-            logger.info("queue journal %s: writing %d transitions left by the last run", path, len(entries))
+        if attempts or new_rollouts:
+            logger.info("queue journal %s: writing %d enqueued rollouts and %d transitions left by the last run",
+                        path, len(new_rollouts), len(entries))
             with self._transaction() as cur:
-                queue.write_states(cur, rollouts, attempts)
+                queue.write_states(cur, new_rollouts, rollouts, attempts)
         path.write_bytes(b"")
 
     def _write_queue(self) -> None:
@@ -153,24 +154,29 @@ class SpanStore(SpanTable, StoreAPI):
         self._queue.record(rollout, attempt, requires, sync=sync)
 
     def enqueue(self, rollouts: Sequence[Rollout]) -> list[Rollout]:
+        """Add rollouts to the queue: made durable by one queue-journal append, inserted with the next write.
+        A rollout_id already enqueued (in the table or waiting in the journal) is refused."""
         rollouts = [as_model(Rollout, r, i) for i, r in enumerate(rollouts)]
         if not rollouts:
             return []
         ids = [r.rollout_id for r in rollouts]
         if len(set(ids)) != len(ids):
             raise InvalidSpanError("enqueue: the batch repeats a rollout_id")
-        tbl = queue.rollouts_to_arrow(rollouts)
-        with self._registered("_new_rollouts", tbl), self._transaction() as cur:
-            dup = cur.execute(
-                "SELECT rollout_id FROM rollouts WHERE rollout_id IN (SELECT unnest(?::VARCHAR[])) LIMIT 1", [ids]
-            ).fetchone()
-            if dup:
-                raise InvalidSpanError(f"enqueue: rollout_id {dup[0]!r} already exists")
-            cur.execute(f"INSERT INTO rollouts ({queue.ROLLOUT_COLUMNS}) SELECT * FROM _new_rollouts")
-        with self._lock:  # index them only once committed
+        with self._lock:
+            self._ensure_open()
+            dup = next((i for i in ids if i in self._queue.journal.new_rollouts), None)
+            if dup is None:
+                found = self._conn.execute(
+                    "SELECT rollout_id FROM rollouts WHERE rollout_id IN (SELECT unnest(?::VARCHAR[])) LIMIT 1",
+                    [ids]).fetchone()
+                dup = found[0] if found else None
+            if dup is not None:
+                raise InvalidSpanError(f"enqueue: rollout_id {dup!r} already exists")
+            self._queue.journal.enqueued(rollouts)
             for r in rollouts:
                 if r.status in ("queuing", "requeuing"):
                     self._queue.push(r)
+            self._maybe_write_queue()
         return rollouts
 
     def dequeue(self, worker_id: str | None = None, mode: str | None = None) -> tuple[Rollout, Attempt] | None:

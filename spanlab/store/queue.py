@@ -148,12 +148,17 @@ def closed(
             attempt.model_copy(update={"status": status, "end_time": now}))
 
 
-def write_states(cur: duckdb.DuckDBPyConnection, rollouts: list[dict[str, Any]], attempts: list[Attempt]) -> None:
-    """Write queue states (the resulting rows, so writing one twice is harmless) with two statements.
+def write_states(cur: duckdb.DuckDBPyConnection, new_rollouts: list[Rollout], rollouts: list[dict[str, Any]],
+                 attempts: list[Attempt]) -> None:
+    """Write queue states (the resulting rows, so writing one twice is harmless) with up to three statements.
 
-    Called inside the caller's transaction. ``rollouts`` hold the columns a transition changes
-    (:data:`spanlab.store.journal.ROLLOUT_STATE`); attempts are whole rows, inserted or replaced.
+    Called inside the caller's transaction. ``new_rollouts`` are enqueued rollouts, inserted unless there
+    already; ``rollouts`` hold the columns a transition changes (:data:`spanlab.store.journal.ROLLOUT_STATE`);
+    attempts are whole rows, inserted or replaced.
     """
+    if new_rollouts:
+        with registered(cur, "_new_rollouts", rollouts_to_arrow(new_rollouts)):
+            cur.execute(f"INSERT OR IGNORE INTO rollouts ({ROLLOUT_COLUMNS}) SELECT * FROM _new_rollouts")
     if attempts:
         tbl = pa.table({
             "attempt_id": [a.attempt_id for a in attempts],

@@ -58,13 +58,14 @@ class QueueIndex:
     def due(self, interval_s: float) -> bool:
         return len(self.journal) >= MAX_PENDING or time.monotonic() - self._last_write >= interval_s
 
-    def pending(self) -> tuple[list[dict[str, Any]], list[Attempt]] | None:
-        """(rollout states, attempt rows) the tables have not seen; None if nothing."""
+    def pending(self) -> tuple[list[Rollout], list[dict[str, Any]], list[Attempt]] | None:
+        """(new rollouts, rollout states, attempt rows) the tables have not seen; None if nothing."""
         self._last_write = time.monotonic()
         beats = {a: self.active[a][1] for a in self._beats if a in self.active}
-        if not self.journal.attempts and not beats:
+        if not self.journal.attempts and not beats and not self.journal.new_rollouts:
             return None
-        return list(self.journal.rollouts.values()), list({**self.journal.attempts, **beats}.values())
+        return (list(self.journal.new_rollouts.values()), list(self.journal.rollouts.values()),
+                list({**self.journal.attempts, **beats}.values()))
 
     def written(self) -> None:
         """Once what :meth:`pending` returned is committed."""
