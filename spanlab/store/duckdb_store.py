@@ -172,10 +172,7 @@ class SpanStore(SpanTable, StoreAPI):
                 dup = found[0] if found else None
             if dup is not None:
                 raise InvalidSpanError(f"enqueue: rollout_id {dup!r} already exists")
-            self._queue.journal.enqueued(rollouts)
-            for r in rollouts:
-                if r.status in ("queuing", "requeuing"):
-                    self._queue.push(r)
+            self._queue.enqueued(rollouts)
             self._maybe_write_queue()
         return rollouts
 

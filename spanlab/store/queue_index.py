@@ -30,13 +30,26 @@ class QueueIndex:
     _waiting: dict[str, Rollout] = field(default_factory=dict)
     active: dict[str, tuple[Rollout, Attempt]] = field(default_factory=dict)
     _beats: set[str] = field(default_factory=set)
-    _last_write: float = field(default_factory=time.monotonic)
+    _pending_since: float | None = None  # monotonic time of the oldest change the tables have not seen
 
     def record(self, rollout: Rollout, attempt: Attempt, requires: list[str] | None = None, *,
                sync: bool = True) -> None:
         """A transition: durable first (journal), then live."""
         self.journal.record(rollout, attempt, requires, sync=sync)
+        self._changed()
         self.apply(rollout, attempt)
+
+    def enqueued(self, rollouts: list[Rollout]) -> None:
+        """New rollouts: durable first (journal), then waiting."""
+        self.journal.enqueued(rollouts)
+        self._changed()
+        for r in rollouts:
+            if r.status in ("queuing", "requeuing"):
+                self.push(r)
+
+    def _changed(self) -> None:
+        if self._pending_since is None:
+            self._pending_since = time.monotonic()
 
     def apply(self, rollout: Rollout, attempt: Attempt) -> None:
         self._beats.discard(attempt.attempt_id)
@@ -53,16 +66,19 @@ class QueueIndex:
         attempt = attempt.model_copy(update={"last_heartbeat_time": now})
         self.active[attempt_id] = (rollout, attempt)
         self._beats.add(attempt_id)
+        self._changed()
         return attempt
 
     def due(self, interval_s: float) -> bool:
-        return len(self.journal) >= MAX_PENDING or time.monotonic() - self._last_write >= interval_s
+        """Whether the oldest change the tables have not seen is ``interval_s`` old (or too many wait)."""
+        since = self._pending_since
+        return len(self.journal) >= MAX_PENDING or (since is not None and time.monotonic() - since >= interval_s)
 
     def pending(self) -> tuple[list[Rollout], list[dict[str, Any]], list[Attempt]] | None:
         """(new rollouts, rollout states, attempt rows) the tables have not seen; None if nothing."""
-        self._last_write = time.monotonic()
         beats = {a: self.active[a][1] for a in self._beats if a in self.active}
         if not self.journal.attempts and not beats and not self.journal.new_rollouts:
+            self._pending_since = None
             return None
         return (list(self.journal.new_rollouts.values()), list(self.journal.rollouts.values()),
                 list({**self.journal.attempts, **beats}.values()))
@@ -71,7 +87,7 @@ class QueueIndex:
         """Once what :meth:`pending` returned is committed."""
         self.journal.clear()
         self._beats.clear()
-        self._last_write = time.monotonic()
+        self._pending_since = None
 
     def push(self, rollout: Rollout) -> None:
         heapq.heappush(self._heaps.setdefault(rollout.mode, []), (rollout.enqueue_time, rollout.rollout_id))
