@@ -135,11 +135,16 @@ class SpanStore(SpanTable, StoreAPI):
         path.write_bytes(b"")
 
     def _write_queue(self) -> None:
-        """Write pending queue transitions and heartbeat times to the tables, in one transaction."""
+        """Write pending queue transitions and heartbeat times to the tables, in one transaction.
+
+        Lines written without fsync are synced first: the tables must never hold a state the journal on disk
+        lacks, or a power cut before the truncation reaches the disk would leave an older prefix of the
+        journal, whose replay would put an older state over the tables."""
         with self._lock:
             pending = self._queue.pending()
             if pending is None:
                 return
+            self._queue.journal.file.sync()
             with self._transaction() as cur:
                 queue.write_states(cur, *pending)
             self._queue.written()
