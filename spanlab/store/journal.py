@@ -3,7 +3,10 @@
 A DuckDB statement costs 1-2 ms on a small machine and a dequeue or a finish needs 3-4 of them, so the
 queue alone cost a rollout ~15-20 ms of store time, and the store server topped out near 50 rollouts/s.
 Instead, each transition (a dequeue, a first heartbeat, a finish) is appended to ``<db>.queue-journal`` as
-one JSON line and fsync'd before the call returns (tens of microseconds): as durable as a commit. The
+one JSON line and fsync'd before the call returns (a few tenths of a millisecond): as durable as a commit.
+Handing work out (a dequeue, a first heartbeat) skips its own fsync: the next fsync'd line, the background
+writer's sync within a second, or the next write of the tables puts it on disk (see
+:mod:`spanlab.store.append_file`); a power cut before that hands the rollout out again. The
 store keeps the live state in memory and writes what is pending to the ``rollouts`` and ``attempts``
 tables in one transaction (:func:`spanlab.store.queue.write_states`) now and then, before anything reads
 those tables, and on close; then the journal is emptied.

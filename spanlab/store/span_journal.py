@@ -7,8 +7,9 @@ gateway writing a call at a time, paid that on every call. Instead, a small batc
 length, CRC-32, an Arrow IPC stream) and fsync'd before the call returns: as durable as a commit, ~1-2 ms
 for a rollout's 10 spans of 2,500 token IDs. The batches stay in memory as Arrow too, and the store
 inserts them into the ``spans`` table as one batch: once they reach a row group (2,048 rows, which DuckDB
-writes straight into the file) or :data:`FLUSH_BYTES`, ``span_flush_s`` after the oldest, before SQL
-reads the tables, and on close. Reading spans (``spans_reader``) sees the table and the buffered batches
+writes straight into the file) or :data:`FLUSH_BYTES`, ``span_flush_s`` after the oldest (the store's
+background writer, :mod:`spanlab.store.flusher`, sees to that when no call does), before SQL reads the
+tables, and on close. Reading spans (``spans_reader``) sees the table and the buffered batches
 together, so a trainer that reads a step's spans right after they were written waits for no insert.
 
 After a crash the next open inserts what the journal holds, skipping span IDs already in the table (a
