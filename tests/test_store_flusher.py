@@ -36,8 +36,8 @@ def test_an_idle_store_writes_its_journals_to_the_tables(tmp_path: Path) -> None
         store.enqueue_one({"q": 1})
         rollout, attempt = store.dequeue(worker_id="w")
         store.finish_attempt(attempt.attempt_id, "succeeded", [llm_span(rollout, attempt, seed=i) for i in range(3)])
-        assert _size(db + ".span-journal") > 0 and _size(db + ".queue-journal") > 0  # durable there first
-        assert _wait_for(lambda: _size(db + ".span-journal") == 0 and _size(db + ".queue-journal") == 0)
+        assert _size(db + ".journal") > 0  # durable there first
+        assert _wait_for(lambda: _size(db + ".journal") == 0)
         assert store._spans.rows == 0  # inserted, not only truncated
         assert store.query("SELECT count(*) AS n FROM spans")["n"][0].as_py() == 3
         assert store.get_rollout(rollout.rollout_id).status == "succeeded"
@@ -52,12 +52,12 @@ def test_handing_work_out_is_not_fsynced_and_results_are(tmp_path: Path, monkeyp
     db = str(tmp_path / "s.duckdb")
     with SpanStore(db, queue_flush_s=3600, span_flush_s=3600) as store:  # the thread ticks every second
         store.enqueue([{"input": {"q": i}} for i in range(3)])
-        journal = store._queue.journal.file
+        journal = store._journal_file
         synced.clear()
         rollout, attempt = store.dequeue(worker_id="w")
-        assert synced == [] and journal.dirty and _size(db + ".queue-journal") > 0
+        assert synced == [] and journal.dirty and _size(db + ".journal") > 0
         store.finish_attempt(attempt.attempt_id, "succeeded", [llm_span(rollout, attempt)])
-        assert len(synced) == 2 and not journal.dirty  # the finish's line (and the dequeue's), then the spans
+        assert len(synced) == 1 and not journal.dirty  # the finish and its spans: one append (and the dequeue's)
         store.dequeue(worker_id="w")
         assert journal.dirty
         assert _wait_for(lambda: not journal.dirty, timeout_s=5)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -11,6 +12,7 @@ import pytest
 
 from spanlab.errors import StoreError
 from spanlab.store import SpanStore
+from spanlab.store.append_file import framed
 from spanlab.types import Rollout, RolloutConfig
 
 # A worker's life in a child process that kills itself (SIGKILL: no close, no flush) once every call
@@ -30,8 +32,15 @@ CHILD = textwrap.dedent(
     store.finish_attempt(a1.attempt_id, "failed")
     store.heartbeat(a2.attempt_id)
     store.heartbeat(a2.attempt_id)
-    if sys.argv[2] == "crash-inside-finish":  # killed after the finish is journaled, before its spans are stored
-        SpanStore._insert_spans = lambda self, tbl: os.kill(os.getpid(), signal.SIGKILL)
+    if sys.argv[2] == "crash-inside-finish":  # killed mid-append: the finish's record written, its spans' cut short
+        from spanlab.store.span_journal import SpanJournal
+
+        def torn(self, tbl, before=()):
+            self.file._file.write(b"".join(bytes(part) for part in before) + b"\\x10\\x00")
+            self.file._file.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        SpanJournal.append = torn
         store.finish_attempt(a2.attempt_id, "succeeded", [reward_span(r2.rollout_id, a2.attempt_id, 1.0)])
     print("ACK", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
@@ -43,7 +52,7 @@ def _run_child(path: Path, mode: str) -> None:
     proc = subprocess.run([sys.executable, "-c", CHILD, str(path), mode], capture_output=True, text=True, timeout=120)
     assert proc.returncode == -9, proc.stderr
     assert ("ACK" in proc.stdout) == (mode == "plain"), proc.stdout
-    assert Path(f"{path}.queue-journal").stat().st_size > 0  # the queue lived in the journal only
+    assert Path(f"{path}.journal").stat().st_size > 0  # the queue lived in the journal only
 
 
 def _states(store: SpanStore) -> dict[str, tuple[str, int, list[str]]]:
@@ -63,7 +72,7 @@ def test_sigkill_loses_no_acknowledged_queue_transition(tmp_path: Path) -> None:
         }
         assert store.query("SELECT reward_value FROM spans WHERE rollout_id = 'r0'").to_pylist() == [
             {"reward_value": 1.0}]
-        assert Path(f"{path}.queue-journal").stat().st_size == 0  # written to the tables on open
+        assert Path(f"{path}.journal").stat().st_size == 0  # written to the tables on open
         rollout, attempt = store.dequeue()
         assert (rollout.rollout_id, attempt.sequence_id) == ("r1", 2)  # the retry, in enqueue order
 
@@ -78,7 +87,7 @@ def test_a_finish_cut_off_before_its_spans_never_counts(tmp_path: Path) -> None:
 
 def test_replaying_lines_already_written_changes_nothing(tmp_path: Path) -> None:
     path = tmp_path / "s.duckdb"
-    journal = Path(f"{path}.queue-journal")
+    journal = Path(f"{path}.journal")
     with SpanStore(path, queue_flush_s=3600) as store:
         store.enqueue([Rollout(input={"i": i}, config=RolloutConfig(max_attempts=3)) for i in range(3)])
         for _ in range(2):
@@ -87,12 +96,14 @@ def test_replaying_lines_already_written_changes_nothing(tmp_path: Path) -> None
         lines = journal.read_bytes()
         before = _states(store)  # reading writes the tables; the journal is emptied
     assert not journal.exists()  # a clean close leaves no journal
-    journal.write_bytes(lines + b'{"rollout": {"rollout_id": "ro-torn')  # as if a crash came after the write
+    torn = b"".join(framed(b'{"rollout": {"rollout_id": "ro-torn"}}'))[:-5]
+    journal.write_bytes(lines + torn)  # as if a crash came after the write, and cut the next append short
     with SpanStore(path) as store:
         assert _states(store) == before
 
 
-def test_a_corrupt_journal_line_is_an_error_that_changes_nothing(tmp_path: Path) -> None:
+def test_a_corrupt_line_in_an_old_queue_journal_is_an_error_that_changes_nothing(tmp_path: Path) -> None:
+    """A ``<db>.queue-journal`` (JSON lines, what versions before the shared journal file wrote)."""
     path = tmp_path / "s.duckdb"
     with SpanStore(path) as store:
         store.enqueue_one({"q": 1})
@@ -104,3 +115,29 @@ def test_a_corrupt_journal_line_is_an_error_that_changes_nothing(tmp_path: Path)
     journal.unlink()
     with SpanStore(path) as store:  # the failed open let go of the file
         assert store.list_rollouts()[0].input == {"q": 1}
+
+
+def test_journals_of_earlier_versions_are_replayed(tmp_path: Path) -> None:
+    """``<db>.span-journal`` (framed Arrow IPC) and ``<db>.queue-journal`` (JSON lines), as versions before the
+    shared journal file left them after a crash, reach the tables at the next open and are then removed."""
+    from spanlab.store.append_file import read_frames
+    from spanlab.types import reward_span
+
+    before_crash, old = tmp_path / "a.duckdb", tmp_path / "b.duckdb"
+    SpanStore(before_crash).close()
+    shutil.copy(before_crash, old)  # the same empty store, for the old journals to be replayed into
+    with SpanStore(before_crash, queue_flush_s=3600, span_flush_s=3600) as store:
+        store.enqueue([Rollout(rollout_id=f"r{i}", input={"i": i}) for i in range(2)])
+        rollout, attempt = store.dequeue("w")
+        reward = reward_span(rollout.rollout_id, attempt.attempt_id, 1.0)
+        store.finish_attempt(attempt.attempt_id, "succeeded", [reward])
+        store.dequeue("w")
+        bodies, complete = read_frames(Path(f"{before_crash}.journal"))
+        expected = _states(store)
+    assert complete
+    Path(f"{old}.queue-journal").write_bytes(b"".join(b + b"\n" for b in bodies if b[:1] == b"{"))
+    Path(f"{old}.span-journal").write_bytes(b"".join(b"".join(framed(b)) for b in bodies if b[:1] != b"{"))
+    with SpanStore(old) as store:
+        assert _states(store) == expected
+        assert store.query("SELECT reward_value FROM spans").to_pylist() == [{"reward_value": 1.0}]
+    assert not Path(f"{old}.queue-journal").exists() and not Path(f"{old}.span-journal").exists()

@@ -30,7 +30,7 @@ def _calls(rollout_id: str, attempt_id: str, n: int, seed: int, prompt: int = 30
 
 
 def _journal(path: Path) -> Path:
-    return Path(f"{path}.span-journal")
+    return Path(f"{path}.journal")
 
 
 def _fill(store: SpanStore, n_rollouts: int = 4) -> list[str]:
@@ -54,7 +54,7 @@ def _reads(store: SpanStore, ids: list[str]) -> list[pa.Table]:
 
 def test_buffered_spans_read_the_same_as_inserted_ones(tmp_path: Path) -> None:
     path = tmp_path / "s.duckdb"
-    with SpanStore(path, span_flush_s=3600) as store:
+    with SpanStore(path, span_flush_s=3600, queue_flush_s=3600) as store:
         ids = _fill(store)
         assert _journal(path).stat().st_size > 0
         buffered = _reads(store, ids)  # every span still in the journal: read from memory
@@ -97,7 +97,7 @@ def test_spans_reach_the_table_when_due_or_a_row_group_is_full(tmp_path: Path) -
     with SpanStore(path, span_flush_s=0) as store:  # due at once: every write inserts what waits
         _fill(store, 2)
         assert _journal(path).stat().st_size == 0
-    with SpanStore(path, span_flush_s=3600) as store:
+    with SpanStore(path, span_flush_s=3600, queue_flush_s=3600) as store:  # (a queue write inserts spans too)
         store.enqueue([Rollout(rollout_id="big", input={})])
         _, attempt = store.dequeue("w")
 
@@ -118,7 +118,7 @@ def test_spans_reach_the_table_when_due_or_a_row_group_is_full(tmp_path: Path) -
 
 def test_a_bad_batch_is_refused_and_loses_nothing_buffered(tmp_path: Path) -> None:
     path = tmp_path / "s.duckdb"
-    with SpanStore(path, span_flush_s=3600) as store:
+    with SpanStore(path, span_flush_s=3600, queue_flush_s=3600) as store:
         ids = _fill(store, 2)
         store.enqueue([Rollout(rollout_id="x", input={})])
         _, attempt = store.dequeue("w")
@@ -137,7 +137,7 @@ def test_a_bad_batch_is_refused_and_loses_nothing_buffered(tmp_path: Path) -> No
 
 def test_unattributed_spans_are_deduplicated_while_buffered(tmp_path: Path) -> None:
     path = tmp_path / "s.duckdb"
-    with SpanStore(path, span_flush_s=3600) as store:
+    with SpanStore(path, span_flush_s=3600, queue_flush_s=3600) as store:
         span = Span(span_id="gw-1", name="chat", kind="llm_call", llm=LLMCall(model="m"))
         assert store.add_spans([span]) == 1
         assert store.add_spans([span]) == 0  # a retried gateway write
@@ -201,17 +201,17 @@ def test_a_torn_last_record_is_dropped_and_a_corrupt_one_kept_aside(tmp_path: Pa
     journal.write_bytes(bytes(bad))
     with SpanStore(path) as store:
         assert store.query("SELECT count(*) AS n FROM spans").to_pylist() == [{"n": 0}]
-    (kept,) = tmp_path.glob("*.span-journal.unreadable-*")
+    (kept,) = tmp_path.glob("*.journal.unreadable-*")
     assert kept.read_bytes() == bytes(bad)  # nothing deleted
 
 
 def test_a_failed_journal_write_stores_nothing_and_leaves_no_partial_record(tmp_path: Path, monkeypatch) -> None:
     import spanlab.store.append_file as append_file
     from spanlab.errors import StoreError
-    from spanlab.store.span_journal import read_span_journal
+    from spanlab.store.journal_file import read_leftovers
 
     path = tmp_path / "s.duckdb"
-    with SpanStore(path, span_flush_s=3600) as store:
+    with SpanStore(path, span_flush_s=3600, queue_flush_s=3600) as store:
         store.enqueue([Rollout(rollout_id="r", input={})])
         _, attempt = store.dequeue("w")
         assert store.add_spans(_calls("r", attempt.attempt_id, 2, 0)) == 2
@@ -226,22 +226,22 @@ def test_a_failed_journal_write_stores_nothing_and_leaves_no_partial_record(tmp_
         monkeypatch.undo()
         assert store.spans_table(rollout_ids=["r"]).num_rows == 2
         assert store.add_spans(spans) == 2  # not taken for stored: the retry counts
-        tbl, complete = read_span_journal(_journal(path))
-        assert complete and tbl is not None and tbl.num_rows == 4  # the failed record was cut off the file
+        left = read_leftovers(str(path))
+        assert not left.unreadable and left.spans.num_rows == 4  # the failed record was cut off the file
 
 
 def test_a_flush_duckdb_refuses_keeps_the_spans_journaled(tmp_path: Path, monkeypatch) -> None:
     from spanlab.errors import StoreError
 
     path = tmp_path / "s.duckdb"
-    with SpanStore(path, span_flush_s=3600) as store:
+    with SpanStore(path, span_flush_s=3600, queue_flush_s=3600) as store:
         ids = _fill(store, 2)
 
         def refused(self: SpanStore, tbl: pa.Table) -> None:
             raise InvalidSpanError("rejected by DuckDB: (simulated)")
 
         monkeypatch.setattr(SpanStore, "_insert_into_table", refused)
-        with pytest.raises(StoreError, match=r"stay in .*span-journal"):
+        with pytest.raises(StoreError, match=r"stay in .*\.journal"):
             store.query("SELECT count(*) FROM spans")
         assert store.spans_table(rollout_ids=ids).num_rows == 8  # still readable where they wait
         monkeypatch.undo()

@@ -2,14 +2,15 @@
 
 One ``SpanStore`` owns one DuckDB file (DuckDB lets a single process write it). All mutations run
 under one lock, so the queue is atomic across threads; reads use their own cursor and stream Arrow
-batches. A write call that returns is durable: rollouts and resources are committed to DuckDB, queue
-transitions (dequeue, first heartbeat, finish) to the queue journal (:mod:`spanlab.store.journal`), span
-batches smaller than a row group to the span journal (:mod:`spanlab.store.span_journal`), bigger ones to
-DuckDB; the journals reach the tables in groups, written by a background thread (:mod:`.flusher`) when due.
-A SIGKILL afterwards loses nothing. The one exception to "on disk when it returns" is handing work out: a
-dequeue or a first heartbeat is written to the queue journal but not fsync'd (~0.4 ms each here). The next
-fsync'd write puts it on disk, or the background thread at its next tick (at most a second later). A power cut
-in between forgets it: the rollout is handed out again, as after a worker's crash, and no result is lost.
+batches. A write call that returns is durable: resources are committed to DuckDB; queue changes (enqueue,
+dequeue, first heartbeat, finish: :mod:`spanlab.store.journal`) and span batches smaller than a row group
+(:mod:`spanlab.store.span_journal`) are appended to one journal file (:mod:`spanlab.store.journal_file`), so a
+finish and its spans are one fsync; bigger span batches go to DuckDB. The journal reaches the tables in
+groups, written by a background thread (:mod:`.flusher`) when due. A SIGKILL afterwards loses nothing. The
+one exception to "on disk when it returns" is handing work out: a dequeue or a first heartbeat is written to
+the journal but not fsync'd (~0.4 ms each here). The next fsync'd write puts it on disk, or the background
+thread at its next tick (at most a second later). A power cut in between forgets it: the rollout is handed
+out again, as after a worker's crash, and no result is lost.
 
     store = SpanStore("runs/spans.duckdb")
     rollout, attempt = store.dequeue(worker_id="w0")
@@ -32,7 +33,8 @@ from spanlab.store.base import StoreAPI
 from spanlab.store.connection import MEMORY, fetch_dicts
 from spanlab.store.database import as_model, where_equal
 from spanlab.store.flusher import BackgroundFlusher
-from spanlab.store.journal import QueueJournal, effective_states, read_journal
+from spanlab.store.journal import QueueJournal, effective_states
+from spanlab.store.journal_file import Leftovers
 from spanlab.store.queue_index import QueueIndex
 from spanlab.store.span_table import DEFAULT_MAX_JSON_BYTES, DEFAULT_MAX_TOKENS_PER_SPAN, SpanTable
 from spanlab.types import Attempt, FinishedAttemptStatus, Rollout, Span
@@ -71,22 +73,19 @@ class SpanStore(SpanTable, StoreAPI):
         self.timeout_grace_s = timeout_grace_s
         self._last_stale_check = 0.0
         self._queue_flush_s = queue_flush_s
-        queue_path = None if self.path == MEMORY else Path(self.path + ".queue-journal")
-        try:  # after the span journal's replay (SpanTable): finishes in the queue journal need their spans
-            if queue_path is not None and queue_path.exists():
-                self._replay(queue_path)
-            self._queue = QueueIndex(QueueJournal(queue_path))
+        self._queue = QueueIndex(QueueJournal(self._journal_file))  # leftovers: replayed by SpanTable's init
+        try:
+            self._load_queue()
         except BaseException:
-            self._spans.close(remove=False)
+            self._journal_file.close(remove=False)
             self._conn.close()
             raise
-        self._load_queue()
         poll_s = min(max(min(span_flush_s, queue_flush_s) / 4, 0.05), 1.0)
         self._flusher = BackgroundFlusher(self, SpanStore._flush_due, poll_s, f"spanlab-flush {Path(self.path).name}")
 
     def _flush_due(self) -> None:
         """The background flusher's tick: write what the journals hold once it is due (see :mod:`.flusher`)."""
-        journal = self._queue.journal.file
+        journal = self._journal_file
         if not (journal.dirty or self._spans.due(self._span_flush_s) or self._queue.due(self._queue_flush_s)):
             return
         with self._lock:
@@ -98,20 +97,10 @@ class SpanStore(SpanTable, StoreAPI):
 
     def close(self) -> None:
         self._flusher.stop()  # before the lock: a flush in progress holds it
-        with self._lock:
-            if self._closed:
-                return
-            written = False
-            try:
-                self._write_queue()
-                written = True
-            finally:
-                self._queue.journal.close(remove=written)  # kept, and replayed on the next open, if not written
-                super().close()
+        super().close()  # writes both journals (_flush_spans), then closes the file and DuckDB
 
     def _before_read(self) -> None:
-        super()._before_read()
-        self._write_queue()
+        self._write_journals()
 
     # --- rollout queue -------------------------------------------------------------------------
     def _load_queue(self) -> None:
@@ -120,46 +109,52 @@ class SpanStore(SpanTable, StoreAPI):
         for rollout, attempt in queue.active_attempts(self._conn):
             self._queue.active[attempt.attempt_id] = (rollout, attempt)
 
-    def _replay(self, path: Path) -> None:
-        """Write a leftover queue journal (the last run ended without writing it) to the tables."""
-        new_rollouts, entries = read_journal(path)
-        required = sorted({s for _, _, req in entries for s in req})
+    def _replay_queue(self, left: Leftovers) -> None:
+        """Write the queue changes of a leftover journal (its spans are in the table by now) to the tables."""
+        required = sorted({s for _, _, req in left.entries for s in req})
         stored = {r[0] for r in self._conn.execute(
             "SELECT span_id FROM spans WHERE span_id IN (SELECT unnest(?::VARCHAR[]))", [required]).fetchall()}
-        rollouts, attempts = effective_states(entries, stored)
-        if attempts or new_rollouts:
-            logger.info("queue journal %s: writing %d enqueued rollouts and %d transitions left by the last run",
-                        path, len(new_rollouts), len(entries))
+        rollouts, attempts = effective_states(left.entries, stored)
+        if attempts or left.new_rollouts:
+            logger.info("journal of %s: writing %d enqueued rollouts and %d transitions left by the last run",
+                        self.path, len(left.new_rollouts), len(left.entries))
             with self._transaction() as cur:
-                queue.write_states(cur, new_rollouts, rollouts, attempts)
-        path.write_bytes(b"")
+                queue.write_states(cur, left.new_rollouts, rollouts, attempts)
+
+    def _flush_spans(self) -> None:
+        self._write_journals()
 
     def _write_queue(self) -> None:
-        """Write pending queue transitions and heartbeat times to the tables, in one transaction.
+        self._write_journals()
 
-        Lines written without fsync are synced first: the tables must never hold a state the journal on disk
-        lacks, or a power cut before the truncation reaches the disk would leave an older prefix of the
-        journal, whose replay would put an older state over the tables."""
+    def _write_journals(self) -> None:
+        """Write everything the journal file holds to the tables (the waiting spans, then the pending queue
+        changes and heartbeat times, each in one transaction), then empty the file.
+
+        The file is synced first: the tables must never hold a change the file on disk lacks (a dequeue is
+        written without fsync), or a power cut before the truncation reaches the disk would leave an older
+        prefix of the file, whose replay would put an older state over the tables."""
         with self._lock:
+            self._journal_file.sync()
+            self._insert_waiting_spans()
             pending = self._queue.pending()
-            if pending is None:
-                return
-            self._queue.journal.file.sync()
-            with self._transaction() as cur:
-                queue.write_states(cur, *pending)
-            self._queue.written()
+            if pending is not None:
+                with self._transaction() as cur:
+                    queue.write_states(cur, *pending)
+                self._queue.written()
+            self._journal_file.clear()
 
     def _maybe_write_queue(self) -> None:
         if self._queue.due(self._queue_flush_s):
             self._write_queue()
 
     def _record(self, rollout: Rollout, attempt: Attempt, requires: list[str] | None = None, *,
-                sync: bool = True) -> None:
+                sync: bool = True, written: bool = False) -> None:
         self._ensure_open()
-        self._queue.record(rollout, attempt, requires, sync=sync)
+        self._queue.record(rollout, attempt, requires, sync=sync, written=written)
 
     def enqueue(self, rollouts: Sequence[Rollout]) -> list[Rollout]:
-        """Add rollouts to the queue: made durable by one queue-journal append, inserted with the next write.
+        """Add rollouts to the queue: made durable by one journal append, inserted with the next write.
         A rollout_id already enqueued (in the table or waiting in the journal) is refused."""
         rollouts = [as_model(Rollout, r, i) for i, r in enumerate(rollouts)]
         if not rollouts:
@@ -254,7 +249,13 @@ class SpanStore(SpanTable, StoreAPI):
             fresh = self._fresh_rows(tbl) if tbl is not None and tbl.num_rows else None
             if fresh is None or fresh.num_rows == 0:
                 self._record(rollout, attempt)
-            else:
+            elif self._journals(fresh):  # the finish and its spans: one append, one fsync
+                change = self._queue.journal.record_bytes(rollout, attempt, fresh["span_id"].to_pylist())
+                self._insert_spans(fresh, before=change)  # nothing written if it fails: still open
+                self._record(rollout, attempt, written=True)
+                self._span_index.mark_stored(fresh)
+                self._maybe_flush_spans()
+            else:  # spans too big for the journal: the finish first, naming them, then their insert
                 self._record(rollout, attempt, requires=fresh["span_id"].to_pylist())
                 try:
                     self._insert_spans(fresh)

@@ -33,9 +33,9 @@ class QueueIndex:
     _pending_since: float | None = None  # monotonic time of the oldest change the tables have not seen
 
     def record(self, rollout: Rollout, attempt: Attempt, requires: list[str] | None = None, *,
-               sync: bool = True) -> None:
+               sync: bool = True, written: bool = False) -> None:
         """A transition: durable first (journal), then live."""
-        self.journal.record(rollout, attempt, requires, sync=sync)
+        self.journal.record(rollout, attempt, requires, sync=sync, written=written)
         self._changed()
         self.apply(rollout, attempt)
 

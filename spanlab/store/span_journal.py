@@ -3,8 +3,9 @@
 A DuckDB insert has a fixed cost of ~5-15 ms on a small machine however few rows it carries, and a small
 batch goes through DuckDB's WAL before the file. A runner that finishes each rollout with its spans, or a
 gateway writing a call at a time, paid that on every call. Instead, a small batch (under
-:data:`RECORD_MAX_BYTES`, ~400 spans of 2,500 token IDs) is appended to ``<db>.span-journal`` (one record:
-length, CRC-32, an Arrow IPC stream) and fsync'd before the call returns: as durable as a commit, ~1-2 ms
+:data:`RECORD_MAX_BYTES`, ~400 spans of 2,500 token IDs) is appended to the store's journal ``<db>.journal``
+(one framed record: length, CRC-32, an Arrow IPC stream; the queue's changes share the file, see
+:mod:`spanlab.store.journal_file`) and fsync'd before the call returns: as durable as a commit, ~1 ms
 for a rollout's 10 spans of 2,500 token IDs. The batches stay in memory as Arrow too, and the store
 inserts them into the ``spans`` table as one batch: once they reach a row group (2,048 rows, which DuckDB
 writes straight into the file) or :data:`FLUSH_BYTES`, ``span_flush_s`` after the oldest (the store's
@@ -13,25 +14,21 @@ tables, and on close. Reading spans (``spans_reader``) sees the table and the bu
 together, so a trainer that reads a step's spans right after they were written waits for no insert.
 
 After a crash the next open inserts what the journal holds, skipping span IDs already in the table (a
-crash between an insert's commit and the journal's truncation). A torn last record (cut short, or failing its
-CRC-32) was never acknowledged and is dropped; a journal with a bad record before its end is kept aside
-(``<db>.span-journal.unreadable-<time>``), never deleted.
+crash between an insert's commit and the journal's truncation); see :mod:`spanlab.store.journal_file`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import struct
 import time
-import zlib
-from pathlib import Path
+from collections.abc import Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from spanlab.errors import InvalidSpanError
-from spanlab.store.append_file import AppendFile
+from spanlab.store.append_file import AppendFile, framed
 from spanlab.store.connection import ROW_GROUP_SIZE
 from spanlab.store.schema import JSON_SPAN_COLUMNS, SPAN_ARROW_SCHEMA
 
@@ -42,14 +39,14 @@ FLUSH_BYTES = 64 * 1024 * 1024  # bounds the memory buffered spans take, whateve
 # Bigger batches go straight to the table: journaling costs ~0.05 ms per 2,500-ID span (copy, CRC, write,
 # fsync) on top of the insert it defers, while what it saves is the insert's fixed ~5-15 ms per batch.
 RECORD_MAX_BYTES = 4 * 1024 * 1024
-_HEADER = struct.Struct("<QI")  # a record: body length, CRC-32 of the body; the body is an Arrow IPC stream
 
 
 class SpanJournal:
-    """Span batches acknowledged but not in the table yet: in memory and, for a file store, on disk."""
+    """Span batches acknowledged but not in the table yet: in memory and, for a file store, in the journal
+    file (which the store truncates once everything in it is in the tables)."""
 
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
+    def __init__(self, file: AppendFile) -> None:
+        self.path = file.path
         self.tables: list[pa.Table] = []
         self.rows = 0
         self.nbytes = 0
@@ -57,7 +54,7 @@ class SpanJournal:
         self.since: float | None = None  # monotonic time of the oldest buffered batch
         self._joined: pa.Table | None = None
         self._sized: tuple[pa.Table, int] | None = None  # the last batch asked about, and its size
-        self.file = AppendFile(path)
+        self.file = file
 
     def takes(self, tbl: pa.Table) -> bool:
         """Whether ``tbl`` is small enough to wait here at all (else it goes straight to the table)."""
@@ -76,12 +73,13 @@ class SpanJournal:
     def due(self, interval_s: float) -> bool:
         return self.since is not None and time.monotonic() - self.since >= interval_s
 
-    def append(self, tbl: pa.Table) -> None:
-        """Make ``tbl`` durable (on return) and pending for the table. ``tbl`` has the span schema."""
+    def append(self, tbl: pa.Table, before: Sequence[bytes | memoryview] = ()) -> None:
+        """Make ``tbl`` durable (on return) and pending for the table. ``tbl`` has the span schema.
+
+        ``before``: records written ahead of it in the same fsync'd append (a finish's queue change)."""
         check_insertable(tbl)
         if self.path is not None:
-            header, body = _record(tbl)
-            self.file.append(header, memoryview(body))
+            self.file.append(*before, *framed(_ipc_stream(tbl)))
         self.tables.append(tbl)
         self.rows += tbl.num_rows
         self.nbytes += self._size(tbl)
@@ -102,57 +100,22 @@ class SpanJournal:
         """Forget the buffered batches: call only once they are committed to the table."""
         self.tables, self.rows, self.nbytes, self.since, self._joined, self._sized = [], 0, 0, None, None, None
         self.unattributed_ids = set()
-        self.file.clear()  # replaying batches already in the table is harmless
-
-    def close(self, *, remove: bool) -> None:
-        self.file.close(remove=remove)
 
 
-def read_span_journal(path: Path) -> tuple[pa.Table | None, bool]:
-    """(the spans a journal holds, whether all of it was readable). A torn last record (cut short, or its
-    checksum wrong: never acknowledged) is dropped; a bad record with more after it makes it unreadable."""
-    data = path.read_bytes()
-    batches: list[pa.RecordBatch] = []
-    pos = 0
-    while pos < len(data):
-        body, end = _record_at(data, pos)
-        if body is None and end >= len(data):
-            logger.warning("span journal %s: dropping a torn last record (%d bytes)", path, len(data) - pos)
-            break
-        if body is None:
-            logger.error("span journal %s: record at byte %d is corrupt and more follow", path, pos)
-            return _joined(batches), False
-        try:
-            batches.extend(pa.ipc.open_stream(pa.BufferReader(body)))
-        except pa.ArrowException as exc:
-            logger.error("span journal %s: record at byte %d does not parse (%s)", path, pos, exc)
-            return _joined(batches), False
-        pos = end
-    return _joined(batches), True
+def decode_spans(bodies: list[bytes]) -> pa.Table:
+    """The span batches of journal records (Arrow IPC streams) as one table of the span schema."""
+    batches = [batch for body in bodies for batch in pa.ipc.open_stream(pa.BufferReader(body))]
+    if not batches:
+        return SPAN_ARROW_SCHEMA.empty_table()
+    return pa.Table.from_batches(batches).cast(SPAN_ARROW_SCHEMA)
 
 
-def _record_at(data: bytes, pos: int) -> tuple[bytes | None, int]:
-    """The body of the record at ``pos`` (None if cut short or failing its CRC) and where it ends."""
-    start = pos + _HEADER.size
-    if start > len(data):
-        return None, len(data)
-    size, crc = _HEADER.unpack_from(data, pos)
-    end = start + size
-    body = data[start:end]
-    return (body if end <= len(data) and zlib.crc32(body) == crc else None), end
-
-
-def _record(tbl: pa.Table) -> tuple[bytes, pa.Buffer]:
-    """One journal record: header (length, CRC-32 of the body) and body (an Arrow IPC stream of ``tbl``)."""
+def _ipc_stream(tbl: pa.Table) -> pa.Buffer:
+    """A span batch as a journal record's body: an Arrow IPC stream."""
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, SPAN_ARROW_SCHEMA) as writer:
         writer.write_table(tbl)
-    body = sink.getvalue()
-    return _HEADER.pack(body.size, zlib.crc32(memoryview(body))), body
-
-
-def _joined(batches: list[pa.RecordBatch]) -> pa.Table | None:
-    return pa.Table.from_batches(batches).cast(SPAN_ARROW_SCHEMA) if batches else None
+    return sink.getvalue()
 
 
 def check_insertable(tbl: pa.Table) -> None:

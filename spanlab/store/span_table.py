@@ -19,12 +19,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spanlab.errors import InvalidSpanError, StoreError
+from spanlab.store.append_file import AppendFile
 from spanlab.store.arrow import spans_to_arrow
 from spanlab.store.connection import MEMORY
 from spanlab.store.database import Database, as_model
 from spanlab.store.ingest import AttemptIndex, check_batch
+from spanlab.store.journal_file import SUFFIX, Leftovers, read_leftovers
 from spanlab.store.schema import SPAN_COLUMNS
-from spanlab.store.span_journal import SpanJournal, read_span_journal
+from spanlab.store.span_journal import SpanJournal
 from spanlab.store.span_reads import read_spans
 from spanlab.store.validate import checked_span_table
 from spanlab.types import Span
@@ -52,14 +54,13 @@ class SpanTable(Database):
         self.max_json_bytes = max_json_bytes
         self._span_flush_s = span_flush_s
         self._span_index = AttemptIndex()
-        span_path = None if self.path == MEMORY else Path(self.path + ".span-journal")
         try:
-            if span_path is not None and span_path.exists():
-                self._replay_spans(span_path)
-            self._spans = SpanJournal(span_path)
+            self._replay_leftovers()
+            self._journal_file = AppendFile(None if self.path == MEMORY else Path(self.path + SUFFIX))
         except BaseException:
             self._conn.close()
             raise
+        self._spans = SpanJournal(self._journal_file)
 
     def close(self) -> None:
         with self._lock:
@@ -70,29 +71,38 @@ class SpanTable(Database):
                 self._flush_spans()
                 written = True
             finally:
-                self._spans.close(remove=written)  # kept, and replayed on the next open, if not inserted
+                self._journal_file.close(remove=written)  # kept, and replayed on the next open, if not written
                 super().close()
 
     def _before_read(self) -> None:
         self._flush_spans()
 
-    def _replay_spans(self, path: Path) -> None:
-        """Insert the spans a leftover span journal holds (those not in the table already)."""
-        tbl, complete = read_span_journal(path)
-        if tbl is not None:
-            with self._registered("_journal_spans", tbl), self._transaction() as cur:
+    def _replay_leftovers(self) -> None:
+        """Write what the journal files of the last run hold to the tables (see :mod:`.journal_file`)."""
+        if self.path == MEMORY:
+            return
+        left = read_leftovers(self.path)
+        if left.spans is not None and left.spans.num_rows:
+            with self._registered("_journal_spans", left.spans), self._transaction() as cur:
                 (n,) = cur.execute(
                     "INSERT INTO spans SELECT * FROM _journal_spans j WHERE NOT EXISTS (SELECT 1 FROM spans s "
                     "WHERE s.span_id = j.span_id AND s.attempt_id IS NOT DISTINCT FROM j.attempt_id)"
                 ).fetchall()[0]
-            logger.info("span journal %s: inserted %d spans left by the last run", path, n)
-        if complete:
-            path.write_bytes(b"")
-            return
-        kept = path.with_name(f"{path.name}.unreadable-{int(time.time())}")
-        path.rename(kept)
-        logger.error("span journal %s has an unreadable record before its end: kept as %s; the %d spans "
-                     "before it were inserted", path, kept, 0 if tbl is None else tbl.num_rows)
+            logger.info("journal of %s: inserted %d spans left by the last run", self.path, n)
+        self._replay_queue(left)
+        for path in left.files:
+            if path in left.unreadable:
+                kept = path.with_name(f"{path.name}.unreadable-{int(time.time())}")
+                path.rename(kept)
+                logger.error("journal %s has an unreadable record before its end: kept as %s; what came before "
+                             "it was written to the tables", path, kept)
+            else:
+                path.unlink()
+
+    def _replay_queue(self, left: Leftovers) -> None:
+        """Hook: write the queue changes of a leftover journal (:class:`SpanStore` has the queue)."""
+        if left.entries or left.new_rollouts:
+            raise StoreError(f"{self.path}: the journal holds queue changes and this store has no queue")
 
     def add_spans(self, spans: Sequence[Span]) -> int:
         spans = [as_model(Span, s, i) for i, s in enumerate(spans)]
@@ -138,19 +148,31 @@ class SpanTable(Database):
             self._before_read()  # the index loads unknown attempts from the tables: they must be current
         return self._span_index.new_rows(self._conn, tbl, self._spans.unattributed_ids)
 
-    def _insert_spans(self, new_spans: pa.Table) -> None:
+    def _insert_spans(self, new_spans: pa.Table, before: Sequence[bytes | memoryview] = ()) -> None:
         """Make new spans durable: a small batch in the span journal (inserted later with what waits there,
-        as one batch), a big one straight into the table."""
+        as one batch), a big one straight into the table. ``before``: journal records that go into the same
+        fsync'd append as the batch (only for a batch :meth:`_journals` says yes to)."""
         self._ensure_open()
         if not self._spans.takes(new_spans):
+            assert not before, "records to journal with spans that go straight to the table"
             self._insert_into_table(new_spans)
             return
         if not self._spans.fits(new_spans):
             self._flush_spans()
-        self._spans.append(new_spans)
+        self._spans.append(new_spans, before)
+
+    def _journals(self, tbl: pa.Table) -> bool:
+        """Whether ``tbl`` would wait in the journal file (so records can share its append)."""
+        return self._journal_file.path is not None and self._spans.takes(tbl)
 
     def _flush_spans(self) -> None:
-        """Insert the span journal's batches into the table as one batch, then empty the journal."""
+        """Insert the waiting spans into the table, then empty the journal file."""
+        with self._lock:
+            self._insert_waiting_spans()
+            self._journal_file.clear()
+
+    def _insert_waiting_spans(self) -> None:
+        """Insert the span journal's batches into the table as one batch, then forget them."""
         with self._lock:
             buffered = self._spans.table()
             if buffered is None:
