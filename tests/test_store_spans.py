@@ -56,6 +56,29 @@ def test_numpy_arrays_are_accepted_and_stored_the_same(store: SpanStore, started
     assert table["response_token_ids"].type == pa.list_(pa.int32())
 
 
+def test_list_input_stays_a_list_and_a_change_after_validation_is_what_is_stored(store: SpanStore, started) -> None:
+    """Validation keeps the array it built for the store's Arrow conversion; changing the list drops it."""
+    rollout, attempt = started
+    changed = [Span(rollout_id=rollout.rollout_id, attempt_id=attempt.attempt_id, name="c", kind="llm_call",
+                    llm=LLMCall(model="m", prompt_token_ids=[1, 2, 3], response_token_ids=[4, 5],
+                                response_logprobs=[-0.5, -0.25])) for _ in range(7)]
+    ids = changed[0].llm.prompt_token_ids
+    assert ids == [1, 2, 3] and isinstance(ids, list) and ids.array is not None
+    changed[0].llm.prompt_token_ids.append(6)
+    changed[1].llm.prompt_token_ids[0] = 9
+    changed[2].llm.prompt_token_ids.extend([7, 7])
+    changed[3].llm.prompt_token_ids += [8]
+    del changed[4].llm.prompt_token_ids[0]
+    changed[5].llm.prompt_token_ids.sort(reverse=True)
+    changed[6].llm.response_logprobs[1] = -2.0
+    assert all(s.llm.prompt_token_ids.array is None for s in changed[:6])
+    store.add_spans(changed)
+    table = store.spans_table(columns=["prompt_token_ids", "response_logprobs"])
+    assert table["prompt_token_ids"].to_pylist()[:6] == [[1, 2, 3, 6], [9, 2, 3], [1, 2, 3, 7, 7], [1, 2, 3, 8],
+                                                          [2, 3], [3, 2, 1]]
+    assert table["response_logprobs"].to_pylist()[6] == [-0.5, -2.0]
+
+
 def test_spans_df(store: SpanStore, started) -> None:
     rollout, attempt = started
     store.add_spans([llm_span(rollout, attempt, n_prompt=7, seed=i) for i in range(3)])
