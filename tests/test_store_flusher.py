@@ -65,7 +65,7 @@ def test_handing_work_out_is_not_fsynced_and_results_are(tmp_path: Path, monkeyp
         store.dequeue(worker_id="w")
         assert journal.dirty
         synced.clear()
-        store._write_queue()  # the tables never get ahead of what the journal on disk holds
+        store._write_journals()  # the tables never get ahead of what the journal on disk holds
         assert synced and not journal.dirty
 
 

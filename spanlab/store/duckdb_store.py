@@ -124,9 +124,6 @@ class SpanStore(SpanTable, StoreAPI):
     def _flush_spans(self) -> None:
         self._write_journals()
 
-    def _write_queue(self) -> None:
-        self._write_journals()
-
     def _write_journals(self) -> None:
         """Write everything the journal file holds to the tables (the waiting spans, then the pending queue
         changes and heartbeat times, each in one transaction), then empty the file.
@@ -146,7 +143,7 @@ class SpanStore(SpanTable, StoreAPI):
 
     def _maybe_write_queue(self) -> None:
         if self._queue.due(self._queue_flush_s):
-            self._write_queue()
+            self._write_journals()
 
     def _record(self, rollout: Rollout, attempt: Attempt, requires: list[str] | None = None, *,
                 sync: bool = True, written: bool = False) -> None:
@@ -284,7 +281,7 @@ class SpanStore(SpanTable, StoreAPI):
 
     def cancel_rollout(self, rollout_id: str) -> Rollout:
         with self._lock:
-            self._write_queue()
+            self._write_journals()
             with self._transaction() as cur:
                 rollout = queue.cancel_rollout(cur, rollout_id, time.time())
             self._queue.discard(rollout_id)
@@ -293,17 +290,17 @@ class SpanStore(SpanTable, StoreAPI):
             return rollout
 
     def get_rollout(self, rollout_id: str) -> Rollout:
-        self._write_queue()
+        self._write_journals()
         return queue.get_rollout(self._cursor(), rollout_id)
 
     def get_attempt(self, attempt_id: str) -> Attempt:
-        self._write_queue()
+        self._write_journals()
         return queue.get_attempt(self._cursor(), attempt_id)
 
     def list_rollouts(
         self, *, status: str | None = None, mode: str | None = None, limit: int = 1000, offset: int = 0
     ) -> list[Rollout]:
-        self._write_queue()
+        self._write_journals()
         where, params = where_equal({"status": status, "mode": mode})
         rows = fetch_dicts(
             self._cursor().execute(
@@ -315,7 +312,7 @@ class SpanStore(SpanTable, StoreAPI):
         return [queue.row_to_rollout(r) for r in rows]
 
     def list_attempts(self, rollout_id: str) -> list[Attempt]:
-        self._write_queue()
+        self._write_journals()
         rows = fetch_dicts(
             self._cursor().execute(
                 f"SELECT {queue.ATTEMPT_COLUMNS} FROM attempts WHERE rollout_id = ? ORDER BY sequence_id", [rollout_id]

@@ -117,10 +117,8 @@ def _lengths(col: pa.ChunkedArray) -> list[int | None]:
 
 
 def _elements_pass(tbl: pa.Table) -> bool:
-    """The element-level rules of :func:`_check_columns`: token IDs >= 0, mask 0/1, logprobs finite or -inf."""
-    checks = (*((c, _negative) for c in ("prompt_token_ids", "response_token_ids")),
-              ("loss_mask", _over_one), ("response_logprobs", _not_finite))
-    for name, is_bad in checks:
+    """The element-level rules (:data:`_ELEMENT_RULES`) over the values of each list column."""
+    for name, is_bad, _ in _ELEMENT_RULES:
         col = tbl[name]
         if col.null_count < len(col) and any(is_bad(np.asarray(c.flatten())).any() for c in col.chunks):
             return False
@@ -137,6 +135,15 @@ def _over_one(v: np.ndarray) -> np.ndarray:
 
 def _not_finite(v: np.ndarray) -> np.ndarray:
     return np.isnan(v) | (v == np.inf)
+
+
+# (list column, which of its values are bad, the error): checked by both paths, the token IDs first.
+_ELEMENT_RULES: tuple[tuple[str, Callable[[np.ndarray], np.ndarray], str], ...] = (
+    ("prompt_token_ids", _negative, "token IDs must be >= 0"),
+    ("response_token_ids", _negative, "token IDs must be >= 0"),
+    ("loss_mask", _over_one, "loss_mask values must be 0 or 1"),
+    ("response_logprobs", _not_finite, "response_logprobs must be finite (or -inf)"),
+)
 
 
 def _check_columns(tbl: pa.Table) -> None:
@@ -176,13 +183,13 @@ def _check_columns(tbl: pa.Table) -> None:
         pc.and_(pc.is_valid(mask), pc.not_equal(pc.list_value_length(mask), n_all)),
         "loss_mask must have one entry per prompt+response token",
     )
-    _check_values(tbl, "loss_mask", _over_one, "loss_mask values must be 0 or 1")
-    _check_values(tbl, "response_logprobs", _not_finite, "response_logprobs must be finite (or -inf)")
+    for rule in _ELEMENT_RULES[2:]:
+        _check_values(tbl, *rule)
 
 
 def _check_non_negative_ids(tbl: pa.Table) -> None:
-    for col in ("prompt_token_ids", "response_token_ids"):
-        _check_values(tbl, col, _negative, "token IDs must be >= 0")
+    for rule in _ELEMENT_RULES[:2]:
+        _check_values(tbl, *rule)
 
 
 def _check_values(tbl: pa.Table, col: str, is_bad: Callable[[np.ndarray], np.ndarray], message: str) -> None:
