@@ -6,13 +6,14 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import zlib
 from pathlib import Path
 
 import pytest
 
 from spanlab.errors import StoreError
 from spanlab.store import SpanStore
-from spanlab.store.append_file import framed
+from spanlab.store.append_file import count_records, framed, scan_frames
 from spanlab.types import Rollout, RolloutConfig
 
 # A worker's life in a child process that kills itself (SIGKILL: no close, no flush) once every call
@@ -52,7 +53,7 @@ def _run_child(path: Path, mode: str) -> None:
     proc = subprocess.run([sys.executable, "-c", CHILD, str(path), mode], capture_output=True, text=True, timeout=120)
     assert proc.returncode == -9, proc.stderr
     assert ("ACK" in proc.stdout) == (mode == "plain"), proc.stdout
-    assert Path(f"{path}.journal").stat().st_size > 0  # the queue lived in the journal only
+    assert count_records(Path(f"{path}.journal")) > 0  # the queue lived in the journal only
 
 
 def _states(store: SpanStore) -> dict[str, tuple[str, int, list[str]]]:
@@ -72,7 +73,7 @@ def test_sigkill_loses_no_acknowledged_queue_transition(tmp_path: Path) -> None:
         }
         assert store.query("SELECT reward_value FROM spans WHERE rollout_id = 'r0'").to_pylist() == [
             {"reward_value": 1.0}]
-        assert Path(f"{path}.journal").stat().st_size == 0  # written to the tables on open
+        assert count_records(Path(f"{path}.journal")) == 0  # written to the tables on open
         rollout, attempt = store.dequeue()
         assert (rollout.rollout_id, attempt.sequence_id) == ("r1", 2)  # the retry, in enqueue order
 
@@ -96,8 +97,11 @@ def test_replaying_lines_already_written_changes_nothing(tmp_path: Path) -> None
         lines = journal.read_bytes()
         before = _states(store)  # reading writes the tables; the journal is emptied
     assert not journal.exists()  # a clean close leaves no journal
-    torn = b"".join(framed(b'{"rollout": {"rollout_id": "ro-torn"}}'))[:-5]
-    journal.write_bytes(lines + torn)  # as if a crash came after the write, and cut the next append short
+    end = scan_frames(lines).end
+    seed = zlib.crc32(lines[8:16])  # the generation's: a record that only its cut makes bad
+    torn = b"".join(framed(b'{"rollout": {"rollout_id": "ro-torn"}}', seed))[:-5]
+    # as if a crash came after the write, and cut the next append short
+    journal.write_bytes(lines[:end] + torn + lines[end + len(torn):])
     with SpanStore(path) as store:
         assert _states(store) == before
 

@@ -14,6 +14,7 @@ import pytest
 
 from spanlab.errors import InvalidSpanError
 from spanlab.store import SpanStore
+from spanlab.store.append_file import count_records, scan_frames
 from spanlab.store.arrow import spans_to_arrow
 from spanlab.types import LLMCall, Rollout, Span, reward_span
 
@@ -56,10 +57,10 @@ def test_buffered_spans_read_the_same_as_inserted_ones(tmp_path: Path) -> None:
     path = tmp_path / "s.duckdb"
     with SpanStore(path, span_flush_s=3600, queue_flush_s=3600) as store:
         ids = _fill(store)
-        assert _journal(path).stat().st_size > 0
+        assert count_records(_journal(path)) > 0
         buffered = _reads(store, ids)  # every span still in the journal: read from memory
         store.query("SELECT 1")  # SQL inserts them first
-        assert _journal(path).stat().st_size == 0
+        assert count_records(_journal(path)) == 0
         inserted = _reads(store, ids)
         for got, want in zip(buffered, inserted, strict=True):
             assert got.schema == want.schema
@@ -96,7 +97,7 @@ def test_spans_reach_the_table_when_due_or_a_row_group_is_full(tmp_path: Path) -
     path = tmp_path / "s.duckdb"
     with SpanStore(path, span_flush_s=0) as store:  # due at once: every write inserts what waits
         _fill(store, 2)
-        assert _journal(path).stat().st_size == 0
+        assert count_records(_journal(path)) == 0
     with SpanStore(path, span_flush_s=3600, queue_flush_s=3600) as store:  # (a queue write inserts spans too)
         store.enqueue([Rollout(rollout_id="big", input={})])
         _, attempt = store.dequeue("w")
@@ -105,14 +106,14 @@ def test_spans_reach_the_table_when_due_or_a_row_group_is_full(tmp_path: Path) -
             return store._cursor().execute("SELECT count(*) FROM spans WHERE rollout_id = 'big'").fetchall()[0][0]
 
         store.add_spans(_calls("big", attempt.attempt_id, 5, 0))
-        assert _journal(path).stat().st_size > 0 and in_table() == 0
+        assert count_records(_journal(path)) > 0 and in_table() == 0
         assert store.add_spans(_calls("big", attempt.attempt_id, 2048, 1)) == 2048  # a row group: straight in
         assert in_table() == 2048
         assert store.add_spans(_calls("big", attempt.attempt_id, 450, 9, prompt=2500)) == 450  # > 4 MB: straight in
         assert in_table() == 2498
         for seed in range(2, 7):  # 5 + 4 x 500 wait; the fifth 500 would make a row group: what waits goes in
             store.add_spans(_calls("big", attempt.attempt_id, 500, seed))
-        assert in_table() == 2498 + 2005 and _journal(path).stat().st_size > 0
+        assert in_table() == 2498 + 2005 and count_records(_journal(path)) > 0
         assert store.spans_reader(rollout_ids=["big"], columns=["span_id"]).read_all().num_rows == 5003
 
 
@@ -166,11 +167,11 @@ def test_sigkill_loses_no_acknowledged_span_and_replays_none_twice(tmp_path: Pat
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == -9 and "ACK" in proc.stdout, proc.stderr
     journal = _journal(path)
-    assert journal.stat().st_size > 0
+    assert count_records(journal) > 0
     saved = tmp_path / "journal-copy"
     shutil.copy(journal, saved)
     with SpanStore(path) as store:
-        assert journal.stat().st_size == 0  # inserted on open
+        assert count_records(journal) == 0  # inserted on open
         counts = store.query("SELECT rollout_id, count(*) AS n, sum(reward_value) AS r FROM spans "
                              "GROUP BY rollout_id ORDER BY rollout_id").to_pylist()
         assert counts == [{"rollout_id": f"r{i}", "n": 4, "r": 1.0} for i in range(5)]
@@ -188,9 +189,10 @@ def test_a_torn_last_record_is_dropped_and_a_corrupt_one_kept_aside(tmp_path: Pa
     assert proc.returncode == -9, proc.stderr
     journal = _journal(path)
     data = journal.read_bytes()
-    saved = tmp_path / "journal-copy"
-    saved.write_bytes(data)
-    journal.write_bytes(data[:-100])  # the last finish's record cut short: never acknowledged
+    end = scan_frames(data).end  # after the records: preallocated zeros
+    assert end < len(data) and not data[end:].strip(b"\0")
+    # the last finish's record cut short (never acknowledged), in front of the zeros as on disk
+    journal.write_bytes(data[:end - 100] + bytes(len(data) - end + 100))
     with SpanStore(path) as store:
         assert store.query("SELECT count(*) AS n FROM spans").to_pylist() == [{"n": 16}]
         assert store.get_rollout("r4").status == "preparing"  # its finish needed the lost spans

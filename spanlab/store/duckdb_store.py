@@ -129,8 +129,8 @@ class SpanStore(SpanTable, StoreAPI):
         changes and heartbeat times, each in one transaction), then empty the file.
 
         The file is synced first: the tables must never hold a change the file on disk lacks (a dequeue is
-        written without fsync), or a power cut before the truncation reaches the disk would leave an older
-        prefix of the file, whose replay would put an older state over the tables."""
+        written without fsync), or a power cut before the emptied file (its new generation) reaches the disk
+        would leave an older prefix of the file, whose replay would put an older state over the tables."""
         with self._lock:
             self._journal_file.sync()
             self._insert_waiting_spans()
@@ -247,8 +247,8 @@ class SpanStore(SpanTable, StoreAPI):
             if fresh is None or fresh.num_rows == 0:
                 self._record(rollout, attempt)
             elif self._journals(fresh):  # the finish and its spans: one append, one fsync
-                change = self._queue.journal.record_bytes(rollout, attempt, fresh["span_id"].to_pylist())
-                self._insert_spans(fresh, before=change)  # nothing written if it fails: still open
+                change = self._queue.journal.record_body(rollout, attempt, fresh["span_id"].to_pylist())
+                self._insert_spans(fresh, before=(change,))  # nothing written if it fails: still open
                 self._record(rollout, attempt, written=True)
                 self._span_index.mark_stored(fresh)
                 self._maybe_flush_spans()

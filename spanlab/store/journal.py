@@ -18,7 +18,7 @@ unless already there), so a step's enqueue costs an fsync instead of a DuckDB tr
 rollouts here, most of it the commit).
 
 Each line holds the *resulting* rows, not a change, so writing a line twice changes nothing: a crash
-between that transaction's commit and the truncation replays lines that are already in the tables,
+between that transaction's commit and the emptying of the file replays lines that are already in the tables,
 harmlessly. A crash mid-append leaves a torn last record, which was never acknowledged and is skipped.
 
 A finish that carries spans (the reward) names them, and is written with them in one append (or, for a batch
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from spanlab.errors import StoreError
-from spanlab.store.append_file import AppendFile, framed
+from spanlab.store.append_file import AppendFile
 from spanlab.types import Attempt, Rollout
 
 logger = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ def rollout_state(rollout: Rollout) -> dict[str, Any]:
 
 class QueueJournal:
     """Pending queue changes: in memory (last state wins per row) and, for a file store, in the journal file
-    (which the store truncates once everything in it is in the tables)."""
+    (which the store empties once everything in it is in the tables)."""
 
     def __init__(self, file: AppendFile) -> None:
         self.path = file.path
@@ -66,7 +66,7 @@ class QueueJournal:
     def enqueued(self, rollouts: list[Rollout]) -> None:
         """Make new rollouts durable (on return) and pending for the rollouts table."""
         if self.path is not None:
-            self.file.append(*framed(_encode({"enqueue": [r.model_dump(mode="json") for r in rollouts]})))
+            self.file.append(_encode({"enqueue": [r.model_dump(mode="json") for r in rollouts]}))
         self.new_rollouts.update((r.rollout_id, r) for r in rollouts)
 
     def record(self, rollout: Rollout, attempt: Attempt, requires: list[str] | None = None, *,
@@ -75,20 +75,20 @@ class QueueJournal:
 
         ``requires``: span IDs this state only holds with (a finish's spans).
         ``sync=False``: written but not fsync'd (see :mod:`spanlab.store.append_file`).
-        ``written=True``: already in the file (:meth:`record_bytes` went out with the finish's spans).
+        ``written=True``: already in the file (:meth:`record_body` went out with the finish's spans).
         """
         if self.path is not None and not written:
-            self.file.append(*self.record_bytes(rollout, attempt, requires), sync=sync)
+            self.file.append(self.record_body(rollout, attempt, requires), sync=sync)
         self.rollouts[rollout.rollout_id] = rollout_state(rollout)
         self.attempts[attempt.attempt_id] = attempt
 
     @staticmethod
-    def record_bytes(rollout: Rollout, attempt: Attempt, requires: list[str] | None = None) -> tuple[bytes, ...]:
+    def record_body(rollout: Rollout, attempt: Attempt, requires: list[str] | None = None) -> bytes:
         """The journal record of a transition, for an append that carries more (a finish's spans)."""
         entry: dict[str, Any] = {"rollout": rollout_state(rollout), "attempt": attempt.model_dump(mode="json")}
         if requires:
             entry["requires"] = requires
-        return tuple(bytes(part) for part in framed(_encode(entry)))
+        return _encode(entry)
 
     def clear(self) -> None:
         """Forget what is pending: call only once it is committed to the tables."""

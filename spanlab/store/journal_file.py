@@ -5,7 +5,9 @@ Span batches (Arrow IPC streams, :mod:`spanlab.store.span_journal`) and queue ch
 in the order they happened. A finish and its spans are therefore one append and one fsync; with a file per
 journal they were two (~0.9 ms each on a rollout's finish here). The store writes both kinds to the tables
 together (the spans, then the queue states, each in its own transaction) and only then empties the file, so
-the file always holds everything since the tables were last current, and replaying it is harmless.
+the file always holds everything since the tables were last current, and replaying it is harmless. Emptying
+the file starts a new generation in it rather than truncating it, so appends overwrite blocks the file already
+has and their fsync commits no new size (:mod:`spanlab.store.append_file`).
 
 On open, a leftover journal is read back (:func:`read_leftovers`): its spans are inserted unless already
 there, then its queue changes are written. A torn last record (never acknowledged) is dropped. A file with a

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spanlab.errors import InvalidSpanError
-from spanlab.store.append_file import AppendFile, framed
+from spanlab.store.append_file import AppendFile
 from spanlab.store.connection import ROW_GROUP_SIZE
 from spanlab.store.schema import JSON_SPAN_COLUMNS, SPAN_ARROW_SCHEMA
 
@@ -43,7 +43,7 @@ RECORD_MAX_BYTES = 4 * 1024 * 1024
 
 class SpanJournal:
     """Span batches acknowledged but not in the table yet: in memory and, for a file store, in the journal
-    file (which the store truncates once everything in it is in the tables)."""
+    file (which the store empties once everything in it is in the tables)."""
 
     def __init__(self, file: AppendFile) -> None:
         self.path = file.path
@@ -79,7 +79,7 @@ class SpanJournal:
         ``before``: records written ahead of it in the same fsync'd append (a finish's queue change)."""
         check_insertable(tbl)
         if self.path is not None:
-            self.file.append(*before, *framed(_ipc_stream(tbl)))
+            self.file.append(*before, _ipc_stream(tbl))
         self.tables.append(tbl)
         self.rows += tbl.num_rows
         self.nbytes += self._size(tbl)
