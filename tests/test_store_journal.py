@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 import subprocess
 import sys
@@ -145,3 +146,24 @@ def test_journals_of_earlier_versions_are_replayed(tmp_path: Path) -> None:
         assert _states(store) == expected
         assert store.query("SELECT reward_value FROM spans").to_pylist() == [{"reward_value": 1.0}]
     assert not Path(f"{old}.queue-journal").exists() and not Path(f"{old}.span-journal").exists()
+
+
+def test_a_failed_periodic_write_of_the_tables_is_logged_not_raised(tmp_path: Path, monkeypatch, caplog) -> None:
+    """The dequeue's change is durable in the journal before the due write of the tables runs: that write
+    failing must not make the dequeue look failed (the caller would lose the attempt it was handed)."""
+    import spanlab.store.queue as queue_module
+
+    real = queue_module.write_states
+
+    def broken(*args, **kwargs):
+        raise StoreError("disk on fire")
+
+    with SpanStore(tmp_path / "s.duckdb", queue_flush_s=0) as store:
+        store.enqueue([Rollout(rollout_id="r0", input={})])
+        monkeypatch.setattr(queue_module, "write_states", broken)
+        with caplog.at_level(logging.ERROR, logger="spanlab.store.duckdb_store"):
+            rollout, attempt = store.dequeue(worker_id="w")
+        assert "disk on fire" in caplog.text
+        monkeypatch.setattr(queue_module, "write_states", real)
+        assert store.get_attempt(attempt.attempt_id).status == "preparing"  # the next write wrote it
+        assert store.get_rollout(rollout.rollout_id).status == "preparing"

@@ -120,3 +120,9 @@ def registered(conn: duckdb.DuckDBPyConnection, name: str, tbl: pa.Table) -> Ite
         yield
     finally:
         conn.unregister(name)
+
+
+def where_equal(equals: dict[str, Any]) -> tuple[str, list[Any]]:
+    """``WHERE a = ? AND ...`` for the non-None values of ``equals``, and its parameters."""
+    parts = [(f"{k} = ?", v) for k, v in equals.items() if v is not None]
+    return ("WHERE " + " AND ".join(p for p, _ in parts) if parts else ""), [v for _, v in parts]

@@ -31,6 +31,7 @@ from spanlab.store.connection import (
     fetch_dicts,
     loads,
     registered,
+    where_equal,
 )
 from spanlab.store.schema import SCHEMA_VERSION, TABLES_DDL
 from spanlab.store.sql import fetch_user_query
@@ -202,11 +203,6 @@ class Database:
             return self._cursor().sql(sql, params=list(params or [])).to_arrow_table()
         except duckdb.Error as exc:
             raise StoreError(f"query failed: {exc}") from exc
-
-
-def where_equal(equals: dict[str, Any]) -> tuple[str, list[Any]]:
-    parts = [(f"{k} = ?", v) for k, v in equals.items() if v is not None]
-    return ("WHERE " + " AND ".join(p for p, _ in parts) if parts else ""), [v for _, v in parts]
 
 
 def _row_to_resource(row: dict[str, Any]) -> Resource:

@@ -1,16 +1,14 @@
 """The DuckDB span store: rollout queue, spans with exact token IDs, versioned resources.
 
-One ``SpanStore`` owns one DuckDB file (DuckDB lets a single process write it). All mutations run
-under one lock, so the queue is atomic across threads; reads use their own cursor and stream Arrow
-batches. A write call that returns is durable: resources are committed to DuckDB; queue changes (enqueue,
-dequeue, first heartbeat, finish: :mod:`spanlab.store.journal`) and span batches smaller than a row group
-(:mod:`spanlab.store.span_journal`) are appended to one journal file (:mod:`spanlab.store.journal_file`), so a
-finish and its spans are one fsync; bigger span batches go to DuckDB. The journal reaches the tables in
-groups, written by a background thread (:mod:`.flusher`) when due. A SIGKILL afterwards loses nothing. The
-one exception to "on disk when it returns" is handing work out: a dequeue or a first heartbeat is written to
-the journal but not fsync'd (~0.4 ms each here). The next fsync'd write puts it on disk, or the background
-thread at its next tick (at most a second later). A power cut in between forgets it: the rollout is handed
-out again, as after a worker's crash, and no result is lost.
+One ``SpanStore`` owns one DuckDB file (DuckDB lets a single process write it). All mutations run under one
+lock, so the queue is atomic across threads; reads use their own cursor and stream Arrow batches. A write that
+returns is durable: resources are committed to DuckDB; queue changes (:mod:`spanlab.store.journal`) and span
+batches smaller than a row group (:mod:`spanlab.store.span_journal`) are appended to one journal file
+(:mod:`spanlab.store.journal_file`), so a finish and its spans are one fsync; bigger span batches go to DuckDB.
+The journal reaches the tables in groups, by a background thread (:mod:`.flusher`) when due. The exception to
+"on disk when it returns" is handing work out: a dequeue or a first heartbeat is written but not fsync'd; the
+next fsync'd write or the thread's next tick (within a second) syncs it. A power cut in between hands the
+rollout out again, as after a worker's crash; no result is lost.
 
     store = SpanStore("runs/spans.duckdb")
     rollout, attempt = store.dequeue(worker_id="w0")
@@ -26,12 +24,12 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from spanlab.errors import InvalidSpanError
+from spanlab.errors import InvalidSpanError, StoreError
 from spanlab.store import queue
 from spanlab.store.arrow import spans_to_arrow
 from spanlab.store.base import StoreAPI
-from spanlab.store.connection import MEMORY, fetch_dicts
-from spanlab.store.database import as_model, where_equal
+from spanlab.store.connection import MEMORY
+from spanlab.store.database import as_model
 from spanlab.store.flusher import BackgroundFlusher
 from spanlab.store.journal import QueueJournal, effective_states
 from spanlab.store.journal_file import Leftovers
@@ -59,14 +57,10 @@ class SpanStore(SpanTable, StoreAPI):
         """``compress=False`` stores columns uncompressed: ~1.35x faster bulk ingest (DuckDB alone:
         ~9.2k -> ~12.5k spans/s of 2,500 token IDs here) for ~1.6x the file size.
 
-        ``queue_flush_s``: how long queue transitions and heartbeat times may wait in the queue journal
-        and in memory before they are written to the tables (reads never see them late: every read of the
-        queue tables writes them first). See :mod:`spanlab.store.journal`.
-
-        ``span_flush_s``: how long small span batches may wait in the span journal before they are inserted
-        into the ``spans`` table (SQL never sees them late: it inserts them first; ``spans_reader`` reads
-        them where they are). See :mod:`spanlab.store.span_journal`.
-        """
+        ``queue_flush_s`` / ``span_flush_s``: how long queue changes (:mod:`spanlab.store.journal`) / small span
+        batches (:mod:`spanlab.store.span_journal`) may wait in the journal before they are written to the
+        tables. Reads never see them late: SQL and reads of the queue tables write them first, and
+        ``spans_reader`` reads waiting spans where they are."""
         super().__init__(path, max_tokens_per_span=max_tokens_per_span, max_json_bytes=max_json_bytes,
                          span_flush_s=span_flush_s, compress=compress)
         self._stale_check_interval_s = stale_check_interval_s
@@ -126,11 +120,10 @@ class SpanStore(SpanTable, StoreAPI):
 
     def _write_journals(self) -> None:
         """Write everything the journal file holds to the tables (the waiting spans, then the pending queue
-        changes and heartbeat times, each in one transaction), then empty the file.
-
-        The file is synced first: the tables must never hold a change the file on disk lacks (a dequeue is
-        written without fsync), or a power cut before the emptied file (its new generation) reaches the disk
-        would leave an older prefix of the file, whose replay would put an older state over the tables."""
+        changes and heartbeat times, each in one transaction), then empty the file. The file is synced first:
+        the tables must never hold a change the file on disk lacks (a dequeue is written without fsync), or a
+        power cut before the emptied file reaches the disk would leave an older prefix, whose replay would put
+        an older state over the tables."""
         with self._lock:
             self._journal_file.sync()
             self._insert_waiting_spans()
@@ -142,8 +135,13 @@ class SpanStore(SpanTable, StoreAPI):
             self._journal_file.clear()
 
     def _maybe_write_queue(self) -> None:
+        """The periodic write after a change that is already durable in the journal: a failure is logged, not
+        raised into that call (nothing is lost: the file keeps it all, and the next write retries)."""
         if self._queue.due(self._queue_flush_s):
-            self._write_journals()
+            try:
+                self._write_journals()
+            except StoreError as exc:
+                logger.error("span store %s: the journal stays unwritten to the tables for now: %s", self.path, exc)
 
     def _record(self, rollout: Rollout, attempt: Attempt, requires: list[str] | None = None, *,
                 sync: bool = True, written: bool = False) -> None:
@@ -162,12 +160,7 @@ class SpanStore(SpanTable, StoreAPI):
         with self._lock:
             self._ensure_open()
             dup = next((i for i in ids if i in self._queue.journal.new_rollouts), None)
-            if dup is None:
-                found = self._conn.execute(
-                    "SELECT rollout_id FROM rollouts WHERE rollout_id IN (SELECT unnest(?::VARCHAR[])) LIMIT 1",
-                    [ids]).fetchone()
-                dup = found[0] if found else None
-            if dup is not None:
+            if dup is not None or (dup := queue.first_stored_rollout(self._conn, ids)) is not None:
                 raise InvalidSpanError(f"enqueue: rollout_id {dup!r} already exists")
             self._queue.enqueued(rollouts)
             self._maybe_write_queue()
@@ -192,11 +185,9 @@ class SpanStore(SpanTable, StoreAPI):
         return rollout, attempt
 
     def heartbeat(self, attempt_id: str) -> Attempt:
-        """Mark a live attempt alive. The first beat (preparing -> running) is a journaled transition;
-        later beats only move the time in memory, which is what timeout detection reads, and reach the
-        file with the next write of the queue tables (every ``queue_flush_s``, before reads, on close). A
-        beat costs microseconds, so hundreds of live rollouts beating every 2 s do not keep the store
-        busy; a crash loses at most ``queue_flush_s`` of heartbeat times, never a status."""
+        """Mark a live attempt alive. The first beat (preparing -> running) is a journaled transition; later
+        beats only move the time in memory (what timeout detection reads), written with the next write of the
+        queue tables. A beat costs microseconds; a crash loses at most ``queue_flush_s`` of beat times."""
         with self._lock:
             live = self._queue.active.get(attempt_id)
             if live is None:  # unknown, or already ended: the stored state says which
@@ -301,21 +292,8 @@ class SpanStore(SpanTable, StoreAPI):
         self, *, status: str | None = None, mode: str | None = None, limit: int = 1000, offset: int = 0
     ) -> list[Rollout]:
         self._write_journals()
-        where, params = where_equal({"status": status, "mode": mode})
-        rows = fetch_dicts(
-            self._cursor().execute(
-                f"SELECT {queue.ROLLOUT_COLUMNS} FROM rollouts {where} ORDER BY enqueue_time, rollout_id "
-                "LIMIT ? OFFSET ?",
-                [*params, limit, offset],
-            )
-        )
-        return [queue.row_to_rollout(r) for r in rows]
+        return queue.list_rollouts(self._cursor(), {"status": status, "mode": mode}, limit, offset)
 
     def list_attempts(self, rollout_id: str) -> list[Attempt]:
         self._write_journals()
-        rows = fetch_dicts(
-            self._cursor().execute(
-                f"SELECT {queue.ATTEMPT_COLUMNS} FROM attempts WHERE rollout_id = ? ORDER BY sequence_id", [rollout_id]
-            )
-        )
-        return [queue.row_to_attempt(r) for r in rows]
+        return queue.list_attempts(self._cursor(), rollout_id)

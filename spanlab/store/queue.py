@@ -16,7 +16,7 @@ import duckdb
 import pyarrow as pa
 
 from spanlab.errors import NotFoundError
-from spanlab.store.connection import dumps, fetch_dicts, loads, registered
+from spanlab.store.connection import dumps, fetch_dicts, loads, registered, where_equal
 from spanlab.types import (
     Attempt,
     FinishedAttemptStatus,
@@ -93,6 +93,28 @@ def get_attempt(cur: duckdb.DuckDBPyConnection, attempt_id: str) -> Attempt:
     if not rows:
         raise NotFoundError(f"unknown attempt_id {attempt_id!r}")
     return row_to_attempt(rows[0])
+
+
+def list_rollouts(cur: duckdb.DuckDBPyConnection, equals: dict[str, Any], limit: int, offset: int) -> list[Rollout]:
+    """Rollouts in enqueue order, those whose columns equal the non-None values of ``equals``."""
+    where, params = where_equal(equals)
+    rows = fetch_dicts(cur.execute(
+        f"SELECT {ROLLOUT_COLUMNS} FROM rollouts {where} ORDER BY enqueue_time, rollout_id LIMIT ? OFFSET ?",
+        [*params, limit, offset]))
+    return [row_to_rollout(r) for r in rows]
+
+
+def first_stored_rollout(cur: duckdb.DuckDBPyConnection, rollout_ids: list[str]) -> str | None:
+    """One of ``rollout_ids`` the rollouts table holds already, or None."""
+    found = cur.execute("SELECT rollout_id FROM rollouts WHERE rollout_id IN (SELECT unnest(?::VARCHAR[])) LIMIT 1",
+                        [rollout_ids]).fetchone()
+    return found[0] if found else None
+
+
+def list_attempts(cur: duckdb.DuckDBPyConnection, rollout_id: str) -> list[Attempt]:
+    rows = fetch_dicts(cur.execute(
+        f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE rollout_id = ? ORDER BY sequence_id", [rollout_id]))
+    return [row_to_attempt(r) for r in rows]
 
 
 def next_rollout_status(rollout: Rollout, attempt_status: FinishedAttemptStatus) -> RolloutStatus:
