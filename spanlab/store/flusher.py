@@ -8,11 +8,15 @@ checks them a few times per interval and writes what is due, so a store that is 
 tables while nobody waits. Under steady load callers still share the store's lock with it, as before: the
 work is the same, only who waits for it changes. DuckDB releases the GIL while it inserts.
 
-The thread holds the store weakly: a store nobody closed can still be garbage-collected.
+The thread holds the store weakly: a store nobody closed can still be garbage-collected. At interpreter exit
+the thread is stopped (an ``atexit`` hook that waits for a flush in progress): a daemon thread still inside
+DuckDB when Python finalizes is killed mid-call, which aborts the whole process (``terminate called after
+throwing an instance of ''``, exit status 134) for a program that only forgot to close its store.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import weakref
@@ -32,9 +36,11 @@ class BackgroundFlusher:
             target=_run, args=(weakref.ref(owner), flush, interval_s, self._stopped), name=name, daemon=True
         )
         self._thread.start()
+        atexit.register(self.stop)
 
     def stop(self) -> None:
         """Stop and wait for a flush in progress to end. Call without holding the lock ``flush`` takes."""
+        atexit.unregister(self.stop)
         self._stopped.set()
         if self._thread is not threading.current_thread():
             self._thread.join()
