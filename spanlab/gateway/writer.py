@@ -18,6 +18,7 @@ A successful call's span must not be lost, so:
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
@@ -65,6 +66,7 @@ class SpanWriter:
 
     def start(self) -> SpanWriter:
         self._thread.start()
+        atexit.register(self.close)  # a daemon thread inside DuckDB at interpreter exit aborts the process
         return self
 
     @property
@@ -95,6 +97,7 @@ class SpanWriter:
 
     def close(self, timeout: float = 30.0) -> None:
         """Write what is queued (retrying up to ``timeout`` seconds), then stop the thread."""
+        atexit.unregister(self.close)
         with self._cond:
             self._closing = True
             self._close_deadline = time.monotonic() + timeout

@@ -10,6 +10,7 @@ alone, so the error reaches the request that caused it.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import queue
 import threading
@@ -32,6 +33,7 @@ class SpanBatcher:
         self._queue: queue.Queue[tuple[pa.Table, Future[list[str]]] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="span-batcher", daemon=True)
         self._thread.start()
+        atexit.register(self.close)  # a daemon thread inside DuckDB at interpreter exit aborts the process
 
     def submit(self, tbl: pa.Table) -> Future[list[str]]:
         """Queue a conformed, validated span table; the future resolves to the span_ids that were new."""
@@ -44,6 +46,7 @@ class SpanBatcher:
 
     def close(self) -> None:
         """Drain what is queued, then stop."""
+        atexit.unregister(self.close)
         self._queue.put(None)
         self._thread.join()
 

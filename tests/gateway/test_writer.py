@@ -105,3 +105,32 @@ def test_close_gives_up_after_its_timeout_when_the_store_stays_down(
     writer.close(timeout=0.3)
     assert writer.given_up == 1 and len(fallback.read_text().splitlines()) == 1
     assert any(r.levelname == "CRITICAL" for r in caplog.records)
+
+
+EXIT_CHILD = """
+import sys
+import numpy as np
+sys.path.insert(0, sys.argv[2])
+from spanlab.gateway.writer import SpanWriter
+from spanlab.store import SpanStore
+from spanlab.types import LLMCall, Span
+store = SpanStore(sys.argv[1])
+writer = SpanWriter(store, flush_interval_s=0.0).start()
+ids = np.arange(2500, dtype=np.int32)
+for _ in range(40):
+    writer.submit([Span(name="c", kind="llm_call", llm=LLMCall(model="m", prompt_token_ids=ids[:2000],
+                                                                response_token_ids=ids[:500])) for _ in range(100)])
+sys.exit(0)  # neither the writer nor the store closed; the writer's thread is inside DuckDB
+"""
+
+
+def test_exiting_without_closing_the_writer_writes_what_was_queued(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = tmp_path / "s.duckdb"
+    proc = subprocess.run([sys.executable, "-c", EXIT_CHILD, str(path), str(Path(__file__).parents[2])],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    with SpanStore(path) as store:
+        assert store.query("SELECT count(*) AS n FROM spans").to_pylist() == [{"n": 4000}]
