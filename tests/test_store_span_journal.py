@@ -248,3 +248,38 @@ def test_a_flush_duckdb_refuses_keeps_the_spans_journaled(tmp_path: Path, monkey
         assert store.spans_table(rollout_ids=ids).num_rows == 8  # still readable where they wait
         monkeypatch.undo()
         assert store.query("SELECT count(*) AS n FROM spans").to_pylist() == [{"n": 8}]
+
+
+def test_reads_skip_duckdb_only_for_rollouts_the_table_cannot_have(tmp_path: Path, monkeypatch) -> None:
+    """A rollout whose first attempt opened in this session has no row in the table until one is inserted; a
+    read of such rollouts whose spans all wait in the journal asks DuckDB nothing. Once a row is in the table
+    (a flush, or anything written through ``query``), reads ask it again."""
+    from spanlab.types import RolloutConfig
+
+    with SpanStore(tmp_path / "s.duckdb", span_flush_s=3600, queue_flush_s=3600) as store:
+        store.enqueue([Rollout(rollout_id="r", input={}, config=RolloutConfig(max_attempts=2)),
+                       Rollout(rollout_id="s", input={}), Rollout(rollout_id="u", input={})])
+        (_, a1), (_, b1), (_, c1) = store.dequeue("w"), store.dequeue("w"), store.dequeue("w")
+        store.finish_attempt(a1.attempt_id, "failed", _calls("r", a1.attempt_id, 2, 0))  # r waits for a retry
+        store.add_spans(_calls("s", b1.attempt_id, 2, 1))
+        cursors: list[int] = []
+        real_cursor = store._cursor
+        monkeypatch.setattr(store, "_cursor", lambda: cursors.append(1) or real_cursor())
+
+        assert store.spans_reader(rollout_ids=["r", "s"], columns=COLUMNS).read_all().num_rows == 4
+        assert cursors == []  # all waiting, and none can be in the table
+
+        store.list_rollouts()  # writes the journal to the tables (not through query())
+        _, a2 = store.dequeue("w")  # r's retry: its spans wait, its first attempt's are in the table
+        assert (a2.rollout_id, a2.sequence_id) == ("r", 2)
+        store.add_spans(_calls("r", a2.attempt_id, 3, 2))
+        got = store.spans_reader(rollout_ids=["r"], columns=COLUMNS).read_all()
+        assert sorted(got["attempt_id"].to_pylist()) == sorted([a1.attempt_id] * 2 + [a2.attempt_id] * 3)
+        assert cursors  # the table was asked
+
+        # u: first attempt open, nothing stored yet; a row written through SQL
+        store.query(f"INSERT INTO spans SELECT * REPLACE ('by-sql' AS span_id, 'u' AS rollout_id, "
+                    f"'{c1.attempt_id}' AS attempt_id) FROM spans LIMIT 1")
+        store.add_spans(_calls("u", c1.attempt_id, 2, 3))
+        got = store.spans_reader(rollout_ids=["u"], columns=COLUMNS).read_all()
+        assert sorted(got["span_id"].to_pylist())[0] == "by-sql" and got.num_rows == 3

@@ -181,6 +181,8 @@ class SpanStore(SpanTable, StoreAPI):
                 self._queue.push(waiting)  # nothing changed: it still waits
                 raise
             self._span_index.add_attempt(attempt.attempt_id, rollout.rollout_id)
+            if attempt.sequence_id == 1:
+                self._note_rollout_not_in_table(rollout.rollout_id)
             self._maybe_write_queue()
         return rollout, attempt
 

@@ -10,7 +10,7 @@ Rows come in the same order and with the same Arrow types whichever way they are
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import duckdb
@@ -48,23 +48,28 @@ def matching(tbl: pa.Table | None, lists: dict[str, Sequence[str] | None]) -> pa
 
 
 def read_spans(
-    cur: duckdb.DuckDBPyConnection,
+    cursor: Callable[[], duckdb.DuckDBPyConnection],
     buffered: pa.Table | None,
     lists: dict[str, Sequence[str] | None],
     cols: list[str],
     batch_size: int,
+    table_may_have: bool = True,
 ) -> pa.RecordBatchReader:
     """The spans ``lists`` selects (see :func:`where_in`), ``cols`` of them, in :data:`ORDER`.
 
-    ``buffered``: the span journal's batches (or None). Call under the store's lock: the buffered rows
-    and the table's snapshot must be taken together.
+    ``buffered``: the span journal's batches (or None). ``cursor`` makes a DuckDB cursor, asked for only when
+    the table is read. ``table_may_have=False``: the caller knows the table has no matching row. Call under
+    the store's lock: the buffered rows and the table's snapshot must be taken together.
     """
     where, params = where_in(lists)
     select = f"SELECT {', '.join(cols)} FROM {{}} {where} ORDER BY {', '.join(ORDER)}"
     rows = matching(buffered, lists)
     if rows is None:
-        return cur.sql(select.format("spans"), params=params).to_arrow_reader(batch_size)
-    ((in_table,),) = cur.execute(f"SELECT EXISTS (SELECT 1 FROM spans {where})", params).fetchall()
+        return cursor().sql(select.format("spans"), params=params).to_arrow_reader(batch_size)
+    in_table = False
+    if table_may_have:
+        cur = cursor()
+        ((in_table,),) = cur.execute(f"SELECT EXISTS (SELECT 1 FROM spans {where})", params).fetchall()
     if in_table:
         cur.register("_buffered_spans", buffered)
         source = "(SELECT * FROM spans UNION ALL SELECT * FROM _buffered_spans)"
