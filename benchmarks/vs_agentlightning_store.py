@@ -26,7 +26,8 @@ Spans are added through each system's batch call, by default one rollout's K spa
 Rollouts are dequeued one at a time and each attempt is finished (AGL ``update_attempt(status="succeeded")``,
 spanlab ``finish_attempt``); with one rollout per call spanlab sends the spans with the finish
 (``finish_attempt(id, "succeeded", spans)``, one request and one transaction), as its runner does. One
-warm-up rollout per system first (not timed, not read back). Every process is its
+warm-up rollout per system first, written and read back, not timed (one-time costs such as imports stay out of
+the reps). Every process is its
 own subprocess (its peak RSS is its own: /proc VmHWM); the systems run in alternating order within each
 repetition so that all see the same machine load. Prints medians over --reps, ratios spanlab/AGL, and
 checks that every system read back the same token IDs (sum and count).
@@ -201,8 +202,9 @@ async def _agl_rollouts(store: Any, args: argparse.Namespace, fmt: str, n: int, 
 async def _agl_work(store: Any, args: argparse.Namespace, fmt: str, warm_up: bool) -> dict[str, Any]:
     from agentlightning.adapter.triplet import LlmProxyTraceToTriplet
 
-    if warm_up:  # one rollout, not timed, not read back
-        await _agl_rollouts(store, args, fmt, 1, -1, Timer())
+    if warm_up:  # one rollout written and read back, not timed: one-time costs (imports) out of the reps
+        for rid in await _agl_rollouts(store, args, fmt, 1, -1, Timer()):
+            await store.query_spans(rid)
     ingest = Timer()
     rollout_ids = await _agl_rollouts(store, args, fmt, args.rollouts, 0, ingest)
     # read back for training: every rollout's spans, token IDs through AGL's adapter code
@@ -291,8 +293,8 @@ def _spanlab_rollouts(store: Any, args: argparse.Namespace, as_lists: bool, n: i
 def _spanlab_work(store: Any, args: argparse.Namespace, as_lists: bool, warm_up: bool) -> dict[str, Any]:
     import pyarrow.compute as pc
 
-    if warm_up:  # one rollout, not timed, not read back
-        _spanlab_rollouts(store, args, as_lists, 1, -1, Timer())
+    if warm_up:  # one rollout written and read back, not timed: one-time costs (imports) out of the reps
+        store.spans_reader(rollout_ids=_spanlab_rollouts(store, args, as_lists, 1, -1, Timer())).read_all()
     ingest = Timer()
     rollout_ids = _spanlab_rollouts(store, args, as_lists, args.rollouts, 0, ingest)
     # read back for training: the step's rollouts' LLM-call token IDs, streamed as Arrow (NumPy views per batch)

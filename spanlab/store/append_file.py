@@ -42,11 +42,15 @@ def _seed(generation: int) -> int:
     return zlib.crc32(generation.to_bytes(8, "little"))
 
 
-def framed(body: Any, seed: int = 0) -> tuple[bytes, memoryview]:
-    """A record's parts (frame header, body); ``body``: bytes or any buffer. ``seed=0``: the plain CRC of
-    files without a header (what versions before generations wrote)."""
-    view = memoryview(body)
-    return _FRAME.pack(view.nbytes, zlib.crc32(view, seed)), view
+def framed(body: Any, seed: int = 0) -> list[bytes | memoryview]:
+    """A record's parts (frame header, then the body); ``body``: bytes, any buffer, or a list of them (one
+    record written from several buffers, without joining them). ``seed=0``: the plain CRC of files without a
+    header (what versions before generations wrote)."""
+    views = [memoryview(part) for part in (body if isinstance(body, list) else [body])]
+    crc = seed
+    for view in views:
+        crc = zlib.crc32(view, crc)
+    return [_FRAME.pack(sum(v.nbytes for v in views), crc), *views]
 
 
 @dataclass
@@ -131,8 +135,8 @@ class AppendFile:
         self._size = _HEADER.size
         self._allocated = max(self._allocated, self._size)
 
-    def append(self, *bodies: bytes | memoryview, sync: bool = True) -> None:
-        """Append one record per body (in one write, one fsync)."""
+    def append(self, *bodies: bytes | memoryview | list[bytes | memoryview], sync: bool = True) -> None:
+        """Append one record per body (in one write, one fsync); a body given as a list is one record."""
         if self._file is None:
             return
         parts = [part for body in bodies for part in framed(body, self._seed)]

@@ -22,11 +22,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import pyarrow as pa
-
 from spanlab.errors import InvalidSpanError, StoreError
 from spanlab.store import queue
-from spanlab.store.arrow import spans_to_arrow
 from spanlab.store.base import StoreAPI
 from spanlab.store.connection import MEMORY
 from spanlab.store.database import as_model
@@ -34,6 +31,7 @@ from spanlab.store.flusher import BackgroundFlusher
 from spanlab.store.journal import QueueJournal, effective_states
 from spanlab.store.journal_file import Leftovers
 from spanlab.store.queue_index import QueueIndex
+from spanlab.store.span_columns import SpanBatch, SpanColumns, column
 from spanlab.store.span_table import DEFAULT_MAX_JSON_BYTES, DEFAULT_MAX_TOKENS_PER_SPAN, SpanTable
 from spanlab.types import Attempt, FinishedAttemptStatus, Rollout, Span
 
@@ -206,10 +204,10 @@ class SpanStore(SpanTable, StoreAPI):
 
     def finish_attempt(self, attempt_id: str, status: FinishedAttemptStatus, spans: Sequence[Span] = ()) -> Rollout:
         spans = [as_model(Span, s, i) for i, s in enumerate(spans)]
-        return self.finish_attempt_table(attempt_id, status, spans_to_arrow(spans) if spans else None, validated=True)
+        return self.finish_attempt_table(attempt_id, status, SpanColumns.of(spans) if spans else None, validated=True)
 
     def finish_attempt_table(
-        self, attempt_id: str, status: FinishedAttemptStatus, tbl: pa.Table | None, *, validated: bool = False
+        self, attempt_id: str, status: FinishedAttemptStatus, tbl: SpanBatch | None, *, validated: bool = False
     ) -> Rollout:
         """``finish_attempt`` with the last spans as an Arrow table (the store server's wire path).
 
@@ -222,7 +220,7 @@ class SpanStore(SpanTable, StoreAPI):
             )
         if tbl is not None:
             tbl = self._checked(tbl, validated)
-            foreign = set(tbl["attempt_id"].to_pylist()) - {attempt_id}
+            foreign = set(column(tbl, "attempt_id")) - {attempt_id}
             if foreign:
                 raise InvalidSpanError(
                     f"finish_attempt({attempt_id!r}) got spans of attempt {sorted(map(str, foreign))[0]!r}; "
@@ -240,13 +238,13 @@ class SpanStore(SpanTable, StoreAPI):
             if fresh is None or fresh.num_rows == 0:
                 self._record(rollout, attempt)
             elif self._journals(fresh):  # the finish and its spans: one append, one fsync
-                change = self._queue.journal.record_body(rollout, attempt, fresh["span_id"].to_pylist())
+                change = self._queue.journal.record_body(rollout, attempt, column(fresh, "span_id"))
                 self._insert_spans(fresh, before=(change,))  # nothing written if it fails: still open
                 self._record(rollout, attempt, written=True)
                 self._span_index.mark_stored(fresh)
                 self._maybe_flush_spans()
             else:  # spans too big for the journal: the finish first, naming them, then their insert
-                self._record(rollout, attempt, requires=fresh["span_id"].to_pylist())
+                self._record(rollout, attempt, requires=column(fresh, "span_id"))
                 try:
                     self._insert_spans(fresh)
                 except BaseException:

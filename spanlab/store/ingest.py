@@ -8,55 +8,47 @@ instead of once per span (a DuckDB point query costs milliseconds; REFERENCE.md 
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
 import duckdb
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from spanlab.errors import InvalidSpanError
 from spanlab.store.schema import JSON_SPAN_COLUMNS
+from spanlab.store.span_columns import (
+    SpanBatch,
+    byte_lengths,
+    column,
+    take_rows,
+    token_counts,
+    with_sequence_ids,
+)
 
 
-def check_batch(tbl: pa.Table, max_tokens_per_span: int, max_json_bytes: int) -> None:
-    """Limits that protect the store: no span_id twice in a batch, no span over the token or JSON limit."""
-    ids = tbl["span_id"]
-    if len(set(ids.to_pylist())) != tbl.num_rows:
-        counts = pc.value_counts(ids)
-        dup = next(v["values"] for v in counts.to_pylist() if v["counts"] > 1)
+def check_batch(batch: SpanBatch, max_tokens_per_span: int, max_json_bytes: int) -> None:
+    """Limits that protect the store: no span_id twice in a batch, no span over the token or JSON limit.
+    ``batch``: an Arrow table or :class:`~spanlab.store.span_columns.SpanColumns` (the same rules, messages)."""
+    ids = column(batch, "span_id")
+    if len(set(ids)) != len(ids):
+        counts = Counter(ids)
+        dup = next(s for s in ids if counts[s] > 1)
         raise InvalidSpanError(f"span_id {dup!r} appears twice in the batch; nothing stored")
-    n_tokens = list_lengths(tbl["prompt_token_ids"]) + list_lengths(tbl["response_token_ids"])
+    n_tokens = token_counts(batch)
     biggest = int(n_tokens.max()) if len(n_tokens) else 0
     if biggest > max_tokens_per_span:
         i = int(n_tokens.argmax())
         raise InvalidSpanError(
-            f"span #{i} ({ids[i].as_py()}): {biggest} token IDs exceed max_tokens_per_span={max_tokens_per_span}; "
+            f"span #{i} ({ids[i]}): {biggest} token IDs exceed max_tokens_per_span={max_tokens_per_span}; "
             "nothing stored"
         )
     for col in JSON_SPAN_COLUMNS:
-        if tbl[col].null_count == tbl.num_rows:
-            continue
-        lengths = pc.binary_length(tbl[col])
-        biggest = pc.max(lengths).as_py()
-        if biggest is not None and biggest > max_json_bytes:
-            i = pc.index(lengths, biggest).as_py()
+        lengths = byte_lengths(batch, col)
+        if lengths is not None and lengths.max() > max_json_bytes:
+            i = int(lengths.argmax())
             raise InvalidSpanError(
-                f"span #{i} ({ids[i].as_py()}): `{col}` is {biggest} bytes of JSON, "
+                f"span #{i} ({ids[i]}): `{col}` is {lengths[i]} bytes of JSON, "
                 f"over max_json_bytes={max_json_bytes}; nothing of this batch was stored"
             )
-
-
-def list_lengths(col: pa.ChunkedArray) -> np.ndarray:
-    """Each row's list length (0 for null) from the offsets: ~10 us, where compute calls cost ~0.1 ms."""
-    parts = []
-    for chunk in col.chunks:
-        lengths = np.diff(np.asarray(chunk.offsets))
-        if chunk.null_count:  # Arrow lets a null row's offsets span values: they are not its tokens
-            lengths[np.asarray(chunk.is_null())] = 0
-        parts.append(lengths)
-    return np.concatenate(parts) if parts else np.zeros(0, np.int32)
 
 
 @dataclass
@@ -107,7 +99,7 @@ class AttemptIndex:
             states[attempt_id] = state
         return states
 
-    def new_rows(self, conn: duckdb.DuckDBPyConnection, tbl: pa.Table, buffered: set[str]) -> pa.Table:
+    def new_rows(self, conn: duckdb.DuckDBPyConnection, batch: SpanBatch, buffered: set[str]) -> SpanBatch:
         """The rows not stored yet, with sequence numbers filled in.
 
         A retried write is skipped instead of duplicated. Nothing is remembered until :meth:`mark_stored`, so
@@ -115,9 +107,9 @@ class AttemptIndex:
         ``buffered``: IDs of unattributed spans stored but not in the table yet (the span journal's);
         unattributed spans are checked against the table and them.
         """
-        span_ids = tbl["span_id"].to_pylist()
-        attempt_ids = tbl["attempt_id"].to_pylist()
-        states = self.states_for(conn, dict(zip(attempt_ids, tbl["rollout_id"].to_pylist(), strict=True)))
+        span_ids = column(batch, "span_id")
+        attempt_ids = column(batch, "attempt_id")
+        states = self.states_for(conn, dict(zip(attempt_ids, column(batch, "rollout_id"), strict=True)))
         stored_unattributed: set[str] = set()
         if None in states:
             rows = conn.execute(
@@ -127,19 +119,18 @@ class AttemptIndex:
             stored_unattributed = {r[0] for r in rows} | buffered
         keep, seqs = [], []
         for i, (span_id, attempt_id, given) in enumerate(
-            zip(span_ids, attempt_ids, tbl["sequence_id"].to_pylist(), strict=True)
+            zip(span_ids, attempt_ids, column(batch, "sequence_id"), strict=True)
         ):
             stored = stored_unattributed if attempt_id is None else states[attempt_id].span_ids
             if span_id not in stored:
                 keep.append(i)
                 seqs.append(states[attempt_id].next_sequence_id(given))
-        if len(keep) != tbl.num_rows:
-            tbl = tbl.take(pa.array(keep, pa.int64()))
-        idx = tbl.schema.get_field_index("sequence_id")
-        return tbl.set_column(idx, tbl.schema.field(idx), pa.array(seqs, pa.int32()))
+        if len(keep) != batch.num_rows:
+            batch = take_rows(batch, keep)
+        return with_sequence_ids(batch, seqs)
 
-    def mark_stored(self, tbl: pa.Table) -> None:
-        for span_id, attempt_id in zip(tbl["span_id"].to_pylist(), tbl["attempt_id"].to_pylist(), strict=True):
+    def mark_stored(self, batch: SpanBatch) -> None:
+        for span_id, attempt_id in zip(column(batch, "span_id"), column(batch, "attempt_id"), strict=True):
             if attempt_id is not None and (state := self._states.get(attempt_id)) is not None:
                 state.span_ids.add(span_id)
 

@@ -25,12 +25,12 @@ import time
 from collections.abc import Sequence
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from spanlab.errors import InvalidSpanError
 from spanlab.store.append_file import AppendFile
 from spanlab.store.connection import ROW_GROUP_SIZE
 from spanlab.store.schema import JSON_SPAN_COLUMNS, SPAN_ARROW_SCHEMA
+from spanlab.store.span_columns import RECORD_TAG, SpanBatch, SpanColumns, column, columns_to_arrow
 
 logger = logging.getLogger(__name__)
 
@@ -47,44 +47,50 @@ class SpanJournal:
 
     def __init__(self, file: AppendFile) -> None:
         self.path = file.path
-        self.tables: list[pa.Table] = []
+        self.tables: list[SpanBatch] = []  # Arrow tables, and typed spans' columns not converted yet
         self.rows = 0
         self.nbytes = 0
         self.unattributed_ids: set[str] = set()  # the dedupe of spans of no attempt asks the table and these
         self.since: float | None = None  # monotonic time of the oldest buffered batch
         self._joined: pa.Table | None = None
-        self._sized: tuple[pa.Table, int] | None = None  # the last batch asked about, and its size
+        self._sized: tuple[SpanBatch, int] | None = None  # the last batch asked about, and its size
         self.file = file
 
-    def takes(self, tbl: pa.Table) -> bool:
-        """Whether ``tbl`` is small enough to wait here at all (else it goes straight to the table)."""
-        return tbl.num_rows < FLUSH_ROWS and self._size(tbl) <= RECORD_MAX_BYTES
+    def takes(self, batch: SpanBatch) -> bool:
+        """Whether ``batch`` is small enough to wait here at all (else it goes straight to the table)."""
+        return batch.num_rows < FLUSH_ROWS and self._size(batch) <= RECORD_MAX_BYTES
 
-    def fits(self, tbl: pa.Table) -> bool:
-        """Whether ``tbl`` fits next to what waits, short of a row group (and of :data:`FLUSH_BYTES`)."""
-        return self.rows + tbl.num_rows < FLUSH_ROWS and self.nbytes + self._size(tbl) < FLUSH_BYTES
+    def fits(self, batch: SpanBatch) -> bool:
+        """Whether ``batch`` fits next to what waits, short of a row group (and of :data:`FLUSH_BYTES`)."""
+        return self.rows + batch.num_rows < FLUSH_ROWS and self.nbytes + self._size(batch) < FLUSH_BYTES
 
-    def _size(self, tbl: pa.Table) -> int:
-        """:func:`_size` of ``tbl``, once per batch: a write asks three times (~50 us each here)."""
-        if self._sized is None or self._sized[0] is not tbl:
-            self._sized = (tbl, _size(tbl))
+    def _size(self, batch: SpanBatch) -> int:
+        """:func:`_size` of ``batch``, once per batch: a write asks three times (~50 us each here)."""
+        if self._sized is None or self._sized[0] is not batch:
+            self._sized = (batch, batch.nbytes if isinstance(batch, SpanColumns) else _size(batch))
         return self._sized[1]
 
     def due(self, interval_s: float) -> bool:
         return self.since is not None and time.monotonic() - self.since >= interval_s
 
-    def append(self, tbl: pa.Table, before: Sequence[bytes | memoryview] = ()) -> None:
-        """Make ``tbl`` durable (on return) and pending for the table. ``tbl`` has the span schema.
+    def append(self, batch: SpanBatch, before: Sequence[bytes | memoryview] = ()) -> None:
+        """Make ``batch`` durable (on return) and pending for the table. An Arrow ``batch`` has the span schema.
 
         ``before``: records written ahead of it in the same fsync'd append (a finish's queue change)."""
-        check_insertable(tbl)
+        if isinstance(batch, SpanColumns):  # its JSON text comes from json.dumps; record() checks UTF-8
+            body = batch.record()
+        else:
+            check_insertable(batch)
+            body = _ipc_stream(batch) if self.path is not None else b""
         if self.path is not None:
-            self.file.append(*before, _ipc_stream(tbl))
-        self.tables.append(tbl)
-        self.rows += tbl.num_rows
-        self.nbytes += self._size(tbl)
-        if tbl["attempt_id"].null_count:
-            self.unattributed_ids.update(tbl.filter(pc.is_null(tbl["attempt_id"]))["span_id"].to_pylist())
+            self.file.append(*before, body)
+        self.tables.append(batch)
+        self.rows += batch.num_rows
+        self.nbytes += self._size(batch)
+        attempt_ids = column(batch, "attempt_id")
+        if None in attempt_ids:
+            self.unattributed_ids.update(s for s, a in zip(column(batch, "span_id"), attempt_ids, strict=True)
+                                         if a is None)
         self.since = self.since if self.since is not None else time.monotonic()
         self._joined = None
 
@@ -93,7 +99,10 @@ class SpanJournal:
         if not self.tables:
             return None
         if self._joined is None:
-            self._joined = pa.concat_tables(self.tables)
+            columns = [b for b in self.tables if isinstance(b, SpanColumns)]
+            if columns:  # converted once, all together; kept converted
+                self.tables = [b for b in self.tables if not isinstance(b, SpanColumns)] + [columns_to_arrow(columns)]
+            self._joined = pa.concat_tables(self.tables) if len(self.tables) > 1 else self.tables[0]
         return self._joined
 
     def clear(self) -> None:
@@ -103,11 +112,15 @@ class SpanJournal:
 
 
 def decode_spans(bodies: list[bytes]) -> pa.Table:
-    """The span batches of journal records (Arrow IPC streams) as one table of the span schema."""
-    batches = [batch for body in bodies for batch in pa.ipc.open_stream(pa.BufferReader(body))]
-    if not batches:
-        return SPAN_ARROW_SCHEMA.empty_table()
-    return pa.Table.from_batches(batches).cast(SPAN_ARROW_SCHEMA)
+    """The span batches of journal records (Arrow IPC streams, and :class:`SpanColumns` records) as one table
+    of the span schema."""
+    columns = [SpanColumns.from_record(body) for body in bodies if body[:1] == RECORD_TAG]
+    tables = [columns_to_arrow(columns)] if columns else []
+    streams = [pa.ipc.open_stream(pa.BufferReader(body)) for body in bodies if body[:1] != RECORD_TAG]
+    batches = [batch for stream in streams for batch in stream]
+    if batches:
+        tables.append(pa.Table.from_batches(batches).cast(SPAN_ARROW_SCHEMA))
+    return pa.concat_tables(tables) if tables else SPAN_ARROW_SCHEMA.empty_table()
 
 
 def _ipc_stream(tbl: pa.Table) -> pa.Buffer:

@@ -21,12 +21,12 @@ import pyarrow.compute as pc
 
 from spanlab.errors import InvalidSpanError, StoreError
 from spanlab.store.append_file import AppendFile
-from spanlab.store.arrow import spans_to_arrow
 from spanlab.store.connection import MEMORY
 from spanlab.store.database import Database, as_model
 from spanlab.store.ingest import AttemptIndex, check_batch
 from spanlab.store.journal_file import SUFFIX, Leftovers, read_leftovers
 from spanlab.store.schema import SPAN_COLUMNS
+from spanlab.store.span_columns import SpanBatch, SpanColumns, as_table, column
 from spanlab.store.span_journal import SpanJournal
 from spanlab.store.span_reads import read_spans
 from spanlab.store.validate import checked_span_table
@@ -112,8 +112,9 @@ class SpanTable(Database):
 
     def add_spans(self, spans: Sequence[Span]) -> int:
         spans = [as_model(Span, s, i) for i, s in enumerate(spans)]
-        # pydantic already enforced every span rule, so the table skips the column-wise checks
-        return len(self.ingest(spans_to_arrow(spans), validated=True)) if spans else 0
+        # pydantic already enforced every span rule, so the batch skips the column-wise checks; it stays
+        # columns until something needs Arrow (see spanlab.store.span_columns)
+        return len(self.ingest(SpanColumns.of(spans), validated=True)) if spans else 0
 
     def add_span_table(self, tbl: pa.Table) -> int:
         """Store a batch given as an Arrow table with the ``spans`` columns (any subset of the optional ones).
@@ -122,54 +123,55 @@ class SpanTable(Database):
         """
         return len(self.ingest(tbl))
 
-    def ingest(self, tbl: pa.Table, *, validated: bool = False) -> list[str]:
+    def ingest(self, batch: SpanBatch, *, validated: bool = False) -> list[str]:
         """``add_span_table`` that returns the span_ids it stored (the rest were already there).
 
-        ``validated=True`` says ``tbl`` already has the span schema and passed ``validate_span_table``.
+        ``validated=True`` says ``batch`` already has the span schema and passed ``validate_span_table`` (a
+        :class:`SpanColumns` always has: it is built from validated ``Span`` objects).
         """
-        tbl = self._checked(tbl, validated)
-        return self._store_fresh(tbl) if tbl.num_rows else []
+        batch = self._checked(batch, validated)
+        return self._store_fresh(batch) if batch.num_rows else []
 
-    def _checked(self, tbl: pa.Table, validated: bool) -> pa.Table:
+    def _checked(self, batch: SpanBatch, validated: bool) -> SpanBatch:
         """Every check a span batch passes before anything of it is written."""
         if not validated:
-            tbl = checked_span_table(tbl)
-        if tbl.num_rows:
-            check_batch(tbl, self.max_tokens_per_span, self.max_json_bytes)
-        return tbl
+            batch = checked_span_table(batch)
+        if batch.num_rows:
+            check_batch(batch, self.max_tokens_per_span, self.max_json_bytes)
+        return batch
 
-    def _store_fresh(self, tbl: pa.Table) -> list[str]:
+    def _store_fresh(self, batch: SpanBatch) -> list[str]:
         with self._lock:
-            fresh = self._fresh_rows(tbl)
+            fresh = self._fresh_rows(batch)
             if fresh.num_rows == 0:
                 return []
             self._insert_spans(fresh)
             self._span_index.mark_stored(fresh)
             self._maybe_flush_spans()
-        return fresh["span_id"].to_pylist()
+        return column(fresh, "span_id")
 
-    def _fresh_rows(self, tbl: pa.Table) -> pa.Table:
-        """The rows of ``tbl`` not stored yet (see ``AttemptIndex.new_rows``)."""
-        if not self._span_index.knows(pc.unique(tbl["attempt_id"]).to_pylist()):
+    def _fresh_rows(self, batch: SpanBatch) -> SpanBatch:
+        """The rows of ``batch`` not stored yet (see ``AttemptIndex.new_rows``)."""
+        if not self._span_index.knows(list(set(column(batch, "attempt_id")))):
             self._before_read()  # the index loads unknown attempts from the tables: they must be current
-        return self._span_index.new_rows(self._conn, tbl, self._spans.unattributed_ids)
+        return self._span_index.new_rows(self._conn, batch, self._spans.unattributed_ids)
 
-    def _insert_spans(self, new_spans: pa.Table, before: Sequence[bytes | memoryview] = ()) -> None:
+    def _insert_spans(self, new_spans: SpanBatch, before: Sequence[bytes | memoryview] = ()) -> None:
         """Make new spans durable: a small batch in the span journal (inserted later with what waits there,
         as one batch), a big one straight into the table. ``before``: journal records that go into the same
         fsync'd append as the batch (only for a batch :meth:`_journals` says yes to)."""
         self._ensure_open()
         if not self._spans.takes(new_spans):
             assert not before, "records to journal with spans that go straight to the table"
-            self._insert_into_table(new_spans)
+            self._insert_into_table(as_table(new_spans))
             return
         if not self._spans.fits(new_spans):
             self._flush_spans()
         self._spans.append(new_spans, before)
 
-    def _journals(self, tbl: pa.Table) -> bool:
-        """Whether ``tbl`` would wait in the journal file (so records can share its append)."""
-        return self._journal_file.path is not None and self._spans.takes(tbl)
+    def _journals(self, batch: SpanBatch) -> bool:
+        """Whether ``batch`` would wait in the journal file (so records can share its append)."""
+        return self._journal_file.path is not None and self._spans.takes(batch)
 
     def _flush_spans(self) -> None:
         """Insert the waiting spans into the table, then empty the journal file."""
