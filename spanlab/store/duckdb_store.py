@@ -209,7 +209,8 @@ class SpanStore(SpanTable, StoreAPI):
     def finish_attempt_table(
         self, attempt_id: str, status: FinishedAttemptStatus, tbl: SpanBatch | None, *, validated: bool = False
     ) -> Rollout:
-        """``finish_attempt`` with the last spans as an Arrow table (the store server's wire path).
+        """``finish_attempt`` with the last spans as a batch: an Arrow table (the store server's wire path) or
+        typed spans' :class:`~spanlab.store.span_columns.SpanColumns`.
 
         The finish is journaled naming its spans, then the spans are inserted (one DuckDB statement):
         after a crash either both count or neither does (see :mod:`spanlab.store.journal`).

@@ -1,6 +1,6 @@
 """The store's journal file, ``<db>.journal``: everything acknowledged that the tables do not hold yet.
 
-Span batches (Arrow IPC streams, :mod:`spanlab.store.span_journal`) and queue changes (JSON,
+Span batches (Arrow IPC streams or typed spans' columns, :mod:`spanlab.store.span_journal`) and queue changes (JSON,
 :mod:`spanlab.store.journal`) are framed records in one append-only file (:mod:`spanlab.store.append_file`),
 in the order they happened. A finish and its spans are therefore one append and one fsync; with a file per
 journal they were two (~0.9 ms each on a rollout's finish here). The store writes both kinds to the tables

@@ -4,9 +4,11 @@ A DuckDB insert has a fixed cost of ~5-15 ms on a small machine however few rows
 batch goes through DuckDB's WAL before the file. A runner that finishes each rollout with its spans, or a
 gateway writing a call at a time, paid that on every call. Instead, a small batch (under
 :data:`RECORD_MAX_BYTES`, ~400 spans of 2,500 token IDs) is appended to the store's journal ``<db>.journal``
-(one framed record: length, CRC-32, an Arrow IPC stream; the queue's changes share the file, see
-:mod:`spanlab.store.journal_file`) and fsync'd before the call returns: as durable as a commit, ~1 ms
-for a rollout's 10 spans of 2,500 token IDs. The batches stay in memory as Arrow too, and the store
+(one framed record: length, CRC-32, then an Arrow IPC stream, or for typed ``Span`` objects their columns,
+:mod:`spanlab.store.span_columns`; the queue's changes share the file, see :mod:`spanlab.store.journal_file`)
+and fsync'd before the call returns: as durable as a commit, well under a millisecond for a rollout's 10 spans
+of 2,500 token IDs. The batches stay in memory as they came (typed spans' columns become Arrow, all at once,
+when a read or an insert needs them), and the store
 inserts them into the ``spans`` table as one batch: once they reach a row group (2,048 rows, which DuckDB
 writes straight into the file) or :data:`FLUSH_BYTES`, ``span_flush_s`` after the oldest (the store's
 background writer, :mod:`spanlab.store.flusher`, sees to that when no call does), before SQL reads the
@@ -14,7 +16,7 @@ tables, and on close. Reading spans (``spans_reader``) sees the table and the bu
 together, so a trainer that reads a step's spans right after they were written waits for no insert.
 
 After a crash the next open inserts what the journal holds, skipping span IDs already in the table (a
-crash between an insert's commit and the journal's truncation); see :mod:`spanlab.store.journal_file`.
+crash between an insert's commit and the emptying of the journal); see :mod:`spanlab.store.journal_file`.
 """
 
 from __future__ import annotations
