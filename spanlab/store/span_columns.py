@@ -34,7 +34,6 @@ LIST_COLUMNS: dict[str, type] = {
     "response_logprobs": np.float32,
     "loss_mask": np.uint8,
 }
-SCALAR_COLUMNS = [f.name for f in SPAN_ARROW_SCHEMA if f.name not in LIST_COLUMNS]
 RECORD_TAG = b"C"  # a journal record of SpanColumns (an Arrow IPC stream starts with 0xFF, a queue change with {)
 _META_LEN = struct.Struct("<I")
 
@@ -107,7 +106,8 @@ class SpanColumns:
         return SpanColumns(values, lengths, flats)
 
     def record(self) -> list[bytes | memoryview]:
-        """The journal record's body, in parts: tag, JSON of the scalar columns and the lengths, raw arrays."""
+        """The journal record's body, in parts: tag, JSON of the scalar columns and the lengths, then the token
+        columns' raw arrays in the machine's byte order (little-endian on every platform spanlab runs on)."""
         meta = json.dumps({"values": self.values, "lengths": self.lengths}, ensure_ascii=False)
         try:
             encoded = meta.encode()
