@@ -60,11 +60,11 @@ class Frames:
     complete: bool  # False: a bad record with good ones after it (corruption, not a torn or stale tail)
 
 
-def scan_frames(data: bytes) -> Frames:
+def scan_frames(data: bytes, source: str = "journal") -> Frames:
     """The records of a journal file's bytes. With a header (:data:`MAGIC`), reading stops at the first record
     that fails its CRC (torn, an earlier generation's, or zeros); it is corruption if a good record follows it.
     Without one (older files), the records run to the end of the file and a bad record before the end is
-    corruption."""
+    corruption. ``source`` names the file in the log."""
     versioned = data[:8] == MAGIC and len(data) >= _HEADER.size
     seed = _seed(_HEADER.unpack_from(data)[1]) if versioned else 0
     pos = _HEADER.size if versioned else 0
@@ -83,9 +83,9 @@ def scan_frames(data: bytes) -> Frames:
     else:
         corrupt = end < len(data)
         if not corrupt:
-            logger.warning("journal: dropping a torn last record (%d bytes)", len(data) - pos)
+            logger.warning("%s: dropping a torn last record (%d bytes)", source, len(data) - pos)
     if corrupt:
-        logger.error("journal: the record at byte %d is corrupt and more follow", pos)
+        logger.error("%s: the record at byte %d is corrupt and more follow", source, pos)
     return Frames(bodies, pos, not corrupt)
 
 
@@ -104,7 +104,7 @@ def _frame(data: bytes, pos: int, seed: int) -> tuple[bytes | None, int]:
 
 def read_frames(path: Path) -> tuple[list[bytes], bool]:
     """(the record bodies of a journal file, whether all of it was readable): see :func:`scan_frames`."""
-    frames = scan_frames(path.read_bytes())
+    frames = scan_frames(path.read_bytes(), f"journal {path}")
     return frames.bodies, frames.complete
 
 
@@ -167,11 +167,6 @@ class AppendFile:
             except OSError as exc:
                 raise StoreError(f"cannot sync {self.path}: {exc}") from exc
             self.dirty = False
-
-    @property
-    def empty(self) -> bool:
-        """No record since the file was made or cleared."""
-        return self._size <= _HEADER.size
 
     def clear(self) -> None:
         """Empty the file: a new generation. No fsync: its users replay records already applied harmlessly."""

@@ -97,9 +97,10 @@ def translate_open_error(path: str, exc: Exception) -> StoreError:
     return StoreError(f"cannot open span store {path}: {msg}")
 
 
-def dumps(value: Any) -> str | None:
-    """JSON for a JSON column; None stays SQL NULL."""
-    return None if value is None else json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+def dumps(value: Any, *, allow_nan: bool = True) -> str | None:
+    """JSON for a JSON column; None stays SQL NULL. ``allow_nan=False``: NaN and Infinity (not JSON, which
+    DuckDB refuses) raise ``ValueError``."""
+    return None if value is None else json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=allow_nan)
 
 
 def loads(value: str | None) -> Any:

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spanlab.errors import InvalidSpanError
+from spanlab.store.connection import dumps
 from spanlab.store.schema import SPAN_ARROW_SCHEMA
 from spanlab.types import Span
 from spanlab.vectors import to_numpy
@@ -148,8 +149,7 @@ def _json_column(spans: Sequence[Span], name: str, values: list[Any]) -> list[st
     out: list[str | None] = []
     for i, value in enumerate(values):
         try:
-            out.append(None if value is None else json.dumps(value, separators=(",", ":"), ensure_ascii=False,
-                                                              allow_nan=False))
+            out.append(dumps(value, allow_nan=False))
         except ValueError as exc:
             raise InvalidSpanError(f"span #{i} ({spans[i].span_id}): `{name}` is not valid JSON ({exc}); "
                                    "nothing of this batch was stored") from None

@@ -67,7 +67,8 @@ class SpanJournal:
         return self.rows + batch.num_rows < FLUSH_ROWS and self.nbytes + self._size(batch) < FLUSH_BYTES
 
     def _size(self, batch: SpanBatch) -> int:
-        """:func:`_size` of ``batch``, once per batch: a write asks three times (~50 us each here)."""
+        """The size of ``batch`` (:func:`_size` of a table, :attr:`SpanColumns.nbytes`), once per batch: a write
+        asks three times (~50 us each for a table here)."""
         if self._sized is None or self._sized[0] is not batch:
             self._sized = (batch, batch.nbytes if isinstance(batch, SpanColumns) else _size(batch))
         return self._sized[1]
