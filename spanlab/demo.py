@@ -71,11 +71,13 @@ def run_demo(db: Path, n_rollouts: int = 24, seed: int = 0) -> str:
             spans.append(reward_span(rollout.rollout_id, attempt.attempt_id, float(guess == truth)))
             store.add_spans(spans)
             store.finish_attempt(attempt.attempt_id, "succeeded")
-        (n_calls,) = store.query("SELECT count(*) FROM llm_calls").to_pylist()[0].values()
-        stats = store.query(
-            "SELECT status, count(*) AS n, avg(final_reward) AS reward "
-            "FROM rollout_summary GROUP BY status ORDER BY status"
-        ).to_pylist()
+        summaries = store.rollout_summaries()
+    n_calls = sum(s.llm_calls for s in summaries)
+    stats = []
+    for status in sorted({s.status for s in summaries}):
+        rewards = [s.final_reward for s in summaries if s.status == status and s.final_reward is not None]
+        stats.append({"status": status, "n": sum(s.status == status for s in summaries),
+                      "reward": sum(rewards) / len(rewards) if rewards else None})
     lines = [f"wrote {n_rollouts} rollouts and {n_calls} LLM calls to {db}"]
     lines += [f"  {s['status']}: {s['n']} rollouts, mean reward {s['reward'] or 0:.2f}" for s in stats]
     lines.append(f'try: spanlab sql "SELECT * FROM rollout_summary LIMIT 5" --db {db}')

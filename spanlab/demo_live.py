@@ -67,11 +67,11 @@ def run_live_demo(db: Path, n_rollouts: int = 8, seed: int = 0, engine: EngineCo
             worker = Worker(store, ArithmeticAgent(model), gateway_url=gateway.url, concurrency=4)
             stats = asyncio.run(worker.run())
             gateway.flush()
-        rows = store.query(
-            "SELECT count(*) AS calls, sum(prompt_len) AS prompt_tokens, sum(response_len) AS response_tokens "
-            "FROM llm_calls"
-        ).to_pylist()[0]
-        (reward,) = store.query("SELECT avg(final_reward) AS r FROM rollout_summary").to_pylist()[0].values()
+        summaries = store.rollout_summaries()
+        rows = {"calls": sum(s.llm_calls for s in summaries), "prompt_tokens": sum(s.prompt_tokens for s in summaries),
+                "response_tokens": sum(s.response_tokens for s in summaries)}
+        rewards = [s.final_reward for s in summaries if s.final_reward is not None]
+        reward = sum(rewards) / len(rewards) if rewards else None
     return (
         f"ran {stats.succeeded + stats.failed + stats.timeout} attempts on {model}: "
         f"{rows['calls']} LLM calls recorded with exact token IDs ({rows['prompt_tokens']} prompt, "

@@ -15,43 +15,10 @@ import numpy as np
 _ARRAY_CODES: dict[type, str] = {np.int32: "i", np.uint8: "B", np.float32: "f"}
 
 
-class CheckedList(list):
-    """A validated list of numbers, still a list to its users, that keeps the NumPy array its check built.
-
-    Validating a list of token IDs converts it once (``array.array``, ~25 ns per ID); the store's Arrow
-    conversion needed the same array again, paid per span on every write of list input (a rollout's 10 spans
-    of 2,500 IDs: ~1.2 ms). Any change to the list drops the array, so it never goes stale.
-    """
-
-    __slots__ = ("array",)
-
-    def __init__(self, values: Any = (), array: np.ndarray | None = None) -> None:
-        super().__init__(values)
-        self.array = array
-
-
-def _drops_array(name: str) -> Any:
-    method = getattr(list, name)
-
-    def changed(self: CheckedList, *args: Any, **kwargs: Any) -> Any:
-        self.array = None
-        return method(self, *args, **kwargs)
-
-    changed.__name__ = name
-    return changed
-
-
-for _name in ("__setitem__", "__delitem__", "__iadd__", "__imul__", "append", "extend", "insert", "pop", "remove",
-              "clear", "sort", "reverse"):
-    setattr(CheckedList, _name, _drops_array(_name))
-
-
 def to_numpy(value: Any, dtype: type) -> np.ndarray:
     """A list (or array) of numbers as a 1-D NumPy array of ``dtype``; lists go through ``array.array``."""
     if isinstance(value, np.ndarray):
         return value.astype(dtype, copy=False)
-    if isinstance(value, CheckedList) and value.array is not None and value.array.dtype == dtype:
-        return value.array
     return np.frombuffer(array.array(_ARRAY_CODES[dtype], value), dtype=dtype)
 
 
@@ -60,8 +27,7 @@ def _first_bad(value: Any, ok: tuple[type, ...]) -> Any:
 
 
 def int_vector(value: Any, what: str, lo: int, hi: int, dtype: type) -> list[int] | np.ndarray:
-    """Validate integers in ``[lo, hi]``. Lists stay lists (a :class:`CheckedList`), NumPy arrays stay arrays
-    (cast to ``dtype``)."""
+    """Validate integers in ``[lo, hi]``. Lists stay lists, NumPy arrays stay arrays (cast to ``dtype``)."""
     if isinstance(value, np.ndarray):
         if value.ndim != 1:
             raise ValueError(f"{what} must be flat (1-D), got shape {value.shape}")
@@ -87,7 +53,7 @@ def int_vector(value: Any, what: str, lo: int, hi: int, dtype: type) -> list[int
             raise ValueError(f"{what} must lie in [{lo}, {hi}]; found {lo_seen if lo_seen < lo else hi_seen}")
     if isinstance(value, np.ndarray):
         return value.astype(dtype, copy=False)
-    return CheckedList(value, arr)
+    return value if isinstance(value, list) else list(value)
 
 
 def float_vector(value: Any, what: str) -> list[float] | np.ndarray:
@@ -109,7 +75,7 @@ def float_vector(value: Any, what: str) -> list[float] | np.ndarray:
         raise ValueError(f"{what} must be finite floats (or -inf); found NaN or +inf")
     if isinstance(value, np.ndarray):
         return value.astype(np.float32, copy=False)
-    return CheckedList(value, arr)
+    return value if isinstance(value, list) else list(value)
 
 
 def to_list(value: list | np.ndarray) -> list:

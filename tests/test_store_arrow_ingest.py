@@ -6,7 +6,7 @@ import pyarrow as pa
 import pytest
 
 from spanlab.errors import InvalidSpanError
-from spanlab.store import SpanStore, validate
+from spanlab.store import SpanStore
 from spanlab.store.arrow import spans_to_arrow
 from tests.conftest import llm_span
 
@@ -65,14 +65,7 @@ def test_minimal_columns_are_enough(store: SpanStore, started) -> None:
           "reward_value": [None, float("inf"), None]}, r"span #1 .*reward value must be finite"),
     ],
 )
-@pytest.mark.parametrize("row_pass", [True, False], ids=["row-pass", "columns-only"])
-def test_bad_batches_name_the_row_and_store_nothing(
-    store: SpanStore, started, overrides, message, row_pass, monkeypatch
-) -> None:
-    """Every rule holds on both paths: a small batch's Python row pass must never let through what the
-    column-wise checks refuse (``columns-only`` turns the row pass off)."""
-    if not row_pass:
-        monkeypatch.setattr(validate, "ROW_PASS_MAX_ROWS", -1)
+def test_bad_batches_name_the_row_and_store_nothing(store: SpanStore, started, overrides, message) -> None:
     rollout, attempt = started
     with pytest.raises(InvalidSpanError, match=message):
         store.add_span_table(_table(rollout, attempt, **overrides))

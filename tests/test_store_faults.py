@@ -9,6 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import duckdb
 import pytest
 
 from spanlab.errors import StoreError, StoreLockedError
@@ -118,7 +119,8 @@ def test_corrupt_file_is_reported_and_left_untouched(tmp_path: Path) -> None:
 
 def test_newer_schema_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "future.duckdb"
-    with SpanStore(path) as store:
-        store.query("UPDATE spanlab_meta SET value = '999' WHERE key = 'schema_version'")
+    SpanStore(path).close()
+    with duckdb.connect(str(path)) as conn:
+        conn.execute("UPDATE spanlab_meta SET value = '999' WHERE key = 'schema_version'")
     with pytest.raises(StoreError, match="newer spanlab"):
         SpanStore(path)

@@ -235,36 +235,25 @@ def _group_id(input_json: str | None, metadata_json: str | None, group_key: str)
 
 
 def _last_attempts(store: StoreAPI, rollout_ids: list[str], group_key: str) -> dict[str, tuple[str, str]]:
-    tbl = store.query(
-        "SELECT r.rollout_id, r.input::VARCHAR AS input, r.metadata::VARCHAR AS metadata, "
-        "arg_max(a.attempt_id, a.sequence_id) AS attempt_id "
-        "FROM rollouts r JOIN attempts a USING (rollout_id) "
-        "WHERE r.rollout_id IN (SELECT unnest(?::VARCHAR[])) GROUP BY ALL",
-        [rollout_ids],
-    )
-    rows = zip(*(tbl[c].to_pylist() for c in ("rollout_id", "input", "metadata", "attempt_id")), strict=True)
-    return {aid: (rid, _group_id(inp, meta, group_key)) for rid, inp, meta, aid in rows}
+    return {a.attempt_id: (r.rollout_id, _group_id(json.dumps(r.input), json.dumps(r.metadata), group_key))
+            for r, a in store.last_attempts(rollout_ids)}
 
 
 def _call_agents(store: StoreAPI, attempt_ids: list[str]) -> dict[str, str]:
     """``span_id -> attributes.agent`` of the calls that name a role (none in a single-agent store)."""
-    tbl = store.query(
-        "SELECT span_id, attributes->>'$.agent' AS agent FROM spans WHERE kind = 'llm_call' "
-        "AND attempt_id IN (SELECT unnest(?::VARCHAR[])) AND attributes->>'$.agent' IS NOT NULL",
-        [attempt_ids],
-    )
-    return dict(zip(tbl["span_id"].to_pylist(), tbl["agent"].to_pylist(), strict=True))
+    tbl = store.spans_table(attempt_ids=attempt_ids, kinds=["llm_call"], columns=["span_id", "attributes"])
+    agents = {sid: (json.loads(attrs) if attrs else {}).get("agent")
+              for sid, attrs in zip(tbl["span_id"].to_pylist(), tbl["attributes"].to_pylist(), strict=True)}
+    return {sid: agent for sid, agent in agents.items() if agent is not None}
 
 
 def _read_rewards(store: StoreAPI, attempt_ids: list[str]) -> _Rewards:
-    """The last reward per attempt and per call (``arg_max`` by sequence, as ``rollout_summary`` does)."""
-    tbl = store.query(
-        "SELECT attempt_id, reward_call_span_id AS call_id, arg_max(reward_value, sequence_id) AS value "
-        "FROM spans WHERE kind = 'reward' AND attempt_id IN (SELECT unnest(?::VARCHAR[])) GROUP BY ALL",
-        [attempt_ids],
-    )
+    """The last reward per attempt and per call (the last by sequence, as ``rollout_summary`` does)."""
+    tbl = store.spans_table(attempt_ids=attempt_ids, kinds=["reward"],
+                            columns=["attempt_id", "reward_call_span_id", "reward_value"])  # in sequence order
     rewards = _Rewards({}, {}, set())
-    for aid, call_id, value in zip(*(tbl[c].to_pylist() for c in ("attempt_id", "call_id", "value")), strict=True):
+    cols = ("attempt_id", "reward_call_span_id", "reward_value")
+    for aid, call_id, value in zip(*(tbl[c].to_pylist() for c in cols), strict=True):
         if call_id is None:
             rewards.final[aid] = float(value)
         else:

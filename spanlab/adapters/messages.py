@@ -32,9 +32,7 @@ def conversations(store: StoreAPI, rollout_ids: Sequence[str]) -> dict[str, Conv
     out = {rid: Conversation(rid) for rid in rollout_ids}
     if not rollout_ids:
         return out
-    last = store.query("SELECT last_attempt_id FROM rollout_summary WHERE rollout_id IN (SELECT unnest(?::VARCHAR[]))",
-                       [list(rollout_ids)])
-    last_attempts = set(last.column("last_attempt_id").to_pylist())
+    last_attempts = {a.attempt_id for _, a in store.last_attempts(list(rollout_ids))}
     rows = store.spans_reader(rollout_ids=list(rollout_ids), columns=_COLUMNS).read_all().to_pylist()
     for row in rows:  # ordered by rollout, attempt, sequence: the last ok call of the attempt wins
         if row["attempt_id"] not in last_attempts:

@@ -50,8 +50,7 @@ logger = logging.getLogger(__name__)
 TokenSource = Literal["exact", "retokenized"]
 TOKEN_SOURCES: tuple[TokenSource, ...] = ("exact", "retokenized")
 
-_TEXT_SQL = ("SELECT span_id, request_messages::VARCHAR AS messages, request_tools::VARCHAR AS tools, "
-             "response_message::VARCHAR AS response FROM spans WHERE span_id IN (SELECT unnest(?::VARCHAR[]))")
+_TEXT_COLUMNS = ["span_id", "request_messages", "request_tools", "response_message"]
 
 
 class _TemplatedTokenizer:
@@ -115,9 +114,8 @@ def retokenize_samples(store: StoreAPI, samples: Iterable[Sample], retokenizer: 
 
 def _rebuild_chunk(store: StoreAPI, samples: list[Sample], retokenizer: Retokenizer) -> Generator[Sample, None, int]:
     """Yield the chunk's rebuilt samples; return how many could not be rebuilt."""
-    tbl = store.query(_TEXT_SQL, [[s.span_ids[-1] for s in samples]])
-    text = {sid: (m, t, r) for sid, m, t, r in zip(*(tbl[c].to_pylist() for c in ("span_id", "messages", "tools",
-                                                                                    "response")), strict=True)}
+    tbl = store.spans_table(span_ids=[s.span_ids[-1] for s in samples], columns=_TEXT_COLUMNS)
+    text = {sid: (m, t, r) for sid, m, t, r in zip(*(tbl[c].to_pylist() for c in _TEXT_COLUMNS), strict=True)}
     failed = 0
     for s in samples:
         messages, tools, response = text.get(s.span_ids[-1], (None, None, None))

@@ -70,11 +70,10 @@ class RolloutRunner:
         self.seconds = 0.0
 
     def _load(self) -> dict[tuple[int, str], tuple[str, float]]:
-        rows = self.collector.store.query(
-            "SELECT rollout_id, resources_version AS v, input->>'$.task_id' AS task_id, "
-            "coalesce(final_reward, 0.0) AS r "
-            "FROM rollout_summary WHERE metadata->>'$.apo_agent_key' = ? AND status IN ('succeeded', 'failed') "
-            "ORDER BY enqueue_time", [self.key]).to_pylist()
+        rows = [{"rollout_id": s.rollout_id, "v": s.resources_version, "r": s.final_reward or 0.0,
+                 "task_id": _task_id(s.input)}
+                for s in self.collector.store.rollout_summaries(statuses=["succeeded", "failed"],
+                                                                metadata={"apo_agent_key": self.key})]
         prefix = f"{self.bank.name}@"
         cache = {(int(r["v"].removeprefix(prefix)), r["task_id"]): (r["rollout_id"], float(r["r"]))
                  for r in rows if r["v"] and r["v"].startswith(prefix) and "," not in r["v"]}
@@ -117,3 +116,9 @@ class RolloutRunner:
         self.seconds += batch.seconds
         logger.info("ran %d rollouts in %.0fs (%d failed); cache now %d pairs", len(batch.rollout_ids), batch.seconds,
                     batch.failed, len(self.cache))
+
+
+def _task_id(task: Any) -> str | None:
+    """``input["task_id"]`` as text (what SQL's ``input->>'$.task_id'`` gave), None without one."""
+    value = task.get("task_id") if isinstance(task, dict) else None
+    return None if value is None else value if isinstance(value, str) else json.dumps(value)

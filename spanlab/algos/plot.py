@@ -9,10 +9,10 @@ from spanlab.store.base import StoreAPI
 
 
 def latest_run_id(store: StoreAPI) -> str:
-    rows = store.query("SELECT run_id FROM train_metrics ORDER BY time DESC LIMIT 1").to_pylist()
+    rows = store.metrics()
     if not rows:
         raise NotFoundError("the store has no training metrics yet (run `spanlab train` first)")
-    return rows[0]["run_id"]
+    return rows[-1].run_id
 
 
 def plot_run(store: StoreAPI, out: Path, run_id: str | None = None) -> Path:
@@ -23,9 +23,7 @@ def plot_run(store: StoreAPI, out: Path, run_id: str | None = None) -> Path:
     import matplotlib.pyplot as plt
 
     run_id = run_id or latest_run_id(store)
-    rows = store.query(
-        "SELECT step, name, value FROM train_metrics WHERE run_id = ? ORDER BY step", [run_id]
-    ).to_pylist()
+    rows = [m.model_dump() for m in sorted(store.metrics(run_id), key=lambda m: m.step)]
     if not rows:
         raise NotFoundError(f"no metrics for run {run_id!r}")
     series: dict[str, dict[int, float]] = {}

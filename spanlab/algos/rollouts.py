@@ -95,12 +95,7 @@ def final_rewards(store: StoreAPI, rollout_ids: Sequence[str]) -> dict[str, floa
     """``rollout_id -> final reward`` of each rollout's last attempt (absent: it recorded none)."""
     if not rollout_ids:
         return {}
-    table = store.query(
-        "SELECT rollout_id, final_reward FROM rollout_summary "
-        "WHERE rollout_id IN (SELECT unnest(?::VARCHAR[])) AND final_reward IS NOT NULL",
-        [list(rollout_ids)],
-    )
-    return dict(zip(table.column("rollout_id").to_pylist(), table.column("final_reward").to_pylist(), strict=True))
+    return {s.rollout_id: s.final_reward for s in store.rollout_summaries(rollout_ids) if s.final_reward is not None}
 
 
 def cancel_leftovers(store: StoreAPI) -> int:

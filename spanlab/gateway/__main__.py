@@ -1,10 +1,11 @@
 """Serve the gateway as its own process.
 
     python -m spanlab.gateway --upstream http://127.0.0.1:8000 --db runs/spans.duckdb --port 9000 [--tito]
+    python -m spanlab.gateway --upstream http://127.0.0.1:8000 --store-url http://127.0.0.1:8700 [--store-token T]
 
-Agents then use ``base_url=http://127.0.0.1:9000/rollout/<rid>/attempt/<aid>/v1``. The process holds
-the DuckDB file read-write (DuckDB allows one such process): runners that must dequeue rollouts from
-the same file should run the gateway in-process instead (``spanlab.gateway.GatewayServer``).
+Agents then use ``base_url=http://127.0.0.1:9000/rollout/<rid>/attempt/<aid>/v1``. With ``--db`` the
+process holds the DuckDB file read-write (DuckDB allows one such process); with ``--store-url`` it writes
+through a store server (``spanlab store serve``), which runners can share.
 """
 
 from __future__ import annotations
@@ -16,13 +17,16 @@ import uvicorn
 
 from spanlab.gateway.app import create_app
 from spanlab.gateway.config import GatewayConfig
-from spanlab.store import SpanStore
+from spanlab.store import SpanStore, StoreAPI
+from spanlab.store.client import StoreClient
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m spanlab.gateway", description=__doc__.splitlines()[0])
     p.add_argument("--upstream", required=True, help="engine base URL, e.g. http://127.0.0.1:8000")
     p.add_argument("--db", default=":memory:", help="span store file (default: a throwaway in-memory store)")
+    p.add_argument("--store-url", default=None, help="a store server to write to instead of --db")
+    p.add_argument("--store-token", default=None, help="the store server's bearer token")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=9000)
     p.add_argument("--fallback", default=None, help="JSONL file for spans the store cannot take")
@@ -36,7 +40,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.tito:
         overrides.update(tito=True, tokenizer=args.tokenizer)
     config = GatewayConfig(upstream_base_url=args.upstream, fallback_path=args.fallback, **overrides)
-    with SpanStore(args.db) as store:
+    store: StoreAPI = StoreClient(args.store_url, token=args.store_token) if args.store_url else SpanStore(args.db)
+    with store:
         app = create_app(store, config=config)
         uvicorn.run(
             app, host=args.host, port=args.port, log_level=args.log_level, access_log=False, proxy_headers=False

@@ -8,7 +8,7 @@ a gateway without a subprocess:
     with GatewayServer(store, "http://127.0.0.1:8000") as gw:
         client = AsyncOpenAI(base_url=gw.base_url(rollout.rollout_id, attempt.attempt_id), api_key="x")
         ...
-        gw.flush()   # spans are written a few ms after each response; flush before reading them
+        gw.flush()   # a completed call is stored before its answer; flush waits for failed calls' spans
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ from spanlab.gateway.recording import CallContext, error_span, spans_from_record
 from spanlab.gateway.records import StreamAccumulator, record_from_response
 from spanlab.gateway.tito import TitoMode
 from spanlab.gateway.upstream import UpstreamClient, UpstreamError
-from spanlab.gateway.writer import SpanWriter
+from spanlab.gateway.writer import SpanJob, SpanWriter
 from spanlab.store.base import StoreAPI
 
 logger = logging.getLogger(__name__)
@@ -181,9 +181,17 @@ class Gateway:
             raw = await self.upstream.read(upstream)
         except UpstreamError as exc:
             return self._fail(ctx, exc.status_code, exc.code, str(exc))
-        return self._unary(ctx, upstream.status, raw)
+        return await self._unary(ctx, upstream.status, raw)
 
-    def _unary(self, ctx: CallContext, status: int, raw: bytes) -> Response:
+    async def record_call(self, job: SpanJob) -> Response | None:
+        """Store a completed call's spans before the agent sees the answer (see :mod:`.writer`); None once
+        stored, else the 503 to answer instead."""
+        if await anyio.to_thread.run_sync(self.writer.write, job, self.config.close_timeout_s):
+            return None
+        return _error(503, "the span store could not take this call's spans; the call is not recorded",
+                      "store_unavailable", "store_error")
+
+    async def _unary(self, ctx: CallContext, status: int, raw: bytes) -> Response:
         end = time.time()
         try:
             data = loads(raw)
@@ -192,7 +200,8 @@ class Gateway:
         if not isinstance(data, dict):
             return self._fail(ctx, 502, "upstream_bad_response", "upstream sent a body that is not a JSON object")
         record = record_from_response(ctx.endpoint, data)  # before stripping: it keeps the IDs
-        self.writer.submit(lambda: spans_from_record(ctx, record, end_time=end))
+        if (refused := await self.record_call(lambda: spans_from_record(ctx, record, end_time=end))) is not None:
+            return refused
         content = dumps(strip_for_agent(data, ctx.endpoint, ctx.asked)) if needs_rewrite(ctx.asked) else raw
         return Response(
             content, status, media_type="application/json", headers={SPAN_IDS_HEADER: ",".join(ctx.span_ids)}
@@ -219,9 +228,15 @@ class Gateway:
                             data = dumps(strip_for_agent(chunk, ctx.endpoint, ctx.asked))
                     out += (b"data: ", data, b"\n\n")
                 if saw_done and not recorded:
-                    # Record before the agent sees [DONE]: once it has, it may flush and read the store.
+                    # Stored before the agent sees [DONE]: once it has, it may end its attempt.
                     recorded = True
-                    self._record_stream(ctx, acc, None)
+                    job, stream_error = self._stream_spans(ctx, acc, None)
+                    if stream_error is not None:
+                        self.writer.submit(job)
+                    elif await self.record_call(job) is not None:
+                        failed = error_body("the span store could not take this call's spans; the call is not "
+                                            "recorded", code="store_unavailable", err_type="store_error")
+                        out[out.index(b"[DONE]")] = dumps(failed)
                 if out:
                     yield b"".join(out)
         except UpstreamError as exc:
@@ -240,21 +255,22 @@ class Gateway:
             if error is None and not saw_done:
                 error = {"type": "upstream_stream_truncated", "message": "the stream ended without [DONE]"}
             if not recorded:
-                error = self._record_stream(ctx, acc, error)
+                job, error = self._stream_spans(ctx, acc, error)
+                self.writer.submit(job)
         if error is not None and error["type"] in _GATEWAY_STREAM_ERRORS:
             yield (
                 b"data: " + dumps(error_body(error["message"], code=error["type"], err_type="upstream_error")) + b"\n\n"
             )
 
-    def _record_stream(
-        self, ctx: CallContext, acc: StreamAccumulator, error: dict[str, Any] | None
-    ) -> dict[str, Any] | None:
-        """Queue the span set of a finished stream; returns the error it was recorded with."""
+    @staticmethod
+    def _stream_spans(
+        ctx: CallContext, acc: StreamAccumulator, error: dict[str, Any] | None
+    ) -> tuple[SpanJob, dict[str, Any] | None]:
+        """The span set of a finished stream, and the error it is recorded with (None: a completed call)."""
         if error is None and acc.error is not None:
             error = {"type": "upstream_stream_error", "message": str(acc.error.get("message")), "body": acc.error}
         record, end = acc.result(), time.time()
-        self.writer.submit(lambda: spans_from_record(ctx, record, end_time=end, error=error))
-        return error
+        return (lambda: spans_from_record(ctx, record, end_time=end, error=error)), error
 
     @staticmethod
     def _chunk(data: bytes) -> dict[str, Any] | None:

@@ -160,7 +160,7 @@ class TitoMode:
         except BaseException:
             self.sessions.abort(turn, session)
             raise
-        return self._answer(gw, ctx, turn, session, raw, prep_s)
+        return await self._answer(gw, ctx, turn, session, raw, prep_s)
 
     async def _engine_render(self, gw: Gateway, ctx: CallContext, headers: dict[str, str],
                              turn: TitoTurn) -> list[int] | Response:
@@ -181,9 +181,9 @@ class TitoMode:
             return gw._fail(ctx, 502, "upstream_bad_response", "the engine's /tokenize returned no tokens")
         return [int(t) for t in tokens]
 
-    def _answer(self, gw: Gateway, ctx: CallContext, turn: TitoTurn, session: Session, raw: bytes,
-                prep_s: float) -> Response:
-        """Commit the sampled turn, queue the span, answer the agent as the chat route would have."""
+    async def _answer(self, gw: Gateway, ctx: CallContext, turn: TitoTurn, session: Session, raw: bytes,
+                      prep_s: float) -> Response:
+        """Commit the sampled turn, store the span, answer the agent as the chat route would have."""
         t1 = time.perf_counter()
         try:
             data = loads(raw)
@@ -214,7 +214,8 @@ class TitoMode:
         attrs["gateway_ms"] = round((prep_s + time.perf_counter() - t1) * 1000, 3)
         ctx.extra_attributes = {"tito": attrs}
         end = time.time()
-        gw.writer.submit(lambda: spans_from_record(ctx, record, end_time=end))
+        if (refused := await gw.record_call(lambda: spans_from_record(ctx, record, end_time=end))) is not None:
+            return refused
         headers = {"x-spanlab-span-ids": ctx.span_ids[0]}
         if ctx.asked.stream:
             usage = bool((ctx.body.get("stream_options") or {}).get("include_usage"))

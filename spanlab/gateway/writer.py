@@ -1,10 +1,11 @@
-"""A background thread that builds recorded spans and moves them into the store in batches.
+"""How the gateway's spans reach the store: a completed call's before its answer, failed calls' in the background.
 
-Why a thread: ``add_spans`` is a DuckDB transaction with a fixed cost of milliseconds; doing it on the
-event loop would add that to every agent call. Instead a request handler hands over a *job* (spans,
-or a function that builds them, so even pydantic validation happens after the agent has its answer)
-and returns; ``submit`` never blocks on the store. This thread gathers whatever accumulated for
-``flush_interval_s`` and writes it as one batch, in submission order.
+A completed call is written with :meth:`SpanWriter.write` before the agent gets the answer (in a worker
+thread, never on the event loop): once the agent has it, it may end its attempt, and an attempt must never
+end ``succeeded`` without the spans of its calls, even if this process is killed right after answering.
+Calls that failed (the engine's errors, a broken stream, an agent that went away) gave the agent no answer
+to act on; their error spans are handed to a background thread (:meth:`SpanWriter.submit`), which gathers
+what accumulated for ``flush_interval_s`` and writes it as one batch, in submission order.
 
 A successful call's span must not be lost, so:
 * transient store failures (I/O, a locked or busy DuckDB) are logged loudly and retried with backoff,
@@ -83,6 +84,18 @@ class SpanWriter:
             self._submitted += 1
             self._cond.notify_all()
 
+    def write(self, job: SpanJob, timeout_s: float) -> bool:
+        """Store a completed call's spans now, in the caller's thread, retrying store failures for up to
+        ``timeout_s``; False if they could not be stored (then they went where ``_give_up`` puts them)."""
+        try:
+            spans = list(job() if callable(job) else job)
+        except Exception:
+            logger.critical("building the spans of a call failed; that call is NOT recorded", exc_info=True)
+            return False
+        given_up = self.given_up
+        self._write_batch(spans, deadline=time.monotonic() + timeout_s)
+        return self.given_up == given_up
+
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything submitted before this call is stored (or given up); False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -139,7 +152,7 @@ class SpanWriter:
             self._done += len(jobs)
             self._cond.notify_all()
 
-    def _write_batch(self, batch: list[Span]) -> None:
+    def _write_batch(self, batch: list[Span], deadline: float | None = None) -> None:
         delay = self.retry_initial_s
         while True:
             try:
@@ -148,13 +161,13 @@ class SpanWriter:
                 if len(batch) > 1:
                     logger.error("store rejected a batch of %d spans (%s); writing them one by one", len(batch), exc)
                     for span in batch:
-                        self._write_batch([span])
+                        self._write_batch([span], deadline)
                     return
                 self._give_up(batch, exc)
                 return
             except Exception as exc:  # any other store failure is retried, never dropped
                 self.write_failures += 1
-                if time.monotonic() >= self._close_deadline:
+                if time.monotonic() >= min(self._close_deadline, deadline or float("inf")):
                     self._give_up(batch, exc)
                     return
                 logger.error(

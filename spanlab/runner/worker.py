@@ -22,7 +22,7 @@ from spanlab.store.base import StoreAPI
 from spanlab.types import ACTIVE_ATTEMPT_STATUSES, Attempt, FinishedAttemptStatus, Resource, Rollout, Span, reward_span
 
 logger = logging.getLogger(__name__)
-PENDING_SQL = "SELECT count(*) AS n FROM rollouts WHERE status IN ('queuing', 'requeuing', 'preparing', 'running')"
+PENDING = ("queuing", "requeuing", "preparing", "running")
 
 
 @dataclass
@@ -89,8 +89,7 @@ class Worker:
 
     async def _nothing_pending(self) -> bool:
         """True once no rollout anywhere waits or runs (others' attempts may still be requeued)."""
-        table = await asyncio.to_thread(self.store.query, PENDING_SQL)
-        return table.to_pylist()[0]["n"] == 0
+        return await asyncio.to_thread(self.store.count_rollouts, PENDING) == 0
 
     async def _run_one(self, rollout: Rollout, attempt: Attempt) -> None:
         started = time.monotonic()  # the attempt's clock starts at dequeue, whatever setup costs

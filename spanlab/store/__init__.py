@@ -1,4 +1,12 @@
-"""The span store: DuckDB tables and views, the store interface, and the read-only SQL surface."""
+"""The span store: DuckDB tables and views, one writer thread, the store interface, the server and client.
+
+A write, from the API to the COMMIT, passes through four files: ``duckdb_store.py`` (``SpanStore.add_spans``
+checks the batch and hands it to the writer), ``arrow.py`` (typed spans become one Arrow table),
+``spans.py`` (the limits, then the insert: attempts checked, repeats skipped, sequence numbers filled in)
+and ``writer.py`` (the writer thread runs it in a transaction with whatever else arrived, COMMITs, then
+answers). Arrow input from the store server takes ``validate.py`` (the span rules, column-wise) instead of
+``arrow.py``. The queue's writes are ``queue.py``; resources, metrics and summaries ``records.py``.
+"""
 
 from spanlab.store.base import StoreAPI
 from spanlab.store.duckdb_store import SpanStore

@@ -1,8 +1,9 @@
-"""Spans <-> Arrow record batches.
+"""Spans <-> Arrow tables with the ``spans`` table's columns.
 
-Ingest builds one Arrow table per batch of spans (DuckDB inserts it with one ``INSERT ... SELECT``,
-~60x faster than ``executemany``). Read-back turns Arrow batches into typed ``Span`` objects only when
-the caller asks for objects; training code should stay on the Arrow/NumPy path.
+Ingest builds one Arrow table per batch of spans (DuckDB inserts it with one statement, ~60x faster than
+``executemany``); token columns are built from NumPy arrays end to end, never from Python ints one by one.
+Read-back turns Arrow batches into typed ``Span`` objects only when the caller asks for objects; training
+code should stay on the Arrow/NumPy path.
 """
 
 from __future__ import annotations
@@ -10,22 +11,78 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
+from spanlab.errors import InvalidSpanError
+from spanlab.store.connection import dumps
 from spanlab.store.connection import loads as _loads
-from spanlab.store.schema import JSON_SPAN_COLUMNS
-from spanlab.store.span_columns import SpanColumns, columns_to_arrow, flatten, list_array
+from spanlab.store.schema import JSON_SPAN_COLUMNS, SPAN_ARROW_SCHEMA
 from spanlab.types import LLMCall, Reward, Span, Usage
+from spanlab.vectors import to_numpy
+
+_LIST_TYPES: dict[str, type] = {"prompt_token_ids": np.int32, "response_token_ids": np.int32,
+                                "response_logprobs": np.float32, "loss_mask": np.uint8}
 
 
 def list_column(values: Sequence[Any], dtype: type, list_type: pa.DataType) -> pa.Array:
-    """An Arrow list column from per-row lists/arrays (None = null): see :func:`flatten`."""
-    return list_array(*flatten(values, dtype), list_type)
+    """An Arrow list column from per-row lists or arrays (None: a null row), through one NumPy concatenation."""
+    arrays = [None if v is None else to_numpy(v, dtype) for v in values]
+    if all(a is None for a in arrays):
+        return pa.nulls(len(values), list_type)
+    present = [a for a in arrays if a is not None and len(a)]
+    flat = np.concatenate(present) if present else np.empty(0, dtype)
+    offsets = np.zeros(len(arrays) + 1, dtype=np.int32)
+    np.cumsum([0 if a is None else len(a) for a in arrays], out=offsets[1:])
+    mask = pa.array([a is None for a in arrays]) if any(a is None for a in arrays) else None
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat), type=list_type, mask=mask)
 
 
 def spans_to_arrow(spans: Sequence[Span]) -> pa.Table:
-    """Columnar copy of validated spans, ready for ``INSERT INTO spans SELECT * FROM tbl``."""
-    return columns_to_arrow([SpanColumns.of(spans)])
+    """Validated spans as one Arrow table with the span schema (the token IDs copied once)."""
+    llms = [s.llm for s in spans]
+    usages = [x.usage if x else None for x in llms]
+    rewards = [s.reward for s in spans]
+    columns: dict[str, list[Any]] = {
+        "span_id": [s.span_id for s in spans], "rollout_id": [s.rollout_id for s in spans],
+        "attempt_id": [s.attempt_id for s in spans], "sequence_id": [s.sequence_id for s in spans],
+        "parent_id": [s.parent_id for s in spans], "name": [s.name for s in spans], "kind": [s.kind for s in spans],
+        "start_time": [s.start_time for s in spans], "end_time": [s.end_time for s in spans],
+        "status": [s.status for s in spans], "attributes": [s.attributes or None for s in spans],
+        "model": _of(llms, "model"), "request_messages": [x.request_messages or None if x else None for x in llms],
+        "request_tools": _of(llms, "request_tools"), "response_message": _of(llms, "response_message"),
+        "finish_reason": _of(llms, "finish_reason"), "prompt_tokens": _of(usages, "prompt_tokens"),
+        "completion_tokens": _of(usages, "completion_tokens"), "total_tokens": _of(usages, "total_tokens"),
+        "reward_name": _of(rewards, "name"), "reward_value": _of(rewards, "value"),
+        "reward_call_span_id": _of(rewards, "call_span_id"),
+    }
+    for name in JSON_SPAN_COLUMNS:
+        columns[name] = [_json(spans, i, name, v) for i, v in enumerate(columns[name])]
+    arrays = []
+    for field in SPAN_ARROW_SCHEMA:
+        if field.name in _LIST_TYPES:
+            arrays.append(list_column(_of(llms, field.name), _LIST_TYPES[field.name], field.type))
+        elif all(v is None for v in columns[field.name]):
+            arrays.append(pa.nulls(len(spans), field.type))
+        else:
+            arrays.append(pa.array(columns[field.name], type=field.type))
+    return pa.Table.from_arrays(arrays, schema=SPAN_ARROW_SCHEMA)
+
+
+def _of(items: list[Any], attr: str) -> list[Any]:
+    return [None if x is None else getattr(x, attr) for x in items]
+
+
+def _json(spans: Sequence[Span], i: int, name: str, value: Any) -> str | None:
+    """JSON text of a JSON column; NaN and Infinity are not JSON (DuckDB would refuse the whole batch)."""
+    try:
+        text = dumps(value, allow_nan=False)
+        if text is not None:
+            text.encode()  # lone surrogates: not UTF-8, which Arrow and DuckDB need
+        return text
+    except (ValueError, UnicodeEncodeError) as exc:
+        raise InvalidSpanError(f"span #{i} ({spans[i].span_id}): `{name}` is not valid JSON ({exc}); "
+                               "nothing of this batch was stored") from None
 
 
 def row_to_span(row: dict[str, Any]) -> Span:

@@ -1,7 +1,10 @@
-"""The store interface every component programs against.
+"""The store interface every component programs against, and the typed rows its reads return.
 
-``SpanStore`` (DuckDB, in-process) implements it; the HTTP client of the store server implements the
-same methods, so a gateway, runner or algorithm works with either without knowing which.
+``SpanStore`` (DuckDB, in-process) implements it; ``StoreClient`` (the store server over HTTP) implements
+the same methods with the same behaviour (the adapter and loop tests run on both), so a gateway, runner,
+adapter or algorithm works with either without knowing which. Adapters and loops read through the typed
+methods here (last attempts, rollout summaries, spans by ID, metrics), never through SQL with parameters:
+``query`` is for a user's read-only SQL.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -25,6 +29,43 @@ from spanlab.types import (
     RolloutMode,
     Span,
 )
+
+
+class RolloutSummary(BaseModel):
+    """One row of the ``rollout_summary`` view: calls, tokens and rewards are those of the last attempt."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rollout_id: str
+    mode: str
+    status: str
+    attempts: int
+    last_attempt_id: str | None = None
+    worker_id: str | None = None
+    llm_calls: int = 0
+    prompt_tokens: int = 0
+    response_tokens: int = 0
+    total_reward: float | None = None
+    final_reward: float | None = None
+    resources_version: str | None = None
+    enqueue_time: float
+    start_time: float | None = None
+    end_time: float | None = None
+    input: Any = None
+    metadata: dict[str, Any] = {}
+
+
+class Metric(BaseModel):
+    """One training metric of one step (a row of ``train_metrics``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str
+    algorithm: str
+    step: int
+    name: str
+    value: float | None
+    time: float
 
 
 class StoreAPI(ABC):
@@ -91,6 +132,25 @@ class StoreAPI(ABC):
     @abstractmethod
     def list_attempts(self, rollout_id: str) -> list[Attempt]: ...
 
+    @abstractmethod
+    def last_attempts(self, rollout_ids: Sequence[str]) -> list[tuple[Rollout, Attempt]]:
+        """Each rollout with its latest attempt, in the order given; rollouts never dequeued are left out."""
+
+    @abstractmethod
+    def rollout_summaries(
+        self,
+        rollout_ids: Sequence[str] | None = None,
+        *,
+        statuses: Sequence[str] | None = None,
+        metadata: dict[str, str] | None = None,
+    ) -> list[RolloutSummary]:
+        """Rows of ``rollout_summary`` in enqueue order: of the given rollouts (None: all), in ``statuses``,
+        whose ``metadata[key]`` equals each given string value."""
+
+    @abstractmethod
+    def count_rollouts(self, statuses: Sequence[str] | None = None) -> int:
+        """How many rollouts have one of ``statuses`` (None: all)."""
+
     # --- spans ---------------------------------------------------------------------------------
     @abstractmethod
     def add_spans(self, spans: Sequence[Span]) -> int:
@@ -103,6 +163,11 @@ class StoreAPI(ABC):
         return self.add_spans([span])
 
     @abstractmethod
+    def add_span_table(self, tbl: pa.Table) -> int:
+        """``add_spans`` for a batch given as an Arrow table with the ``spans`` columns (any subset of the
+        optional ones): the bulk and wire path, no Python object per span, the same rules."""
+
+    @abstractmethod
     def spans_reader(
         self,
         *,
@@ -111,8 +176,9 @@ class StoreAPI(ABC):
         kinds: Sequence[str] | None = None,
         columns: Sequence[str] | None = None,
         batch_size: int = 1024,
+        span_ids: Sequence[str] | None = None,
     ) -> pa.RecordBatchReader:
-        """Stream matching rows of the ``spans`` table, ordered by attempt and sequence."""
+        """Stream matching rows of the ``spans`` table, ordered by rollout, attempt and sequence."""
 
     def spans_table(self, **filters: Any) -> pa.Table:
         """All matching spans as one Arrow table (materializes them; prefer ``spans_reader``)."""
@@ -140,11 +206,19 @@ class StoreAPI(ABC):
     @abstractmethod
     def list_resources(self, name: str | None = None) -> list[Resource]: ...
 
+    # --- training metrics ----------------------------------------------------------------------
+    @abstractmethod
+    def add_metrics(self, run_id: str, algorithm: str, step: int, metrics: dict[str, float]) -> None:
+        """Record one training step's metrics (long format: ``train_metrics`` is queryable with SQL)."""
+
+    @abstractmethod
+    def metrics(self, run_id: str | None = None) -> list[Metric]:
+        """Metrics of one run (None: every run), in the order they were recorded."""
+
     # --- SQL -----------------------------------------------------------------------------------
     @abstractmethod
-    def query(self, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
-        """SQL against the tables and views; small results (use LIMIT). In-process this is the owner's
-        connection (writes work); ``StoreClient`` goes through the server's SELECT-only ``/sql``."""
+    def query(self, sql: str, max_rows: int | None = None) -> pa.Table:
+        """One read-only SELECT against the tables and views (a user's SQL; programs use the typed reads)."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the store's resources."""

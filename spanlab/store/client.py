@@ -23,7 +23,7 @@ from urllib3.exceptions import HTTPError, NewConnectionError
 
 from spanlab.errors import InvalidSpanError, NotFoundError, QueryError, StoreError
 from spanlab.store.arrow import spans_to_arrow
-from spanlab.store.base import StoreAPI
+from spanlab.store.base import Metric, RolloutSummary, StoreAPI
 from spanlab.store.wire import ARROW_STREAM, open_chunked_stream, table_to_bytes
 from spanlab.types import Attempt, FinishedAttemptStatus, Resource, ResourceKind, Rollout, Span
 
@@ -138,6 +138,22 @@ class StoreClient(StoreAPI):
     def list_attempts(self, rollout_id: str) -> list[Attempt]:
         return [Attempt.model_validate(a) for a in self._json("GET", f"/rollouts/{rollout_id}/attempts")]
 
+    def last_attempts(self, rollout_ids: Sequence[str]) -> list[tuple[Rollout, Attempt]]:
+        if not rollout_ids:
+            return []
+        got = self._json("POST", "/rollouts/last-attempts", json_body={"rollout_ids": list(rollout_ids)})
+        return [(Rollout.model_validate(g["rollout"]), Attempt.model_validate(g["attempt"])) for g in got]
+
+    def rollout_summaries(self, rollout_ids: Sequence[str] | None = None, *, statuses: Sequence[str] | None = None,
+                          metadata: dict[str, str] | None = None) -> list[RolloutSummary]:
+        body = {"rollout_ids": None if rollout_ids is None else list(rollout_ids),
+                "statuses": None if statuses is None else list(statuses), "metadata": metadata}
+        return [RolloutSummary.model_validate(r) for r in self._json("POST", "/rollouts/summaries", json_body=body)]
+
+    def count_rollouts(self, statuses: Sequence[str] | None = None) -> int:
+        params = {} if statuses is None else {"statuses": list(statuses)}
+        return int(self._json("GET", "/rollout-count", params=params))
+
     # --- spans ---------------------------------------------------------------------------------
     def add_spans(self, spans: Sequence[Span]) -> int:
         return self.add_span_table(_spans_table(spans)) if spans else 0
@@ -148,10 +164,10 @@ class StoreClient(StoreAPI):
 
     def spans_reader(self, *, rollout_ids: Sequence[str] | None = None, attempt_ids: Sequence[str] | None = None,
                      kinds: Sequence[str] | None = None, columns: Sequence[str] | None = None,
-                     batch_size: int = 1024) -> pa.RecordBatchReader:
+                     batch_size: int = 1024, span_ids: Sequence[str] | None = None) -> pa.RecordBatchReader:
         params: dict[str, Any] = {"batch_size": batch_size}
         for key, values in (("rollout_ids", rollout_ids), ("attempt_ids", attempt_ids), ("kinds", kinds),
-                            ("columns", columns)):
+                            ("columns", columns), ("span_ids", span_ids)):
             if values is not None:
                 params[key] = list(values)
         try:
@@ -176,12 +192,20 @@ class StoreClient(StoreAPI):
         params = {"name": name} if name else {}
         return [Resource.model_validate(r) for r in self._json("GET", "/resources", params=params)]
 
+    # --- training metrics ----------------------------------------------------------------------
+    def add_metrics(self, run_id: str, algorithm: str, step: int, metrics: dict[str, float]) -> None:
+        body = {"run_id": run_id, "algorithm": algorithm, "step": int(step),
+                "metrics": {str(k): None if v is None else float(v) for k, v in metrics.items()}}
+        self._json("POST", "/metrics", idempotent=False, json_body=body)
+
+    def metrics(self, run_id: str | None = None) -> list[Metric]:
+        params = {} if run_id is None else {"run_id": run_id}
+        return [Metric.model_validate(m) for m in self._json("GET", "/metrics", params=params)]
+
     # --- SQL -----------------------------------------------------------------------------------
-    def query(self, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
-        if params:
-            raise QueryError("the store server takes plain SQL without parameters")
-        rows = self._json("POST", "/sql", json_body={"query": sql})
-        return pa.Table.from_pylist(rows)
+    def query(self, sql: str, max_rows: int | None = None) -> pa.Table:
+        body: dict[str, Any] = {"query": sql} | ({} if max_rows is None else {"max_rows": max_rows})
+        return pa.Table.from_pylist(self._json("POST", "/sql", json_body=body))
 
 
 def _spans_table(spans: Sequence[Span | dict[str, Any]]) -> pa.Table:

@@ -1,23 +1,25 @@
-"""The rollout queue: its transitions as pure functions, and the SQL that reads and writes its tables.
+"""The rollout queue as plain SQL: each operation is a few statements inside the writer's transaction.
 
-``SpanStore`` holds the store's lock around each transition, so a dequeue that picks a rollout and
-creates its attempt is atomic: two workers never get the same rollout. Transitions (:func:`opened`,
-:func:`started`, :func:`closed`) compute the new rows in Python; the queue journal makes them durable
-and :func:`write_states` writes them to the tables in groups (:mod:`spanlab.store.journal`). The retry
-policy lives in :func:`next_rollout_status`, one pure function that tests can read like a table. Which
-rollout to dequeue and which attempts are overdue is decided in memory (:mod:`spanlab.store.queue_index`).
+A dequeue is one ``UPDATE ... RETURNING`` of the oldest waiting rollout plus the INSERT of its attempt;
+the writer thread runs one transaction at a time, so two workers never get the same rollout. The retry
+policy lives in :func:`next_rollout_status`, one pure function that tests can read like a table. Every
+function here takes the cursor it runs on and keeps no state of its own, so the writer may run it again
+after a rolled-back group.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
 from typing import Any
 
 import duckdb
 import pyarrow as pa
 
-from spanlab.errors import NotFoundError
+from spanlab.errors import InvalidSpanError, NotFoundError
 from spanlab.store.connection import dumps, fetch_dicts, loads, registered, where_equal
 from spanlab.types import (
+    ACTIVE_ATTEMPT_STATUSES,
     Attempt,
     FinishedAttemptStatus,
     Rollout,
@@ -25,6 +27,14 @@ from spanlab.types import (
     RolloutStatus,
     new_id,
 )
+
+logger = logging.getLogger(__name__)
+_WAITING = "('queuing', 'requeuing')"
+_ACTIVE = "('preparing', 'running')"
+# The latest version of every resource, as ``name@version,...``: what a rollout's first dequeue records.
+_RESOURCES_REF = ("(SELECT string_agg(name || '@' || v, ',' ORDER BY name) "
+                  "FROM (SELECT name, max(version) AS v FROM resources GROUP BY name))")
+
 
 ROLLOUT_COLUMNS = (
     "rollout_id, input, mode, status, resources_version, timeout_s, unresponsive_s, max_attempts, "
@@ -104,17 +114,126 @@ def list_rollouts(cur: duckdb.DuckDBPyConnection, equals: dict[str, Any], limit:
     return [row_to_rollout(r) for r in rows]
 
 
-def first_stored_rollout(cur: duckdb.DuckDBPyConnection, rollout_ids: list[str]) -> str | None:
-    """One of ``rollout_ids`` the rollouts table holds already, or None."""
+
+
+def enqueue(cur: duckdb.DuckDBPyConnection, rollouts: list[Rollout]) -> list[Rollout]:
+    """Insert new rollouts (status ``queuing``); a rollout_id already stored is refused."""
     found = cur.execute("SELECT rollout_id FROM rollouts WHERE rollout_id IN (SELECT unnest(?::VARCHAR[])) LIMIT 1",
-                        [rollout_ids]).fetchone()
-    return found[0] if found else None
+                        [[r.rollout_id for r in rollouts]]).fetchall()  # fetchall: DuckDB wants results finished
+    if found:
+        found = found[0]
+        raise InvalidSpanError(f"enqueue: rollout_id {found[0]!r} already exists")
+    with registered(cur, "_new_rollouts", rollouts_to_arrow(rollouts)):
+        cur.execute(f"INSERT INTO rollouts ({ROLLOUT_COLUMNS}) SELECT * FROM _new_rollouts")
+    return rollouts
+
+
+def dequeue(cur: duckdb.DuckDBPyConnection, worker_id: str | None, mode: str | None,
+            now: float) -> tuple[Rollout, Attempt] | None:
+    """Take the oldest waiting rollout (of ``mode``, if given) and open its next attempt.
+
+    A rollout enqueued without ``resources_version`` takes the latest versions when first dequeued, and
+    keeps them across retries.
+    """
+    mode_filter = "AND mode = ?" if mode else ""
+    rows = fetch_dicts(cur.execute(
+        f"UPDATE rollouts SET status = 'preparing', num_attempts = num_attempts + 1, "
+        f"start_time = coalesce(start_time, ?), resources_version = coalesce(resources_version, {_RESOURCES_REF}) "
+        f"WHERE rollout_id = (SELECT rollout_id FROM rollouts WHERE status IN {_WAITING} {mode_filter} "
+        f"ORDER BY enqueue_time, rollout_id LIMIT 1) RETURNING {ROLLOUT_COLUMNS}",
+        [now, *([mode] if mode else [])]))
+    if not rows:
+        return None
+    rollout = row_to_rollout(rows[0])
+    attempt = Attempt(rollout_id=rollout.rollout_id, attempt_id=new_id("at"), sequence_id=rollout.num_attempts,
+                      worker_id=worker_id, status="preparing", start_time=now, last_heartbeat_time=now)
+    cur.execute(f"INSERT INTO attempts ({ATTEMPT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [attempt.attempt_id, attempt.rollout_id, attempt.sequence_id, attempt.worker_id, attempt.status,
+                 attempt.start_time, attempt.end_time, attempt.last_heartbeat_time, dumps(attempt.metadata)])
+    return rollout, attempt
+
+
+def heartbeat(cur: duckdb.DuckDBPyConnection, attempt_id: str, now: float) -> Attempt:
+    """Mark a live attempt alive (the first beat moves it and its rollout to ``running``); an attempt that
+    already ended is returned as it is, so its worker learns it was timed out."""
+    rows = fetch_dicts(cur.execute(
+        f"UPDATE attempts SET last_heartbeat_time = ?, status = 'running' "
+        f"WHERE attempt_id = ? AND status IN {_ACTIVE} RETURNING {ATTEMPT_COLUMNS}", [now, attempt_id]))
+    if not rows:
+        return get_attempt(cur, attempt_id)
+    attempt = row_to_attempt(rows[0])
+    cur.execute("UPDATE rollouts SET status = 'running' WHERE rollout_id = ? AND status = 'preparing'",
+                [attempt.rollout_id])
+    return attempt
+
+
+def finish(cur: duckdb.DuckDBPyConnection, attempt_id: str, status: FinishedAttemptStatus, now: float) -> Rollout:
+    """End a live attempt and apply the retry policy; an attempt that already ended changes nothing."""
+    attempt = get_attempt(cur, attempt_id)
+    rollout = get_rollout(cur, attempt.rollout_id)
+    if attempt.status not in ACTIVE_ATTEMPT_STATUSES:
+        return rollout
+    new_status = next_rollout_status(rollout, status)
+    end_time = rollout.end_time if new_status in ("requeuing", "cancelled") else now
+    cur.execute("UPDATE attempts SET status = ?, end_time = ? WHERE attempt_id = ?", [status, now, attempt_id])
+    cur.execute("UPDATE rollouts SET status = ?, end_time = ? WHERE rollout_id = ?",
+                [new_status, end_time, rollout.rollout_id])
+    return rollout.model_copy(update={"status": new_status, "end_time": end_time})
+
+
+def expire(cur: duckdb.DuckDBPyConnection, now: float, timeout_grace_s: float) -> list[Attempt]:
+    """End live attempts past their rollout's ``timeout_s`` (plus ``timeout_grace_s``, so the worker, which
+    enforces its timeout itself, acts first) or silent for longer than ``unresponsive_s``."""
+    overdue = cur.execute(
+        f"SELECT a.attempt_id, CASE WHEN r.timeout_s IS NOT NULL AND ? - a.start_time > r.timeout_s + ? "
+        f"THEN 'timeout' ELSE 'unresponsive' END "
+        f"FROM attempts a JOIN rollouts r USING (rollout_id) WHERE a.status IN {_ACTIVE} AND ("
+        f"(r.timeout_s IS NOT NULL AND ? - a.start_time > r.timeout_s + ?) OR (r.unresponsive_s IS NOT NULL "
+        f"AND ? - coalesce(a.last_heartbeat_time, a.start_time) > r.unresponsive_s)) ORDER BY a.start_time",
+        [now, timeout_grace_s, now, timeout_grace_s, now]).fetchall()
+    ended = []
+    for attempt_id, verdict in overdue:
+        rollout = finish(cur, attempt_id, verdict, now)
+        logger.warning("attempt %s of rollout %s ended %s", attempt_id, rollout.rollout_id, verdict)
+        ended.append(get_attempt(cur, attempt_id))
+    return ended
+
+
+def cancel(cur: duckdb.DuckDBPyConnection, rollout_id: str, now: float) -> Rollout:
+    rollout = get_rollout(cur, rollout_id)
+    if rollout.status in ("succeeded", "failed", "cancelled"):
+        return rollout
+    cur.execute(f"UPDATE attempts SET status = 'failed', end_time = ? WHERE rollout_id = ? AND status IN {_ACTIVE}",
+                [now, rollout_id])
+    cur.execute("UPDATE rollouts SET status = 'cancelled', end_time = ? WHERE rollout_id = ?", [now, rollout_id])
+    return rollout.model_copy(update={"status": "cancelled", "end_time": now})
 
 
 def list_attempts(cur: duckdb.DuckDBPyConnection, rollout_id: str) -> list[Attempt]:
     rows = fetch_dicts(cur.execute(
         f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE rollout_id = ? ORDER BY sequence_id", [rollout_id]))
     return [row_to_attempt(r) for r in rows]
+
+
+def last_attempts(cur: duckdb.DuckDBPyConnection, rollout_ids: Sequence[str]) -> list[tuple[Rollout, Attempt]]:
+    """Each rollout with its latest attempt, in the order of ``rollout_ids`` (rollouts never dequeued: left out)."""
+    cols = ", ".join(f"a.{c.strip()}" for c in ATTEMPT_COLUMNS.split(","))
+    rows = fetch_dicts(cur.execute(
+        f"SELECT {cols} FROM attempts a JOIN (SELECT rollout_id, max(sequence_id) AS sequence_id FROM attempts "
+        f"WHERE rollout_id IN (SELECT unnest(?::VARCHAR[])) GROUP BY rollout_id) USING (rollout_id, sequence_id)",
+        [list(rollout_ids)]))
+    attempts = {r["rollout_id"]: row_to_attempt(r) for r in rows}
+    rollouts = fetch_dicts(cur.execute(
+        f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id IN (SELECT unnest(?::VARCHAR[]))", [list(attempts)]))
+    by_id = {r["rollout_id"]: row_to_rollout(r) for r in rollouts}
+    return [(by_id[rid], attempts[rid]) for rid in dict.fromkeys(rollout_ids) if rid in attempts]
+
+
+def count_rollouts(cur: duckdb.DuckDBPyConnection, statuses: Sequence[str] | None) -> int:
+    if statuses is None:
+        return cur.execute("SELECT count(*) FROM rollouts").fetchall()[0][0]
+    return cur.execute("SELECT count(*) FROM rollouts WHERE status IN (SELECT unnest(?::VARCHAR[]))",
+                       [list(statuses)]).fetchall()[0][0]
 
 
 def next_rollout_status(rollout: Rollout, attempt_status: FinishedAttemptStatus) -> RolloutStatus:
@@ -129,115 +248,3 @@ def next_rollout_status(rollout: Rollout, attempt_status: FinishedAttemptStatus)
     return "failed"
 
 
-def opened(rollout: Rollout, worker_id: str | None, now: float, resources: str | None) -> tuple[Rollout, Attempt]:
-    """A waiting rollout and its new attempt once dequeued.
-
-    A rollout enqueued without ``resources_version`` takes ``resources`` (the latest versions, as
-    ``name@version,...``) when first dequeued, and keeps it across retries.
-    """
-    rollout = rollout.model_copy(update={
-        "status": "preparing",
-        "num_attempts": rollout.num_attempts + 1,
-        "start_time": rollout.start_time if rollout.start_time is not None else now,
-        "resources_version": rollout.resources_version if rollout.resources_version is not None else resources,
-    })
-    attempt = Attempt(
-        rollout_id=rollout.rollout_id,
-        attempt_id=new_id("at"),
-        sequence_id=rollout.num_attempts,
-        worker_id=worker_id,
-        status="preparing",
-        start_time=now,
-        last_heartbeat_time=now,
-    )
-    return rollout, attempt
-
-
-def started(rollout: Rollout, attempt: Attempt, now: float) -> tuple[Rollout, Attempt]:
-    """A preparing attempt (and its rollout) after its first heartbeat."""
-    status = "running" if rollout.status == "preparing" else rollout.status
-    return (rollout.model_copy(update={"status": status}),
-            attempt.model_copy(update={"status": "running", "last_heartbeat_time": now}))
-
-
-def closed(
-    rollout: Rollout, attempt: Attempt, status: FinishedAttemptStatus, now: float
-) -> tuple[Rollout, Attempt]:
-    """An active attempt and its rollout once the attempt ends, with the retry policy applied."""
-    new_status = next_rollout_status(rollout, status)
-    end_time = rollout.end_time if new_status in ("requeuing", "cancelled") else now
-    return (rollout.model_copy(update={"status": new_status, "end_time": end_time}),
-            attempt.model_copy(update={"status": status, "end_time": now}))
-
-
-def write_states(cur: duckdb.DuckDBPyConnection, new_rollouts: list[Rollout], rollouts: list[dict[str, Any]],
-                 attempts: list[Attempt]) -> None:
-    """Write queue states (the resulting rows, so writing one twice is harmless) with up to three statements.
-
-    Called inside the caller's transaction. ``new_rollouts`` are enqueued rollouts, inserted unless there
-    already; ``rollouts`` hold the columns a transition changes (:data:`spanlab.store.journal.ROLLOUT_STATE`);
-    attempts are whole rows, inserted or replaced.
-    """
-    if new_rollouts:
-        with registered(cur, "_new_rollouts", rollouts_to_arrow(new_rollouts)):
-            cur.execute(f"INSERT OR IGNORE INTO rollouts ({ROLLOUT_COLUMNS}) SELECT * FROM _new_rollouts")
-    if attempts:
-        tbl = pa.table({
-            "attempt_id": [a.attempt_id for a in attempts],
-            "rollout_id": [a.rollout_id for a in attempts],
-            "sequence_id": pa.array([a.sequence_id for a in attempts], pa.int32()),
-            "worker_id": pa.array([a.worker_id for a in attempts], pa.string()),
-            "status": [a.status for a in attempts],
-            "start_time": pa.array([a.start_time for a in attempts], pa.float64()),
-            "end_time": pa.array([a.end_time for a in attempts], pa.float64()),
-            "last_heartbeat_time": pa.array([a.last_heartbeat_time for a in attempts], pa.float64()),
-            "metadata": [dumps(a.metadata) for a in attempts],
-        })
-        with registered(cur, "_attempt_states", tbl):
-            cur.execute(f"INSERT OR REPLACE INTO attempts ({ATTEMPT_COLUMNS}) SELECT * FROM _attempt_states")
-    if rollouts:
-        tbl = pa.table({
-            "rollout_id": [r["rollout_id"] for r in rollouts],
-            "status": [r["status"] for r in rollouts],
-            "num_attempts": pa.array([r["num_attempts"] for r in rollouts], pa.int32()),
-            "start_time": pa.array([r["start_time"] for r in rollouts], pa.float64()),
-            "end_time": pa.array([r["end_time"] for r in rollouts], pa.float64()),
-            "resources_version": pa.array([r["resources_version"] for r in rollouts], pa.string()),
-        })
-        with registered(cur, "_rollout_states", tbl):
-            cur.execute(
-                "UPDATE rollouts SET status = s.status, num_attempts = s.num_attempts, start_time = s.start_time, "
-                "end_time = s.end_time, resources_version = s.resources_version "
-                "FROM _rollout_states s WHERE rollouts.rollout_id = s.rollout_id"
-            )
-
-
-def active_attempts(cur: duckdb.DuckDBPyConnection) -> list[tuple[Rollout, Attempt]]:
-    """Attempts still preparing or running, with their rollouts (to rebuild the queue index on open)."""
-    ids = cur.execute("SELECT attempt_id FROM attempts WHERE status IN ('preparing', 'running')").fetchall()
-    out = []
-    for (attempt_id,) in ids:
-        attempt = get_attempt(cur, attempt_id)
-        out.append((get_rollout(cur, attempt.rollout_id), attempt))
-    return out
-
-
-def waiting_rollouts(cur: duckdb.DuckDBPyConnection) -> list[Rollout]:
-    """Every rollout waiting for an attempt (held in memory by the queue index, so dequeue reads no row)."""
-    rows = fetch_dicts(
-        cur.execute(f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE status IN ('queuing', 'requeuing')")
-    )
-    return [row_to_rollout(r) for r in rows]
-
-
-def cancel_rollout(cur: duckdb.DuckDBPyConnection, rollout_id: str, now: float) -> Rollout:
-    rollout = get_rollout(cur, rollout_id)
-    if rollout.status in ("succeeded", "failed", "cancelled"):
-        return rollout
-    cur.execute(
-        "UPDATE attempts SET status = 'failed', end_time = ? "
-        "WHERE rollout_id = ? AND status IN ('preparing', 'running')",
-        [now, rollout_id],
-    )
-    cur.execute("UPDATE rollouts SET status = 'cancelled', end_time = ? WHERE rollout_id = ?", [now, rollout_id])
-    return rollout.model_copy(update={"status": "cancelled", "end_time": now})

@@ -1,0 +1,130 @@
+"""The store's one writer: a thread that owns the DuckDB connection and commits every write in groups.
+
+Why one thread: DuckDB makes a change durable at COMMIT, and a COMMIT costs about the same for one row as
+for a thousand. Every write of the store (spans, enqueue, dequeue, heartbeat, finish, resources, metrics)
+is a function of the connection handed to :meth:`Writer.submit`; the thread runs what is queued when it is
+free (and what arrives within ``group_wait_s``) in one transaction, COMMITs, and only then answers each
+caller's future. So a write that returns is committed, and writers that arrive together share a commit.
+One thread also makes the queue atomic without locks: two dequeues never run at the same time.
+
+A request must be safe to run twice and change nothing outside the database: if one request of a group
+fails, the group is rolled back and each request runs again alone, so the error reaches only the caller
+that caused it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+import duckdb
+
+from spanlab.errors import InvalidSpanError, StoreError
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+Write = Callable[[duckdb.DuckDBPyConnection], Any]
+
+
+class Writer:
+    """Owns ``conn`` from now on: nothing else may use it until :meth:`close` returns."""
+
+    def __init__(self, conn: duckdb.DuckDBPyConnection, name: str, *, group_wait_s: float = 0.0,
+                 max_group: int = 256) -> None:
+        self._conn = conn
+        self._name = name
+        self.group_wait_s = group_wait_s
+        self.max_group = max_group
+        self._queue: queue.SimpleQueue[tuple[Write, Future[Any]] | None] = queue.SimpleQueue()
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name=f"spanlab-writer {name}", daemon=True)
+        self._thread.start()
+        atexit.register(self.close)  # a daemon thread inside DuckDB at interpreter exit aborts the process
+
+    def submit(self, fn: Callable[[duckdb.DuckDBPyConnection], T]) -> Future[T]:
+        """Queue ``fn``; its future resolves to what ``fn`` returned once the transaction holding it committed."""
+        fut: Future[T] = Future()
+        if self._closed:
+            fut.set_exception(StoreError(f"span store {self._name} is closed"))
+        else:
+            self._queue.put((fn, fut))
+        return fut
+
+    def call(self, fn: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
+        """:meth:`submit` and wait: the write is committed when this returns."""
+        return self.submit(fn).result()
+
+    def close(self) -> None:
+        """Commit what is queued, then stop the thread (the caller closes the connection)."""
+        atexit.unregister(self.close)
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._queue.put(None)
+        self._thread.join()
+
+    # --- the thread ----------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            group, stopping = [first], False
+            deadline = time.monotonic() + self.group_wait_s
+            while len(group) < self.max_group:
+                try:
+                    wait = deadline - time.monotonic()
+                    item = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    stopping = True
+                    break
+                group.append(item)
+            self._commit(group)
+            if stopping:
+                return
+
+    def _commit(self, group: list[tuple[Write, Future[Any]]]) -> None:
+        if len(group) > 1:
+            try:
+                results = self._transaction([fn for fn, _ in group])
+            except Exception as exc:  # each request runs again alone below
+                logger.debug("a group of %d writes failed (%s); running them one by one", len(group), exc)
+            else:
+                for (_, fut), result in zip(group, results, strict=True):
+                    fut.set_result(result)
+                return
+        for fn, fut in group:
+            try:
+                (result,) = self._transaction([fn])
+            except BaseException as exc:  # handed to the caller
+                fut.set_exception(exc)
+            else:
+                fut.set_result(result)
+
+    def _transaction(self, fns: list[Write]) -> list[Any]:
+        """BEGIN, every function, COMMIT; DuckDB errors become spanlab errors and roll everything back."""
+        conn = self._conn
+        try:
+            conn.execute("BEGIN TRANSACTION")
+            results = [fn(conn) for fn in fns]
+            conn.execute("COMMIT")
+            return results
+        except BaseException as exc:
+            with contextlib.suppress(duckdb.Error):  # a failed BEGIN or COMMIT left no transaction open
+                conn.execute("ROLLBACK")
+            if isinstance(exc, (duckdb.ConversionException, duckdb.ConstraintException)):
+                raise InvalidSpanError(f"rejected by DuckDB: {exc}; nothing of this batch was stored") from exc
+            if isinstance(exc, duckdb.Error):
+                raise StoreError(f"span store {self._name}: {exc}") from exc
+            raise
