@@ -11,6 +11,7 @@ import pytest
 from spanlab.store import SpanStore
 from spanlab.types import Attempt, LLMCall, Rollout, Span
 from tests.engine_fixtures import *  # noqa: F403  (one real vLLM server per session: vllm_server)
+from tests.stores import any_store  # noqa: F401  (SpanStore and StoreClient: tests/stores.py)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED = REPO_ROOT.parent / "shared"

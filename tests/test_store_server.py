@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -21,42 +18,7 @@ from spanlab.errors import InvalidSpanError, NotFoundError, QueryError, StoreErr
 from spanlab.store.client import StoreClient
 from spanlab.types import Rollout, RolloutConfig, reward_span
 from tests.conftest import llm_span
-
-SPANLAB = str(Path(sys.executable).with_name("spanlab"))
-TOKEN = "t0k3n"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ServerProcess:
-    def __init__(self, db: Path, port: int, *extra: str) -> None:
-        self.db, self.port, self.extra = db, port, extra
-        self.url = f"http://127.0.0.1:{port}"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        cmd = [SPANLAB, "store", "serve", "--db", str(self.db), "--port", str(self.port), "--token", TOKEN,
-               *self.extra]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"store server exited: {self.proc.stderr.read()}")
-            try:
-                if httpx.get(f"{self.url}/health", headers={"Authorization": f"Bearer {TOKEN}"}).is_success:
-                    return
-            except httpx.TransportError:
-                time.sleep(0.1)
-        raise RuntimeError("store server did not come up")
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            self.proc.wait(timeout=30)
+from tests.stores import TOKEN, ServerProcess, free_port
 
 
 @pytest.fixture(scope="module")
@@ -236,3 +198,41 @@ def test_sigkilled_server_loses_no_acknowledged_span(tmp_path: Path) -> None:
     assert len(ids) == len(set(ids)), "a span was stored twice"
     client.close()
     srv.stop()
+
+
+def test_a_chunked_body_over_the_limit_is_413(server: ServerProcess) -> None:
+    """No Content-Length (chunked transfer): the bytes are counted as they arrive."""
+    def body() -> Iterator[bytes]:
+        for _ in range(40):
+            yield b"x" * 65_536  # 2.5 MB against the fixture's 1 MB limit
+
+    for path in ("/spans/arrow", "/spans"):
+        resp = httpx.post(server.url + path, content=body(), timeout=30,
+                          headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
+        assert resp.status_code == 413, (path, resp.status_code, resp.text)
+
+
+def test_reading_spans_does_not_stall_other_requests(tmp_path: Path) -> None:
+    """GET /spans/arrow runs its store call in a thread, like every route: other requests go on meanwhile."""
+    from spanlab.serving import ThreadedServer
+    from spanlab.store import SpanStore
+    from spanlab.store.server import create_store_app
+
+    class SlowReads(SpanStore):
+        def spans_reader(self, **kw):  # type: ignore[no-untyped-def, override]
+            time.sleep(1.0)
+            return super().spans_reader(**kw)
+
+    with SlowReads(tmp_path / "slow.duckdb") as store:
+        server = ThreadedServer(create_store_app(store), name="store").start()
+        try:
+            reader = threading.Thread(target=lambda: httpx.get(server.url + "/spans/arrow", timeout=30))
+            reader.start()
+            time.sleep(0.2)
+            t0 = time.monotonic()
+            assert httpx.get(server.url + "/health", timeout=30).is_success
+            waited = time.monotonic() - t0
+            reader.join()
+        finally:
+            server.stop()
+    assert waited < 0.5, f"/health waited {waited:.2f}s behind a span read"

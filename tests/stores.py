@@ -1,0 +1,78 @@
+"""Both store implementations for tests: ``SpanStore`` in-process and ``StoreClient`` over a real server process.
+
+``ServerProcess`` runs ``spanlab store serve`` on a free 127.0.0.1 port; the ``any_store`` fixture (registered
+in tests/conftest.py) gives each test a fresh store of each kind, so a test written against ``StoreAPI``
+runs on both. Use it where behaviour over HTTP matters (adapters, loops): each HTTP case starts a process.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from spanlab.store import SpanStore, StoreAPI
+from spanlab.store.client import StoreClient
+
+SPANLAB = str(Path(sys.executable).with_name("spanlab"))
+TOKEN = "t0k3n"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """``spanlab store serve`` in a subprocess; ``stop(signal.SIGKILL)`` kills it without a goodbye."""
+
+    def __init__(self, db: Path, port: int | None = None, *extra: str) -> None:
+        self.db, self.port, self.extra = db, port or free_port(), extra
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> ServerProcess:
+        cmd = [SPANLAB, "store", "serve", "--db", str(self.db), "--port", str(self.port), "--token", TOKEN,
+               *self.extra]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"store server exited: {self.proc.stderr.read()}")
+            try:
+                if httpx.get(f"{self.url}/health", headers={"Authorization": f"Bearer {TOKEN}"}).is_success:
+                    return self
+            except httpx.TransportError:
+                time.sleep(0.1)
+        raise RuntimeError("store server did not come up")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=30)
+
+    def client(self, **kw: object) -> StoreClient:
+        return StoreClient(self.url, token=TOKEN, **kw)
+
+
+@pytest.fixture(params=["duckdb", "http"])
+def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreAPI]:
+    """A fresh ``SpanStore(":memory:")``, then a fresh ``StoreClient`` to its own server process."""
+    if request.param == "duckdb":
+        with SpanStore(":memory:") as store:
+            yield store
+        return
+    server = ServerProcess(tmp_path / "served.duckdb").start()
+    try:
+        with server.client(retry_for_s=5) as client:
+            yield client
+    finally:
+        server.stop()
