@@ -231,8 +231,8 @@ def _tito_rollout(store: SpanStore, task: dict, reward: float, base: int) -> tup
     return rollout.rollout_id, [*prompt, *turn1, *tool, *turn2], mask2
 
 
-def test_build_sft_dataset_from_a_duckdb_store_keeps_the_rewarded_sessions_exact_ids(tmp_path: Path) -> None:
-    with SpanStore(tmp_path / "s.duckdb") as store:
+def test_build_sft_dataset_from_a_store_keeps_the_rewarded_sessions_exact_ids(tmp_path: Path, any_store) -> None:
+    with any_store as store:
         runs = [_tito_rollout(store, {"task_id": group}, reward, base=1000 * (i + 1))
                 for i, (group, reward) in enumerate([("A", 1.0), ("A", 0.0), ("B", 0.0), ("B", 1.0), ("B", 1.0)])]
         rollout_ids = [rid for rid, _, _ in runs]

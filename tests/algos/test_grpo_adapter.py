@@ -10,12 +10,18 @@ import pytest
 import torch
 
 from spanlab.adapters.grpo import Sample, collate, iter_samples, micro_batches
-from spanlab.store import SpanStore
+from spanlab.store import StoreAPI
 from spanlab.types import Attempt, LLMCall, Rollout, RolloutConfig, Span, reward_span
 from tests.conftest import llm_span
 
 
-def _run(store: SpanStore, task: object, reward: float | None, n_calls: int = 1, **enqueue) -> tuple[Rollout, list]:
+@pytest.fixture
+def store(any_store: StoreAPI) -> StoreAPI:
+    """Every test here runs on SpanStore and on StoreClient over a store server process (tests/stores.py)."""
+    return any_store
+
+
+def _run(store: StoreAPI, task: object, reward: float | None, n_calls: int = 1, **enqueue) -> tuple[Rollout, list]:
     """Enqueue one rollout, record ``n_calls`` LLM calls and a final reward, finish it."""
     rollout = store.enqueue_one(task, **enqueue)
     got = store.dequeue(worker_id="w")
@@ -29,7 +35,7 @@ def _run(store: SpanStore, task: object, reward: float | None, n_calls: int = 1,
     return rollout, calls
 
 
-def test_per_call_triplets_have_prompt_response_mask_and_engine_logprobs(store: SpanStore) -> None:
+def test_per_call_triplets_have_prompt_response_mask_and_engine_logprobs(store: StoreAPI) -> None:
     rollout, calls = _run(store, {"task_id": "t1", "q": "1+1"}, 0.5, n_calls=2)
     samples = list(iter_samples(store, [rollout.rollout_id]))
     assert [s.span_ids for s in samples] == [[c.span_id] for c in calls]
@@ -42,7 +48,7 @@ def test_per_call_triplets_have_prompt_response_mask_and_engine_logprobs(store: 
         assert (s.rollout_id, s.group_id, s.reward) == (rollout.rollout_id, "t1", 0.5)
 
 
-def test_group_id_from_input_key_metadata_or_input_json(store: SpanStore) -> None:
+def test_group_id_from_input_key_metadata_or_input_json(store: StoreAPI) -> None:
     by_key, _ = _run(store, {"task_id": 7, "q": "a"}, 1.0)
     by_meta, _ = _run(store, {"q": "b"}, 1.0, metadata={"group_id": "G"})
     by_json, _ = _run(store, {"q": "c", "a": 1}, 1.0)
@@ -55,7 +61,7 @@ def test_group_id_from_input_key_metadata_or_input_json(store: SpanStore) -> Non
     assert {s.group_id for s in iter_samples(store, [by_other_key.rollout_id], group_key="name")} == {"n1"}
 
 
-def test_only_the_last_attempt_is_read(store: SpanStore) -> None:
+def test_only_the_last_attempt_is_read(store: StoreAPI) -> None:
     rollout = store.enqueue_one({"task_id": "t"}, config=RolloutConfig(max_attempts=2))
     first = store.dequeue(worker_id="w")
     assert first is not None
@@ -70,7 +76,7 @@ def test_only_the_last_attempt_is_read(store: SpanStore) -> None:
     assert [(s.span_ids, s.reward) for s in samples] == [([retry.span_id], 1.0)]
 
 
-def test_unrewarded_rollouts_are_skipped_with_a_log_line(store: SpanStore, caplog: pytest.LogCaptureFixture) -> None:
+def test_unrewarded_rollouts_are_skipped_with_a_log_line(store: StoreAPI, caplog: pytest.LogCaptureFixture) -> None:
     rewarded, _ = _run(store, {"task_id": "t"}, 1.0)
     silent, _ = _run(store, {"task_id": "t"}, None)
     with caplog.at_level(logging.INFO, logger="spanlab.adapters.grpo"):
@@ -79,7 +85,7 @@ def test_unrewarded_rollouts_are_skipped_with_a_log_line(store: SpanStore, caplo
     assert silent.rollout_id in caplog.text and "ro-never-enqueued" in caplog.text
 
 
-def test_final_reward_is_the_last_untied_reward_and_per_call_rewards_are_opt_in(store: SpanStore) -> None:
+def test_final_reward_is_the_last_untied_reward_and_per_call_rewards_are_opt_in(store: StoreAPI) -> None:
     rollout = store.enqueue_one({"task_id": "t"})
     got = store.dequeue(worker_id="w")
     assert got is not None
@@ -101,7 +107,7 @@ def _tito(rollout: Rollout, attempt: Attempt, prompt: list[int], response: list[
                             response_logprobs=logprobs, loss_mask=mask))
 
 
-def test_interleaved_roles_of_one_attempt_are_separate_sessions_and_can_be_selected(store: SpanStore) -> None:
+def test_interleaved_roles_of_one_attempt_are_separate_sessions_and_can_be_selected(store: StoreAPI) -> None:
     rollout = store.enqueue_one({"task_id": "t"})
     got = store.dequeue(worker_id="w")
     assert got is not None
@@ -122,7 +128,7 @@ def test_interleaved_roles_of_one_attempt_are_separate_sessions_and_can_be_selec
     assert list(iter_samples(store, [rollout.rollout_id], agents=["nobody"])) == []
 
 
-def test_tito_session_keeps_the_last_span_of_each_segment(store: SpanStore) -> None:
+def test_tito_session_keeps_the_last_span_of_each_segment(store: StoreAPI) -> None:
     rollout = store.enqueue_one({"task_id": "t"})
     got = store.dequeue(worker_id="w")
     assert got is not None
@@ -141,7 +147,7 @@ def test_tito_session_keeps_the_last_span_of_each_segment(store: SpanStore) -> N
         assert second.input_ids.tolist() == [5, 6, 13, 14] and second.span_ids == [turn3.span_id]
 
 
-def test_streaming_in_small_batches_gives_the_same_samples(store: SpanStore) -> None:
+def test_streaming_in_small_batches_gives_the_same_samples(store: StoreAPI) -> None:
     ids = [_run(store, {"task_id": f"t{i % 3}"}, float(i), n_calls=1 + i % 3)[0].rollout_id for i in range(9)]
     gen = iter_samples(store, ids, batch_rows=2)
     assert isinstance(gen, types.GeneratorType)  # lazy: nothing read until iterated

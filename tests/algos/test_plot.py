@@ -25,6 +25,18 @@ def test_plot_writes_a_png_of_the_latest_run(tmp_path: Path) -> None:
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5_000
 
 
+def test_plot_reads_the_metrics_through_either_store(tmp_path: Path, any_store) -> None:
+    pytest.importorskip("matplotlib")
+    from spanlab.algos.plot import latest_run_id, plot_run
+
+    any_store.add_metrics("old", "sft", 0, {"reward_mean": 0.1})
+    for step, r in enumerate([0.5, 0.6]):
+        any_store.add_metrics("run-b", "grpo", step, {"reward_mean": r, "reward_std": 0.5, "n_samples": 8})
+    assert latest_run_id(any_store) == "run-b"
+    assert [m.value for m in any_store.metrics("run-b") if m.name == "reward_mean"] == [0.5, 0.6]
+    assert plot_run(any_store, tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
+
+
 def test_plot_without_runs_is_a_clear_error(tmp_path: Path) -> None:
     db = tmp_path / "empty.duckdb"
     SpanStore(db).close()

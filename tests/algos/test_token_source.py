@@ -23,7 +23,7 @@ from spanlab.algos.logprobs import token_logprobs
 from spanlab.config import parse
 from spanlab.engine.template import render_ids
 from spanlab.errors import ConfigError
-from spanlab.store import SpanStore
+from spanlab.store import StoreAPI
 from spanlab.types import LLMCall, Span, reward_span
 
 VARIANT = Path(__file__).resolve().parents[2] / "tutorials" / "drift" / "chatml_tools_variant.jinja"
@@ -37,6 +37,12 @@ CALL = {"id": "call1", "type": "function",
 TOOL_TURN = {"role": "assistant", "content": None, "tool_calls": [CALL]}
 TOOL_RESULT = {"role": "tool", "tool_call_id": "call1", "content": "23"}
 ANSWER = "The answer is 23."
+
+
+@pytest.fixture
+def store(any_store: StoreAPI) -> StoreAPI:
+    """Every test here runs on SpanStore and on StoreClient over a store server process (tests/stores.py)."""
+    return any_store
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +69,7 @@ def _tool_call_ids(tok: Any) -> list[int]:
                      "<|im_end|>")
 
 
-def _record(store: SpanStore, spans: list[LLMCall], reward: float = 1.0) -> tuple[str, list[Span]]:
+def _record(store: StoreAPI, spans: list[LLMCall], reward: float = 1.0) -> tuple[str, list[Span]]:
     store.enqueue_one({"task_id": "t"})
     got = store.dequeue(worker_id="w")
     assert got is not None
@@ -108,7 +114,7 @@ def _trained(s: Sample) -> list[int]:
     return s.input_ids[s.loss_mask.astype(bool)].tolist()
 
 
-def test_non_canonical_triplet_differs_when_retokenized_and_exact_keeps_the_stored_ids(store: SpanStore,
+def test_non_canonical_triplet_differs_when_retokenized_and_exact_keeps_the_stored_ids(store: StoreAPI,
                                                                                       tok: Any) -> None:
     sampled = [*_non_canonical(tok, ANSWER, 6), tok.convert_tokens_to_ids("<|im_end|>")]
     rid, (call,) = _record(store, [_triplet(tok, sampled, ANSWER)])
@@ -130,7 +136,7 @@ def test_non_canonical_triplet_differs_when_retokenized_and_exact_keeps_the_stor
     assert 0 < stats["drift_token_frac"] < 1
 
 
-def test_canonical_session_retokenizes_to_the_same_ids_and_a_non_canonical_turn_is_counted(store: SpanStore,
+def test_canonical_session_retokenizes_to_the_same_ids_and_a_non_canonical_turn_is_counted(store: StoreAPI,
                                                                                           tok: Any) -> None:
     end = tok.convert_tokens_to_ids("<|im_end|>")
     clean, _ = _record(store, _session(tok, [*_ids(tok, ANSWER), end]))
@@ -149,7 +155,7 @@ def test_canonical_session_retokenizes_to_the_same_ids_and_a_non_canonical_turn_
     assert drift_stats([retok[clean], retok[drifted]])["drift_sample_frac"] == 0.5
 
 
-def test_template_variant_models_a_stack_mismatch(store: SpanStore, tok: Any) -> None:
+def test_template_variant_models_a_stack_mismatch(store: StoreAPI, tok: Any) -> None:
     rid, _ = _record(store, _session(tok, [*_ids(tok, ANSWER), tok.convert_tokens_to_ids("<|im_end|>")]))
     (exact,) = iter_samples(store, [rid])
     (retok,) = iter_samples(store, [rid], token_source="retokenized", tokenizer=tok, chat_template=VARIANT)
@@ -158,7 +164,7 @@ def test_template_variant_models_a_stack_mismatch(store: SpanStore, tok: Any) ->
     assert stats["drift_sample_frac"] == 1.0 and stats["drift_sequence_frac"] == 1.0 and stats["drift_token_frac"] > 0
 
 
-def test_bad_options_are_refused(store: SpanStore, tok: Any, tmp_path: Path) -> None:
+def test_bad_options_are_refused(store: StoreAPI, tok: Any, tmp_path: Path) -> None:
     rid, _ = _record(store, [_triplet(tok, _ids(tok, ANSWER), ANSWER)])
     with pytest.raises(ConfigError, match="tokenizer"):
         list(iter_samples(store, [rid], token_source="retokenized"))
