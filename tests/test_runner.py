@@ -35,7 +35,7 @@ def test_outcomes_map_onto_the_retry_policy(store: SpanStore) -> None:
     ).to_pylist()
     assert len(errors) == 2 and all("scripted crash" in e["e"] and "Traceback" in e["tb"] for e in errors)
     rewards = store.query(
-        "SELECT name, value FROM rewards WHERE rollout_id = ? ORDER BY sequence_id", [ids["ok"]]
+        f"SELECT name, value FROM rewards WHERE rollout_id = '{ids['ok']}' ORDER BY sequence_id"
     ).to_pylist()
     assert rewards == [{"name": "halfway", "value": 0.5}, {"name": "reward", "value": 1.0}]
 

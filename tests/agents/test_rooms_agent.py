@@ -55,7 +55,6 @@ def test_rollouts_use_and_record_their_prompt_version(store: SpanStore, gateway:
         grade = conv.notes["grade"]
         assert grade["expected"] == task["expected_room"] and conv.reward == grade["reward"]
         assert "user: " + task["request"] in transcript(conv)
-        calls = store.query("SELECT count(*) AS n FROM spans WHERE rollout_id = ? AND kind = 'llm_call'",
-                            [rid]).column("n").to_pylist()[0]
+        calls = store.spans_table(rollout_ids=[rid], kinds=["llm_call"], columns=["span_id"]).num_rows
         assert 1 <= calls <= 2  # max_turns defaults to 2
     assert renderer.node_renders == 2  # one skeleton per template, whatever the number of tasks
