@@ -4,8 +4,9 @@ A write, from the API to the COMMIT, passes through four files: ``duckdb_store.p
 checks the batch and hands it to the writer), ``arrow.py`` (typed spans become one Arrow table),
 ``spans.py`` (the limits, then the insert: attempts checked, repeats skipped, sequence numbers filled in)
 and ``writer.py`` (the writer thread runs it in a transaction with whatever else arrived, COMMITs, then
-answers). Arrow input from the store server takes ``validate.py`` (the span rules, column-wise) instead of
-``arrow.py``. The queue's writes are ``queue.py``; resources, metrics and summaries ``records.py``.
+answers). Arrow input (the store server's wire format) is validated row by row as ``Span`` models in
+``arrow.py`` too: one set of span rules. The queue's writes are ``queue.py``; resources, metrics, summaries
+``records.py``.
 """
 
 from spanlab.store.base import StoreAPI

@@ -1,9 +1,11 @@
-"""Spans <-> Arrow tables with the ``spans`` table's columns.
+"""Spans <-> Arrow tables with the ``spans`` table's columns, and the one gate every span passes.
 
-Ingest builds one Arrow table per batch of spans (DuckDB inserts it with one statement, ~60x faster than
-``executemany``); token columns are built from NumPy arrays end to end, never from Python ints one by one.
-Read-back turns Arrow batches into typed ``Span`` objects only when the caller asks for objects; training
-code should stay on the Arrow/NumPy path.
+Every span is checked by the pydantic models of ``spanlab/types.py`` (the one place the span rules are
+written): typed spans when they are built, an Arrow batch (the store server's wire format, bulk producers)
+by :func:`table_to_spans`, which validates each row as a ``Span`` with its token columns as NumPy views (no
+Python int per token). Ingest then builds one Arrow table per batch (:func:`spans_to_arrow`; DuckDB inserts it
+with one statement, ~60x faster than ``executemany``). Read-back turns Arrow batches into typed ``Span``
+objects only when the caller asks for objects; training code should stay on the Arrow/NumPy path.
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from pydantic import ValidationError
 
 from spanlab.errors import InvalidSpanError
-from spanlab.store.connection import dumps
-from spanlab.store.connection import loads as _loads
+from spanlab.store.connection import dumps, loads
 from spanlab.store.schema import JSON_SPAN_COLUMNS, SPAN_ARROW_SCHEMA
 from spanlab.types import LLMCall, Reward, Span, Usage
 from spanlab.vectors import to_numpy
@@ -36,6 +38,87 @@ def list_column(values: Sequence[Any], dtype: type, list_type: pa.DataType) -> p
     np.cumsum([0 if a is None else len(a) for a in arrays], out=offsets[1:])
     mask = pa.array([a is None for a in arrays]) if any(a is None for a in arrays) else None
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat), type=list_type, mask=mask)
+
+
+_REQUIRED = ("span_id", "name", "kind", "start_time", "status")
+_LLM_COLUMNS = ("model", "request_messages", "request_tools", "response_message", "finish_reason",
+                *_LIST_TYPES, "prompt_tokens")
+
+
+def as_model(model: type, value: Any, index: int) -> Any:
+    """Accept a model instance or a dict; turn pydantic's error into one line that names the item."""
+    if isinstance(value, model):
+        return value
+    try:
+        return model.model_validate(value)
+    except ValidationError as exc:
+        key = "span_id" if model is Span else "rollout_id"
+        ident = value.get(key) if isinstance(value, dict) else None
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'span'}: {e['msg']}" for e in exc.errors())
+        named = f" ({ident})" if ident is not None else ""
+        raise InvalidSpanError(f"{model.__name__.lower()} #{index}{named} is invalid: {problems}; "
+                               "nothing of this batch was stored") from None
+
+
+def conform(tbl: pa.Table) -> pa.Table:
+    """Reorder and cast ``tbl`` to the span schema; absent optional columns become nulls."""
+    if tbl.schema.equals(SPAN_ARROW_SCHEMA):  # what spans_to_arrow and StoreClient send: nothing to do
+        return tbl
+    names = set(tbl.column_names)
+    if unknown := names - set(SPAN_ARROW_SCHEMA.names):
+        raise InvalidSpanError(f"unknown span columns {sorted(unknown)}; nothing stored")
+    if missing := [c for c in _REQUIRED if c not in names]:
+        raise InvalidSpanError(f"span batch lacks required columns {missing}; nothing stored")
+    arrays = []
+    for field in SPAN_ARROW_SCHEMA:
+        col = tbl[field.name] if field.name in names else pa.nulls(tbl.num_rows, field.type)
+        try:
+            arrays.append(col.cast(field.type) if col.type != field.type else col)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise InvalidSpanError(f"span column `{field.name}` has type {col.type}, expected {field.type}: "
+                                   f"{exc}; nothing stored") from exc
+    return pa.Table.from_arrays(arrays, schema=SPAN_ARROW_SCHEMA)
+
+
+def table_to_spans(tbl: pa.Table) -> list[Span]:
+    """Each row of an Arrow span batch (any subset of the optional columns) validated as a ``Span``."""
+    tbl = conform(tbl)
+    rows = tbl.drop_columns(list(_LIST_TYPES)).to_pylist()
+    lists = {name: _row_arrays(tbl[name]) for name in _LIST_TYPES}
+    out = []
+    for i, row in enumerate(rows):
+        for name in JSON_SPAN_COLUMNS:
+            try:
+                row[name] = loads(row[name])
+            except ValueError:
+                raise InvalidSpanError(f"span #{i} ({row['span_id']}): `{name}` is not valid JSON; nothing of "
+                                       "this batch was stored") from None
+        span: dict[str, Any] = {k: row[k] for k in ("rollout_id", "attempt_id", "sequence_id", "span_id",
+                                                    "parent_id", "name", "kind", "start_time", "end_time", "status")}
+        span["attributes"] = row["attributes"] or {}
+        llm = {k: row[k] for k in _LLM_COLUMNS if k in row} | {k: lists[k][i] for k in _LIST_TYPES}
+        if row["kind"] == "llm_call" or any(v is not None for v in llm.values()):
+            usage = [row[k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")]
+            span["llm"] = {k: v for k, v in llm.items() if v is not None and k != "prompt_tokens"}
+            span["llm"]["model"] = row["model"]
+            if any(u is not None for u in usage):
+                span["llm"]["usage"] = dict(zip(("prompt_tokens", "completion_tokens", "total_tokens"), usage,
+                                                strict=True))
+        if row["kind"] == "reward" or row["reward_value"] is not None or row["reward_call_span_id"] is not None:
+            span["reward"] = {"name": row["reward_name"] or "reward", "value": row["reward_value"],
+                              "call_span_id": row["reward_call_span_id"]}
+        out.append(as_model(Span, span, i))
+    return out
+
+
+def _row_arrays(col: pa.ChunkedArray) -> list[np.ndarray | None]:
+    """Each row of a list column as a NumPy view of its values (None for a null row)."""
+    arr = col.combine_chunks()
+    if arr.null_count == len(arr):
+        return [None] * len(arr)
+    offsets, values = np.asarray(arr.offsets), np.asarray(arr.values)
+    valid = np.asarray(arr.is_valid())
+    return [values[offsets[i]:offsets[i + 1]] if valid[i] else None for i in range(len(arr))]
 
 
 def spans_to_arrow(spans: Sequence[Span]) -> pa.Table:
@@ -87,7 +170,7 @@ def _json(spans: Sequence[Span], i: int, name: str, value: Any) -> str | None:
 
 def row_to_span(row: dict[str, Any]) -> Span:
     """One row of the ``spans`` table (as a Python dict) back into a typed ``Span``."""
-    row = {k: (_loads(v) if k in JSON_SPAN_COLUMNS else v) for k, v in row.items()}
+    row = {k: (loads(v) if k in JSON_SPAN_COLUMNS else v) for k, v in row.items()}
     llm = None
     if row["kind"] == "llm_call":
         usage = None

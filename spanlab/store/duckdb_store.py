@@ -22,16 +22,14 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
-from pydantic import ValidationError
 
 from spanlab.errors import InvalidSpanError, QueryError, StoreError
 from spanlab.store import queue, records, spans
-from spanlab.store.arrow import spans_to_arrow
+from spanlab.store.arrow import as_model, spans_to_arrow, table_to_spans
 from spanlab.store.base import Metric, RolloutSummary, StoreAPI
 from spanlab.store.connection import MEMORY, SAFE_QUERY_CONFIG, connect, cursor
 from spanlab.store.schema import SCHEMA_VERSION, SPAN_COLUMNS, TABLES_DDL
 from spanlab.store.sql import fetch_user_query
-from spanlab.store.validate import checked_span_table
 from spanlab.store.views import VIEWS_DDL
 from spanlab.store.writer import Writer
 from spanlab.types import Attempt, FinishedAttemptStatus, Resource, ResourceKind, Rollout, Span
@@ -118,7 +116,7 @@ class SpanStore(StoreAPI):
 
     # --- rollout queue -------------------------------------------------------------------------
     def enqueue(self, rollouts: Sequence[Rollout]) -> list[Rollout]:
-        rollouts = [_as_model(Rollout, r, i) for i, r in enumerate(rollouts)]
+        rollouts = [as_model(Rollout, r, i) for i, r in enumerate(rollouts)]
         ids = [r.rollout_id for r in rollouts]
         if len(set(ids)) != len(ids):
             raise InvalidSpanError("enqueue: the batch repeats a rollout_id")
@@ -139,7 +137,7 @@ class SpanStore(StoreAPI):
         return self._writer.call(lambda cur: queue.heartbeat(cur, attempt_id, time.time()))
 
     def finish_attempt(self, attempt_id: str, status: FinishedAttemptStatus, spans: Sequence[Span] = ()) -> Rollout:
-        typed = [_as_model(Span, s, i) for i, s in enumerate(spans)]
+        typed = [as_model(Span, s, i) for i, s in enumerate(spans)]
         return self.finish_attempt_table(attempt_id, status, spans_to_arrow(typed) if typed else None,
                                          validated=True)
 
@@ -194,7 +192,7 @@ class SpanStore(StoreAPI):
 
     # --- spans ---------------------------------------------------------------------------------
     def add_spans(self, spans: Sequence[Span]) -> int:
-        typed = [_as_model(Span, s, i) for i, s in enumerate(spans)]
+        typed = [as_model(Span, s, i) for i, s in enumerate(spans)]
         return len(self.ingest(spans_to_arrow(typed), validated=True)) if typed else 0
 
     def add_span_table(self, tbl: pa.Table) -> int:
@@ -208,7 +206,7 @@ class SpanStore(StoreAPI):
 
     def _checked(self, tbl: pa.Table, validated: bool) -> pa.Table:
         if not validated:
-            tbl = checked_span_table(tbl)
+            tbl = spans_to_arrow(table_to_spans(tbl))
         spans.check_limits(tbl, self.max_tokens_per_span, self.max_json_bytes)
         return tbl
 
@@ -228,7 +226,7 @@ class SpanStore(StoreAPI):
 
     # --- resources and metrics -----------------------------------------------------------------
     def add_resource(self, name: str, payload: dict[str, Any], kind: ResourceKind = "other") -> Resource:
-        res = _as_model(Resource, {"name": name, "payload": payload, "kind": kind}, 0)
+        res = as_model(Resource, {"name": name, "payload": payload, "kind": kind}, 0)
         return self._writer.call(lambda cur: records.add_resource(cur, res))
 
     def get_resource(self, name: str, version: int | None = None) -> Resource:
@@ -283,14 +281,3 @@ def _init_schema(conn: duckdb.DuckDBPyConnection, path: str) -> None:
         if isinstance(exc, duckdb.Error):
             raise StoreError(f"span store {path}: {exc}") from exc
         raise
-
-
-def _as_model(model: type, value: Any, index: int) -> Any:
-    """Accept a model instance or a dict; turn pydantic's error into one that names the item."""
-    if isinstance(value, model):
-        return value
-    try:
-        return model.model_validate(value)
-    except ValidationError as exc:
-        raise InvalidSpanError(f"{model.__name__} #{index} is invalid; nothing of this batch was stored:\n{exc}") \
-            from exc

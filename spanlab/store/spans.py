@@ -1,7 +1,7 @@
 """The ``spans`` table: the store's limits on a batch, the insert the writer runs, the SQL of span reads.
 
-A batch reaching :func:`insert` already passed its rules (pydantic for typed spans, :mod:`.validate` for
-Arrow) and :func:`check_limits`. What only the database can tell is decided here, in the writer's
+A batch reaching :func:`insert` already passed its rules (the pydantic models, for typed spans and Arrow
+rows alike: :mod:`.arrow`) and :func:`check_limits`. What only the database can tell is decided here, in the writer's
 transaction: that every attempt exists and belongs to the span's rollout, which span IDs the attempt
 stored already (a retried write is skipped, not duplicated), and the next ``sequence_id`` of spans that
 left it empty. Then one INSERT of the Arrow table.
