@@ -77,21 +77,11 @@ class StoreAPI(ABC):
         """Add rollouts (status ``queuing``); an existing ``rollout_id`` is an error."""
 
     def enqueue_one(
-        self,
-        input: Any,
-        *,
-        mode: RolloutMode = "train",
-        config: RolloutConfig | None = None,
-        metadata: dict[str, Any] | None = None,
-        resources_version: str | None = None,
+        self, input: Any, *, mode: RolloutMode = "train", config: RolloutConfig | None = None,
+        metadata: dict[str, Any] | None = None, resources_version: str | None = None,
     ) -> Rollout:
-        rollout = Rollout(
-            input=input,
-            mode=mode,
-            config=config or RolloutConfig(),
-            metadata=metadata or {},
-            resources_version=resources_version,
-        )
+        rollout = Rollout(input=input, mode=mode, config=config or RolloutConfig(), metadata=metadata or {},
+                          resources_version=resources_version)
         return self.enqueue([rollout])[0]
 
     @abstractmethod
@@ -125,9 +115,8 @@ class StoreAPI(ABC):
     def get_attempt(self, attempt_id: str) -> Attempt: ...
 
     @abstractmethod
-    def list_rollouts(
-        self, *, status: str | None = None, mode: str | None = None, limit: int = 1000, offset: int = 0
-    ) -> list[Rollout]: ...
+    def list_rollouts(self, *, status: str | None = None, mode: str | None = None, limit: int = 1000,
+                      offset: int = 0) -> list[Rollout]: ...
 
     @abstractmethod
     def list_attempts(self, rollout_id: str) -> list[Attempt]: ...
@@ -137,13 +126,8 @@ class StoreAPI(ABC):
         """Each rollout with its latest attempt, in the order given; rollouts never dequeued are left out."""
 
     @abstractmethod
-    def rollout_summaries(
-        self,
-        rollout_ids: Sequence[str] | None = None,
-        *,
-        statuses: Sequence[str] | None = None,
-        metadata: dict[str, str] | None = None,
-    ) -> list[RolloutSummary]:
+    def rollout_summaries(self, rollout_ids: Sequence[str] | None = None, *, statuses: Sequence[str] | None = None,
+                          metadata: dict[str, str] | None = None) -> list[RolloutSummary]:
         """Rows of ``rollout_summary`` in enqueue order: of the given rollouts (None: all), in ``statuses``,
         whose ``metadata[key]`` equals each given string value."""
 
@@ -168,16 +152,9 @@ class StoreAPI(ABC):
         optional ones): the bulk and wire path, no Python object per span, the same rules."""
 
     @abstractmethod
-    def spans_reader(
-        self,
-        *,
-        rollout_ids: Sequence[str] | None = None,
-        attempt_ids: Sequence[str] | None = None,
-        kinds: Sequence[str] | None = None,
-        columns: Sequence[str] | None = None,
-        batch_size: int = 1024,
-        span_ids: Sequence[str] | None = None,
-    ) -> pa.RecordBatchReader:
+    def spans_reader(self, *, rollout_ids: Sequence[str] | None = None, attempt_ids: Sequence[str] | None = None,
+                     kinds: Sequence[str] | None = None, columns: Sequence[str] | None = None, batch_size: int = 1024,
+                     span_ids: Sequence[str] | None = None) -> pa.RecordBatchReader:
         """Stream matching rows of the ``spans`` table, ordered by rollout, attempt and sequence."""
 
     def spans_table(self, **filters: Any) -> pa.Table:

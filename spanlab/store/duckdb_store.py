@@ -70,6 +70,8 @@ class SpanStore(StoreAPI):
                 conn.execute("SET force_compression = 'uncompressed'")
             _init_schema(conn, self.path)
             self._read_root = cursor(conn, self.path)
+            # kept here (the writer is the only writer of resources) so a dequeue needs no query for it
+            ((self._resources_ref,),) = conn.execute(queue.RESOURCES_REF_SQL).fetchall()
         except BaseException:
             conn.close()
             raise
@@ -130,7 +132,7 @@ class SpanStore(StoreAPI):
         def write(cur: duckdb.DuckDBPyConnection) -> tuple[Rollout, Attempt] | None:
             if expire:
                 queue.expire(cur, time.time(), self.timeout_grace_s)
-            return queue.dequeue(cur, worker_id, mode, time.time())
+            return queue.dequeue(cur, worker_id, mode, time.time(), self._resources_ref)
         return self._writer.call(write)
 
     def heartbeat(self, attempt_id: str) -> Attempt:
@@ -227,7 +229,11 @@ class SpanStore(StoreAPI):
     # --- resources and metrics -----------------------------------------------------------------
     def add_resource(self, name: str, payload: dict[str, Any], kind: ResourceKind = "other") -> Resource:
         res = as_model(Resource, {"name": name, "payload": payload, "kind": kind}, 0)
-        return self._writer.call(lambda cur: records.add_resource(cur, res))
+
+        def write(cur: duckdb.DuckDBPyConnection) -> tuple[Resource, str | None]:
+            return records.add_resource(cur, res), cur.execute(queue.RESOURCES_REF_SQL).fetchall()[0][0]
+        stored, self._resources_ref = self._writer.call(write)  # once committed
+        return stored
 
     def get_resource(self, name: str, version: int | None = None) -> Resource:
         return self._read(records.get_resource, name, version)

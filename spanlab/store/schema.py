@@ -92,36 +92,15 @@ CREATE TABLE IF NOT EXISTS train_metrics (
 );
 """
 
-SPAN_ARROW_SCHEMA = pa.schema(
-    [
-        ("span_id", pa.string()),
-        ("rollout_id", pa.string()),
-        ("attempt_id", pa.string()),
-        ("sequence_id", pa.int32()),
-        ("parent_id", pa.string()),
-        ("name", pa.string()),
-        ("kind", pa.string()),
-        ("start_time", pa.float64()),
-        ("end_time", pa.float64()),
-        ("status", pa.string()),
-        ("attributes", pa.string()),
-        ("model", pa.string()),
-        ("request_messages", pa.string()),
-        ("request_tools", pa.string()),
-        ("response_message", pa.string()),
-        ("finish_reason", pa.string()),
-        ("prompt_token_ids", pa.list_(pa.int32())),
-        ("response_token_ids", pa.list_(pa.int32())),
-        ("response_logprobs", pa.list_(pa.float32())),
-        ("loss_mask", pa.list_(pa.uint8())),
-        ("prompt_tokens", pa.int32()),
-        ("completion_tokens", pa.int32()),
-        ("total_tokens", pa.int32()),
-        ("reward_name", pa.string()),
-        ("reward_value", pa.float64()),
-        ("reward_call_span_id", pa.string()),
-    ]
-)
+_S, _I, _F, _IDS = pa.string(), pa.int32(), pa.float64(), pa.list_(pa.int32())
+SPAN_ARROW_SCHEMA = pa.schema([  # the spans table's columns, in its order (a test checks it)
+    ("span_id", _S), ("rollout_id", _S), ("attempt_id", _S), ("sequence_id", _I), ("parent_id", _S), ("name", _S),
+    ("kind", _S), ("start_time", _F), ("end_time", _F), ("status", _S), ("attributes", _S), ("model", _S),
+    ("request_messages", _S), ("request_tools", _S), ("response_message", _S), ("finish_reason", _S),
+    ("prompt_token_ids", _IDS), ("response_token_ids", _IDS), ("response_logprobs", pa.list_(pa.float32())),
+    ("loss_mask", pa.list_(pa.uint8())), ("prompt_tokens", _I), ("completion_tokens", _I), ("total_tokens", _I),
+    ("reward_name", _S), ("reward_value", _F), ("reward_call_span_id", _S),
+])
 
 SPAN_COLUMNS: tuple[str, ...] = tuple(SPAN_ARROW_SCHEMA.names)
 JSON_SPAN_COLUMNS: tuple[str, ...] = ("attributes", "request_messages", "request_tools", "response_message")

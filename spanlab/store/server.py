@@ -34,6 +34,7 @@ from spanlab.types import Attempt, FinishedAttemptStatus, Resource, ResourceKind
 
 logger = logging.getLogger(__name__)
 DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
+_STATUS: dict[type[Exception], int] = {InvalidSpanError: 422, NotFoundError: 404, QueryError: 400, StoreError: 503}
 
 
 class _Strict(BaseModel):
@@ -138,22 +139,14 @@ def create_store_app(store: SpanStore, *, token: str | None = None,
     app = FastAPI(title="spanlab store", version="1", dependencies=[Depends(authorize)])
     app.add_middleware(_BodyLimit, max_bytes=max_body_bytes)
 
-    @app.exception_handler(InvalidSpanError)
-    async def _invalid(_: Request, exc: InvalidSpanError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, 422)
+    async def error(_: Request, exc: Exception) -> JSONResponse:
+        status = next(code for kind, code in _STATUS.items() if isinstance(exc, kind))
+        if status == 503:
+            logger.error("store error: %s", exc)
+        return JSONResponse({"detail": str(exc)}, status)
 
-    @app.exception_handler(NotFoundError)
-    async def _not_found(_: Request, exc: NotFoundError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, 404)
-
-    @app.exception_handler(QueryError)
-    async def _query(_: Request, exc: QueryError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, 400)
-
-    @app.exception_handler(StoreError)
-    async def _store(_: Request, exc: StoreError) -> JSONResponse:
-        logger.error("store error: %s", exc)
-        return JSONResponse({"detail": str(exc)}, 503)
+    for kind in _STATUS:
+        app.add_exception_handler(kind, error)
 
     async def run(fn: Any, *args: Any) -> Any:
         return await asyncio.to_thread(fn, *args)

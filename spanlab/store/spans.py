@@ -56,8 +56,18 @@ def insert(cur: duckdb.DuckDBPyConnection, tbl: pa.Table) -> list[str]:
     attempt_ids = tbl["attempt_id"].to_pylist()
     rollout_ids = tbl["rollout_id"].to_pylist()
     named = sorted({a for a in attempt_ids if a is not None})
-    owners = dict(cur.execute(f"SELECT attempt_id, rollout_id FROM attempts WHERE attempt_id {_IN}",
-                              [named]).fetchall()) if named else {}
+    owners: dict[str | None, str] = {}
+    stored: set[tuple[str, str | None]] = set()
+    last: dict[str | None, int] = {}
+    # one statement for the attempts' rollouts, their stored span IDs and last sequence numbers
+    for attempt_id, rollout_id, span_id, seq in cur.execute(
+        f"SELECT a.attempt_id, a.rollout_id, s.span_id, s.sequence_id FROM attempts a "
+        f"LEFT JOIN spans s ON s.attempt_id = a.attempt_id WHERE a.attempt_id {_IN}", [named]
+    ).fetchall() if named else ():
+        owners[attempt_id] = rollout_id
+        if span_id is not None:
+            stored.add((span_id, attempt_id))
+            last[attempt_id] = max(last.get(attempt_id, seq), seq)
     for attempt_id, rollout_id in dict(zip(attempt_ids, rollout_ids, strict=True)).items():
         if attempt_id is None:
             continue
@@ -66,11 +76,9 @@ def insert(cur: duckdb.DuckDBPyConnection, tbl: pa.Table) -> list[str]:
         if owners[attempt_id] != rollout_id:
             raise InvalidSpanError(f"attempt {attempt_id!r} belongs to rollout {owners[attempt_id]!r}, "
                                    f"not {rollout_id!r}; nothing stored")
-    stored = set(cur.execute(f"SELECT span_id, attempt_id FROM spans WHERE span_id {_IN}", [span_ids]).fetchall())
-    last = dict(cur.execute(
-        f"SELECT attempt_id, max(sequence_id) FROM spans WHERE attempt_id {_IN} GROUP BY attempt_id", [named]
-    ).fetchall()) if named else {}
-    if None in attempt_ids:
+    if None in attempt_ids:  # unattributed spans: deduplicated against the other unattributed ones
+        stored |= set(cur.execute(f"SELECT span_id, attempt_id FROM spans WHERE attempt_id IS NULL AND span_id {_IN}",
+                                  [span_ids]).fetchall())
         ((last[None],),) = cur.execute("SELECT max(sequence_id) FROM spans WHERE attempt_id IS NULL").fetchall()
     keep, seqs = [], []
     for i, (span_id, attempt_id, given) in enumerate(
