@@ -6,7 +6,7 @@ minutes on the session's shared vLLM server; the server's original weights are r
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -29,7 +29,24 @@ def restored_engine(vllm_server, default_model_dir: Path) -> Iterator[str]:
         client.reload_weights(default_model_dir)
 
 
-def test_one_grpo_step_runs_the_whole_data_path(tmp_path: Path, restored_engine: str) -> None:
+@pytest.fixture(params=["duckdb", "http"])
+def stop_served_store(request: pytest.FixtureRequest, tmp_path: Path,
+                      monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], None]]:
+    """``http``: the loop's store is a ``StoreClient`` to a ``spanlab store serve`` process on the run's file
+    (what ``open_rig`` opens); the test calls the function it gets to stop the server before reading the file."""
+    if request.param == "duckdb":
+        yield lambda: None
+        return
+    from tests.stores import ServerProcess
+
+    server = ServerProcess(tmp_path / "run.duckdb").start()
+    monkeypatch.setattr("spanlab.store.SpanStore", lambda path: server.client())
+    yield server.stop
+    server.stop()
+
+
+def test_one_grpo_step_runs_the_whole_data_path(tmp_path: Path, restored_engine: str,
+                                               stop_served_store: Callable[[], None]) -> None:
     db = tmp_path / "run.duckdb"
     config = parse(TrainConfig, {
         "algorithm": "grpo", "run_name": "smoke", "out_dir": str(tmp_path / "runs"), "db": str(db),
@@ -49,6 +66,7 @@ def test_one_grpo_step_runs_the_whole_data_path(tmp_path: Path, restored_engine:
     (step,) = report.steps
     assert step["n_samples"] >= 4  # 2 tasks x 2 samples, at least one session each
     assert (tmp_path / "runs" / "smoke" / "report.json").is_file()
+    stop_served_store()
     with SpanStore(db) as store:
         # The weights were pushed twice (warm start, GRPO step); the step's rollouts ran on version 1.
         assert [r.version for r in store.list_resources("policy")] == [1, 2]
