@@ -3,8 +3,12 @@
 DuckDB lets one process write a file, so workers on other processes or machines reach the store
 through this server (``StoreClient`` speaks to it and implements the same ``StoreAPI``). Span batches
 travel as Arrow IPC and are group-committed (``SpanBatcher``); every answer to a write comes after its
-commit. The OpenAPI description is at ``/openapi.json``. With a token, every request needs
-``Authorization: Bearer <token>``. ``/sql`` runs SELECT only, with DuckDB's external access disabled.
+commit. With a token, every request needs ``Authorization: Bearer <token>``, except the API's own
+description (``/openapi.json``, ``/docs``), which is public on purpose: it is the same for every install
+(it ships in the package), holds no data, and clients and fuzzers read it to know the routes. A bind
+beyond loopback without a token is refused unless asked for (``--insecure-no-token``). ``/sql`` runs
+one read-only SELECT (:func:`spanlab.store.sql.fetch_user_query`) on a small pool of its own
+(:class:`~spanlab.store.sql_pool.SqlPool`) under a time and byte limit, so it cannot starve the queue.
 
 Run: spanlab store serve --db runs/spans.duckdb --port 8700 [--token T]
 """
@@ -25,17 +29,28 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from spanlab.errors import InvalidSpanError, NotFoundError, QueryError, StoreError
+from spanlab.errors import ConfigError, InvalidSpanError, NotFoundError, QueryError, StoreError
 from spanlab.store.arrow import spans_to_arrow
 from spanlab.store.batcher import SpanBatcher
 from spanlab.store.duckdb_store import SpanStore
-from spanlab.store.sql import rows
+from spanlab.store.sql import SURFACE_MAX_BYTES, SURFACE_TIMEOUT_S, rows
+from spanlab.store.sql_pool import QueryBusyError, SqlPool
 from spanlab.store.validate import checked_span_table
 from spanlab.store.wire import ARROW_STREAM, bytes_to_table, reader_to_chunks
-from spanlab.types import Attempt, FinishedAttemptStatus, Resource, ResourceKind, Rollout, RolloutMode, Span
+from spanlab.types import (
+    MAX_INT32,
+    Attempt,
+    FinishedAttemptStatus,
+    Resource,
+    ResourceKind,
+    Rollout,
+    RolloutMode,
+    Span,
+)
 
 logger = logging.getLogger(__name__)
 DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
 class _Strict(BaseModel):
@@ -64,7 +79,7 @@ class ResourceRequest(_Strict):
 
 
 class SqlRequest(_Strict):
-    query: str = Field(min_length=1)
+    query: str = Field(min_length=1, max_length=100_000)
     max_rows: int = Field(default=10_000, ge=1, le=1_000_000)
 
 
@@ -95,9 +110,11 @@ class _BodyLimit:
 
 
 def create_store_app(store: SpanStore, *, token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                     batch_rows: int = 4096, batch_wait_s: float = 0.005) -> FastAPI:
+                     batch_rows: int = 4096, batch_wait_s: float = 0.005, sql_workers: int = 2,
+                     sql_timeout_s: float = SURFACE_TIMEOUT_S, sql_max_bytes: int = SURFACE_MAX_BYTES) -> FastAPI:
     """The FastAPI app over ``store``; the caller owns the store and closes it after the app stops."""
     store.restrict_to_store()
+    sql_pool = SqlPool(sql_workers, timeout_s=sql_timeout_s, max_bytes=sql_max_bytes)
     batcher = SpanBatcher(store, max_rows=batch_rows, max_wait_s=batch_wait_s)
     bearer = HTTPBearer(auto_error=False)
 
@@ -111,6 +128,7 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
         batcher.close()  # answer every queued write before the server goes away
+        sql_pool.close()
 
     app = FastAPI(title="spanlab store", version="1", dependencies=[Depends(authorize)], lifespan=lifespan)
     app.add_middleware(_BodyLimit, max_bytes=max_body_bytes)
@@ -127,6 +145,10 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
     @app.exception_handler(QueryError)
     async def _query(_: Request, exc: QueryError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, 400)
+
+    @app.exception_handler(QueryBusyError)
+    async def _busy(_: Request, exc: QueryBusyError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, 503, headers={"Retry-After": "2"})
 
     @app.exception_handler(StoreError)
     async def _store(_: Request, exc: StoreError) -> JSONResponse:
@@ -151,7 +173,8 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
 
     @app.get("/rollouts")
     async def list_rollouts(status: str | None = None, mode: str | None = None,
-                            limit: int = Query(1000, ge=1, le=100_000), offset: int = Query(0, ge=0)) -> list[Rollout]:
+                            limit: int = Query(1000, ge=1, le=100_000),
+                            offset: int = Query(0, ge=0, le=MAX_INT32)) -> list[Rollout]:
         return await run(lambda: store.list_rollouts(status=status, mode=mode, limit=limit, offset=offset))
 
     @app.get("/rollouts/{rollout_id}")
@@ -221,13 +244,14 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
         return await run(store.list_resources, name)
 
     @app.get("/resources/{name}")
-    async def get_resource(name: str, version: int | None = Query(None, ge=1)) -> Resource:
+    async def get_resource(name: str, version: int | None = Query(None, ge=1, le=MAX_INT32)) -> Resource:
         return await run(store.get_resource, name, version)
 
     @app.post("/sql")
-    async def sql(req: SqlRequest) -> list[dict[str, Any]]:
-        """SELECT queries over the tables and views; rows as JSON objects."""
-        table = await run(store.query_read_only, req.query, req.max_rows)
+    async def sql(req: SqlRequest, request: Request) -> list[dict[str, Any]]:
+        """One read-only SELECT over the tables and views; rows as JSON objects. 400 for a refused or
+        stopped query (time or size limit), 503 when every SQL worker is busy."""
+        table = await sql_pool.run(request.is_disconnected, store.query_read_only, req.query, req.max_rows)
         return list(rows(table))
 
     return app
@@ -240,10 +264,12 @@ def _json(model: BaseModel | None) -> Response:
 
 
 def serve_store(db: str, *, host: str = "127.0.0.1", port: int = 8700, token: str | None = None,
-                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, compress: bool = True) -> None:
+                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, compress: bool = True,
+                insecure_no_token: bool = False) -> None:
     """Open the store, serve it until SIGINT/SIGTERM, then drain pending writes and close the file."""
     import uvicorn
 
+    check_bind(host, token, insecure_no_token=insecure_no_token)
     store = SpanStore(db, compress=compress)
     try:
         app = create_store_app(store, token=token, max_body_bytes=max_body_bytes)
@@ -251,3 +277,18 @@ def serve_store(db: str, *, host: str = "127.0.0.1", port: int = 8700, token: st
         uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
     finally:
         store.close()
+
+
+def check_bind(host: str, token: str | None, *, insecure_no_token: bool = False) -> None:
+    """Refuse to serve the store beyond loopback without a token: anyone who reaches the port could then
+    read, cancel and rewrite every rollout. ``insecure_no_token`` is the explicit way to want it."""
+    if host in LOOPBACK_HOSTS or token:
+        return
+    if not insecure_no_token:
+        raise ConfigError(
+            f"refusing to serve the store on {host} without a token: anyone who can reach it could read and "
+            "change it. Pass --token (or $SPANLAB_STORE_TOKEN), bind 127.0.0.1, or pass --insecure-no-token "
+            "if this network is trusted"
+        )
+    logger.warning("serving the store on %s WITHOUT a token (--insecure-no-token): anyone who can reach it "
+                   "can read and change it", host)
