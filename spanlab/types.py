@@ -112,6 +112,18 @@ class Rollout(StrictModel):
     end_time: Timestamp | None = None
     num_attempts: int = Field(default=0, ge=0, le=MAX_ATTEMPTS)
 
+    @model_validator(mode="after")
+    def _attempts_within_policy(self) -> Rollout:
+        """A waiting rollout must have an attempt left: its next attempt's number is ``num_attempts + 1``,
+        and one past ``max_attempts`` would make a record that no later read accepts."""
+        if self.num_attempts > self.config.max_attempts:
+            raise ValueError(f"num_attempts {self.num_attempts} is over config.max_attempts "
+                             f"{self.config.max_attempts}")
+        if self.status in ("queuing", "requeuing") and self.num_attempts >= self.config.max_attempts:
+            raise ValueError(f"a {self.status} rollout needs an attempt left: num_attempts {self.num_attempts} "
+                             f"must be under config.max_attempts {self.config.max_attempts}")
+        return self
+
 
 class Attempt(StrictModel):
     """One try at a rollout by one worker; spans belong to attempts."""

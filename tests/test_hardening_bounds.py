@@ -33,6 +33,9 @@ BAD_ROLLOUTS = [
     {"config": {"timeout_s": 0}},
     {"config": {"unresponsive_s": 1e300}},
     {"enqueue_time": -5},
+    {"num_attempts": 3, "config": {"max_attempts": 2}},
+    {"num_attempts": 1000, "config": {"max_attempts": 1000}},  # its next attempt would be number 1001
+    {"num_attempts": 1, "status": "requeuing"},
 ]
 BAD_SPANS = [
     {"sequence_id": 2**31},
