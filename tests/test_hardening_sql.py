@@ -8,6 +8,7 @@ store must be unchanged afterwards (same tables, same rows, no file written).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from pathlib import Path
@@ -149,15 +150,21 @@ def test_result_bytes_are_bounded(db: Path) -> None:
     big = "SELECT repeat('x', 30000000) AS s FROM range(10)"
     with pytest.raises(QueryError, match="MB limit"):
         run_query(db, big, max_bytes=32 * 1024 * 1024)
-    with SpanStore(db) as store, ThreadedServer(create_store_app(store), name="store") as srv:
+    with SpanStore(db) as store, ThreadedServer(create_store_app(store, sql_timeout_s=2), name="store") as srv:
         got = httpx.post(f"{srv.url}/sql", json={"query": big, "max_rows": 10}, timeout=60)
         assert got.status_code == 400 and "MB limit" in got.json()["detail"]
+        start = time.monotonic()
+        got = httpx.post(f"{srv.url}/sql", json={"query": NEVER_ENDS}, timeout=30)
+        assert got.status_code == 400 and "ran over 2 s" in got.json()["detail"]
+        assert time.monotonic() - start < 5
 
 
 def test_runaway_sql_never_starves_the_queue(db: Path) -> None:
-    """Eight never-ending /sql queries whose clients give up: the queue routes keep answering at once, the
-    SQL pool answers 503 when full, and every query is stopped by its time limit."""
-    with SpanStore(db) as store, ThreadedServer(create_store_app(store, sql_timeout_s=3), name="store") as srv:
+    """Eight never-ending /sql queries whose clients give up after 1 s: the queue routes keep answering at
+    once, the SQL pool answers 503 when full, and the queries are interrupted when their clients leave (well
+    before their 30 s time limit)."""
+    with SpanStore(db) as store, ThreadedServer(create_store_app(store, sql_timeout_s=30), name="store") as srv:
+        begun = time.monotonic()
         codes: list[int | str] = []
 
         def runaway() -> None:
@@ -178,13 +185,31 @@ def test_runaway_sql_never_starves_the_queue(db: Path) -> None:
         for t in threads:
             t.join()
         assert codes.count(503) >= 6 and "gave up" in codes  # 2 workers: the others are refused at once
-        time.sleep(0.5)  # the clients left: their queries are interrupted (disconnect), the pool is free again
-        deadline = time.monotonic() + 5
+        deadline = begun + 10  # the clients left: their queries are interrupted, the pool is free again
         while (got := httpx.post(f"{srv.url}/sql", json={"query": "SELECT 42 AS x"}, timeout=5)).status_code == 503:
             assert time.monotonic() < deadline, "the SQL pool stayed busy after its clients left"
             time.sleep(0.2)
         assert got.json() == [{"x": 42}]
-        start = time.monotonic()
-        got = httpx.post(f"{srv.url}/sql", json={"query": NEVER_ENDS}, timeout=30)
-        assert got.status_code == 400 and "ran over 3 s" in got.json()["detail"]
-        assert time.monotonic() - start < 6
+
+
+def test_runaway_sql_in_the_ui_never_stalls_its_pages(db: Path) -> None:
+    with ThreadedServer(create_app(db, sql_timeout_s=2), name="ui") as srv:
+        def runaway() -> None:
+            with contextlib.suppress(httpx.TimeoutException):
+                httpx.post(f"{srv.url}/api/sql", json={"query": NEVER_ENDS}, timeout=1)
+
+        threads = [threading.Thread(target=runaway) for _ in range(6)]
+        for t in threads:
+            t.start()
+        time.sleep(0.3)
+        for _ in range(5):
+            start = time.monotonic()
+            assert httpx.get(f"{srv.url}/api/rollouts", timeout=5).status_code == 200
+            assert time.monotonic() - start < 1.0
+        for t in threads:
+            t.join()
+        deadline = time.monotonic() + 5
+        while (got := httpx.post(f"{srv.url}/api/sql", json={"query": NEVER_ENDS}, timeout=30)).status_code == 503:
+            assert time.monotonic() < deadline, "the UI's SQL pool stayed busy after its clients left"
+            time.sleep(0.2)
+        assert got.status_code == 400 and "ran over 2 s" in got.json()["error"]
