@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -159,57 +160,64 @@ def test_result_bytes_are_bounded(db: Path) -> None:
         assert time.monotonic() - start < 5
 
 
+@contextlib.contextmanager
+def runaway_queries(url: str, n: int) -> Iterator[list[int | str]]:
+    """``n`` never-ending queries to ``url`` from clients that give up after 1 s; yields their status codes
+    (or "gave up") once every client is done."""
+    codes: list[int | str] = []
+
+    def runaway() -> None:
+        try:
+            codes.append(httpx.post(url, json={"query": NEVER_ENDS}, timeout=1).status_code)
+        except httpx.TimeoutException:
+            codes.append("gave up")
+
+    threads = [threading.Thread(target=runaway) for _ in range(n)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    try:
+        yield codes
+    finally:
+        for t in threads:
+            t.join()
+
+
+def answers_within(seconds: float, *calls: Callable[[], httpx.Response]) -> None:
+    for _ in range(5):
+        start = time.monotonic()
+        for call in calls:
+            assert call().status_code == 200
+        assert time.monotonic() - start < seconds
+
+
+def first_free(post: Callable[[], httpx.Response], deadline: float) -> httpx.Response:
+    """The first answer that is not 503 (the SQL pool busy), before ``deadline``."""
+    while (got := post()).status_code == 503:
+        assert time.monotonic() < deadline, "the SQL pool stayed busy after its clients left"
+        time.sleep(0.2)
+    return got
+
+
 def test_runaway_sql_never_starves_the_queue(db: Path) -> None:
     """Eight never-ending /sql queries whose clients give up after 1 s: the queue routes keep answering at
     once, the SQL pool answers 503 when full, and the queries are interrupted when their clients leave (well
     before their 30 s time limit)."""
     with SpanStore(db) as store, ThreadedServer(create_store_app(store, sql_timeout_s=30), name="store") as srv:
         begun = time.monotonic()
-        codes: list[int | str] = []
-
-        def runaway() -> None:
-            try:
-                codes.append(httpx.post(f"{srv.url}/sql", json={"query": NEVER_ENDS}, timeout=1).status_code)
-            except httpx.TimeoutException:
-                codes.append("gave up")
-
-        threads = [threading.Thread(target=runaway) for _ in range(8)]
-        for t in threads:
-            t.start()
-        time.sleep(0.3)
-        for _ in range(5):
-            start = time.monotonic()
-            assert httpx.get(f"{srv.url}/rollouts", timeout=5).status_code == 200
-            assert httpx.post(f"{srv.url}/dequeue", json={}, timeout=5).status_code == 200
-            assert time.monotonic() - start < 1.0
-        for t in threads:
-            t.join()
+        with runaway_queries(f"{srv.url}/sql", 8) as codes:
+            answers_within(1.0, lambda: httpx.get(f"{srv.url}/rollouts", timeout=5),
+                           lambda: httpx.post(f"{srv.url}/dequeue", json={}, timeout=5))
         assert codes.count(503) >= 6 and "gave up" in codes  # 2 workers: the others are refused at once
-        deadline = begun + 10  # the clients left: their queries are interrupted, the pool is free again
-        while (got := httpx.post(f"{srv.url}/sql", json={"query": "SELECT 42 AS x"}, timeout=5)).status_code == 503:
-            assert time.monotonic() < deadline, "the SQL pool stayed busy after its clients left"
-            time.sleep(0.2)
+        got = first_free(lambda: httpx.post(f"{srv.url}/sql", json={"query": "SELECT 42 AS x"}, timeout=5),
+                         begun + 10)
         assert got.json() == [{"x": 42}]
 
 
 def test_runaway_sql_in_the_ui_never_stalls_its_pages(db: Path) -> None:
     with ThreadedServer(create_app(db, sql_timeout_s=2), name="ui") as srv:
-        def runaway() -> None:
-            with contextlib.suppress(httpx.TimeoutException):
-                httpx.post(f"{srv.url}/api/sql", json={"query": NEVER_ENDS}, timeout=1)
-
-        threads = [threading.Thread(target=runaway) for _ in range(6)]
-        for t in threads:
-            t.start()
-        time.sleep(0.3)
-        for _ in range(5):
-            start = time.monotonic()
-            assert httpx.get(f"{srv.url}/api/rollouts", timeout=5).status_code == 200
-            assert time.monotonic() - start < 1.0
-        for t in threads:
-            t.join()
-        deadline = time.monotonic() + 5
-        while (got := httpx.post(f"{srv.url}/api/sql", json={"query": NEVER_ENDS}, timeout=30)).status_code == 503:
-            assert time.monotonic() < deadline, "the UI's SQL pool stayed busy after its clients left"
-            time.sleep(0.2)
+        with runaway_queries(f"{srv.url}/api/sql", 6):
+            answers_within(1.0, lambda: httpx.get(f"{srv.url}/api/rollouts", timeout=5))
+        got = first_free(lambda: httpx.post(f"{srv.url}/api/sql", json={"query": NEVER_ENDS}, timeout=30),
+                         time.monotonic() + 5)
         assert got.status_code == 400 and "ran over 2 s" in got.json()["error"]
