@@ -116,3 +116,14 @@ def test_store_serve_refuses_a_public_bind_without_a_token(tmp_path: Path) -> No
                          capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 2 and "--insecure-no-token" in out.stderr
     assert not db.exists()  # refused before the store was opened
+
+
+def test_the_api_description_is_public_and_nothing_else(tmp_path: Path) -> None:
+    """Documented in docs/security.md: /openapi.json and /docs hold no data and ship with the package."""
+    with SpanStore(tmp_path / "s.duckdb") as store, \
+            ThreadedServer(create_store_app(store, token="secret"), name="store") as srv:
+        assert httpx.get(f"{srv.url}/openapi.json").status_code == 200
+        assert httpx.get(f"{srv.url}/docs").status_code == 200
+        for path in ("/health", "/rollouts", "/resources"):
+            assert httpx.get(f"{srv.url}{path}").status_code == 401
+        assert httpx.post(f"{srv.url}/sql", json={"query": "SELECT 1"}).status_code == 401

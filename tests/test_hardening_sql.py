@@ -184,6 +184,9 @@ def runaway_queries(url: str, n: int) -> Iterator[list[int | str]]:
 
 
 def answers_within(seconds: float, *calls: Callable[[], httpx.Response]) -> None:
+    """Each round of ``calls`` answers 200 within ``seconds``. Before the SQL pool they did not answer at all
+    (every thread held by a query); the bound is loose because the runaway queries still use the CPU, and
+    this machine's 2 cores are shared with other test runs."""
     for _ in range(5):
         start = time.monotonic()
         for call in calls:
@@ -206,7 +209,7 @@ def test_runaway_sql_never_starves_the_queue(db: Path) -> None:
     with SpanStore(db) as store, ThreadedServer(create_store_app(store, sql_timeout_s=30), name="store") as srv:
         begun = time.monotonic()
         with runaway_queries(f"{srv.url}/sql", 8) as codes:
-            answers_within(1.0, lambda: httpx.get(f"{srv.url}/rollouts", timeout=5),
+            answers_within(3.0, lambda: httpx.get(f"{srv.url}/rollouts", timeout=5),
                            lambda: httpx.post(f"{srv.url}/dequeue", json={}, timeout=5))
         assert codes.count(503) >= 6 and "gave up" in codes  # 2 workers: the others are refused at once
         got = first_free(lambda: httpx.post(f"{srv.url}/sql", json={"query": "SELECT 42 AS x"}, timeout=5),
@@ -217,7 +220,7 @@ def test_runaway_sql_never_starves_the_queue(db: Path) -> None:
 def test_runaway_sql_in_the_ui_never_stalls_its_pages(db: Path) -> None:
     with ThreadedServer(create_app(db, sql_timeout_s=2), name="ui") as srv:
         with runaway_queries(f"{srv.url}/api/sql", 6):
-            answers_within(1.0, lambda: httpx.get(f"{srv.url}/api/rollouts", timeout=5))
+            answers_within(3.0, lambda: httpx.get(f"{srv.url}/api/rollouts", timeout=5))
         got = first_free(lambda: httpx.post(f"{srv.url}/api/sql", json={"query": NEVER_ENDS}, timeout=30),
                          time.monotonic() + 5)
         assert got.status_code == 400 and "ran over 2 s" in got.json()["error"]

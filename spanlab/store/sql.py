@@ -170,8 +170,6 @@ def _read_limited(cur: duckdb.DuckDBPyConnection, text: str, params: Sequence[An
                   max_rows: int | None, max_bytes: int | None) -> pa.Table:
     """The result as Arrow, stopped with a ``QueryError`` once it passes ``max_bytes``."""
     rel = cur.sql(text, params=list(params) if params else None)
-    if rel is None:
-        return pa.table({})
     if max_rows is not None:
         rel = rel.limit(max_rows)
     reader = rel.to_arrow_reader(_BATCH_ROWS)

@@ -15,6 +15,7 @@ Run: ``spanlab ui [--db PATH] [--port 8600] [--tokenizer DIR]``; API: ``create_a
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 from collections.abc import Callable, Collection
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 from fastapi import FastAPI, Query, Request
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -136,11 +137,15 @@ def create_app(db: str | Path, tokenizer_loader: TokenizerLoader | None = None, 
         wanted = [n for n in names.split(",") if n][:20]
         return await read(queries.run_metrics, run_id, wanted)
 
-    @app.post("/api/sql")
-    async def sql(req: SqlRequest, request: Request) -> dict[str, Any]:
-        columns, rows, truncated = await sql_pool.run(request.is_disconnected, store.user_query, req.query,
-                                                      req.max_rows)
-        return {"columns": columns, "rows": rows, "truncated": truncated}
+    def sql_json(query: str, max_rows: int) -> bytes:
+        """On the SQL pool's thread, JSON included: a big result encoded on the event loop would stall the pages."""
+        columns, rows, truncated = store.user_query(query, max_rows)
+        return json.dumps({"columns": columns, "rows": rows, "truncated": truncated}, ensure_ascii=False).encode()
+
+    @app.post("/api/sql", response_model=dict[str, Any])
+    async def sql(req: SqlRequest, request: Request) -> Response:
+        body = await sql_pool.run(request.is_disconnected, sql_json, req.query, req.max_rows)
+        return Response(body, media_type="application/json")
 
     @app.get("/", include_in_schema=False)
     async def index() -> FileResponse:
