@@ -98,3 +98,12 @@ def test_bad_sql_and_missing_db(demo_db: Path, tmp_path: Path) -> None:
     out = spanlab("sql", "SELECT 1", "--db", str(tmp_path / "nope.duckdb"))
     assert out.returncode == 2 and "does not exist" in out.stderr
     assert not (tmp_path / "nope.duckdb").exists()
+
+
+def test_time_and_size_limits(demo_db: Path) -> None:
+    never_ends = "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT count(*) FROM r"
+    out = spanlab("sql", never_ends, "--db", str(demo_db), "--timeout-s", "1")
+    assert out.returncode == 2 and "ran over 1 s" in out.stderr
+    out = spanlab("sql", "SELECT repeat('x', 3000000) AS s FROM range(10)", "--db", str(demo_db), "--max-mb", "2",
+                  "-f", "csv")
+    assert out.returncode == 2 and "MB limit" in out.stderr.replace("\n", " ")
