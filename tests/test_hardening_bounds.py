@@ -127,3 +127,12 @@ def test_the_api_description_is_public_and_nothing_else(tmp_path: Path) -> None:
         for path in ("/health", "/rollouts", "/resources"):
             assert httpx.get(f"{srv.url}{path}").status_code == 401
         assert httpx.post(f"{srv.url}/sql", json={"query": "SELECT 1"}).status_code == 401
+
+
+def test_spanlab_serve_refuses_a_public_store_server_without_a_token() -> None:
+    from spanlab.serve import ServeConfig
+
+    with pytest.raises(ValidationError, match="insecure_no_token"):
+        ServeConfig.model_validate({"store_server": {"host": "0.0.0.0"}})
+    assert ServeConfig.model_validate({"store_server": {"host": "0.0.0.0", "token": "t"}}).store_server.token == "t"
+    assert ServeConfig.model_validate({"store_server": {"host": "0.0.0.0", "insecure_no_token": True}})

@@ -284,15 +284,16 @@ def serve_store(db: str, *, host: str = "127.0.0.1", port: int = 8700, token: st
         store.close()
 
 
-def check_bind(host: str, token: str | None, *, insecure_no_token: bool = False) -> None:
+def check_bind(host: str, token: str | None, *, insecure_no_token: bool = False,
+               flag: str = "--insecure-no-token") -> None:
     """Refuse to serve the store beyond loopback without a token: anyone who reaches the port could then
-    read, cancel and rewrite every rollout. ``insecure_no_token`` is the explicit way to want it."""
+    read, cancel and rewrite every rollout. ``insecure_no_token`` (``flag`` in the error) is the explicit way."""
     if host in LOOPBACK_HOSTS or token:
         return
     if not insecure_no_token:
         raise ConfigError(
             f"refusing to serve the store on {host} without a token: anyone who can reach it could read and "
-            "change it. Pass --token (or $SPANLAB_STORE_TOKEN), bind 127.0.0.1, or pass --insecure-no-token "
+            f"change it. Set a token (--token or $SPANLAB_STORE_TOKEN), bind 127.0.0.1, or pass {flag} "
             "if this network is trusted"
         )
     logger.warning("serving the store on %s WITHOUT a token (--insecure-no-token): anyone who can reach it "
