@@ -15,10 +15,11 @@ Run: ``spanlab ui [--db PATH] [--port 8600] [--tokenizer DIR]``; API: ``create_a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
-from collections.abc import Callable, Collection
+from collections.abc import AsyncIterator, Callable, Collection
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -71,7 +72,13 @@ def create_app(db: str | Path, tokenizer_loader: TokenizerLoader | None = None, 
     text = TokenText(tokenizer_loader)
     if preload:
         threading.Thread(target=text.tokenizer, name="spanlab-ui-tokenizer", daemon=True).start()
-    app = FastAPI(title="spanlab UI", docs_url="/api/docs", openapi_url="/api/openapi.json", redoc_url=None)
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        sql_pool.close()
+
+    app = FastAPI(title="spanlab UI", docs_url="/api/docs", openapi_url="/api/openapi.json", redoc_url=None,
+                  lifespan=lifespan)
     if hosts is not None:
         app.add_middleware(HostCheck, hosts=hosts)
 
