@@ -53,11 +53,14 @@ def sql(
     db: DbOption = None,
     format: Annotated[sqlmod.OutputFormat, typer.Option("--format", "-f", help="table | csv | json")] = "table",
     max_rows: Annotated[int, typer.Option(help="rows shown in table format (csv/json print all)")] = 100,
+    timeout_s: Annotated[float, typer.Option(help="stop the query after this many seconds")] = 300.0,
+    max_mb: Annotated[float, typer.Option(help="refuse results larger than this (Arrow size)")] = 1024.0,
 ) -> None:
     """Query spans with SQL: views llm_calls, rewards, rollout_summary; tables rollouts, attempts, spans."""
     try:
         path = sqlmod.resolve_db(db)
-        table = sqlmod.run_query(path, query, max_rows=max_rows + 1 if format == "table" else None)
+        table = sqlmod.run_query(path, query, max_rows=max_rows + 1 if format == "table" else None,
+                                 timeout_s=timeout_s, max_bytes=int(max_mb * 1024 * 1024))
     except SpanlabError as exc:
         _fail(exc)
         return
@@ -93,13 +96,17 @@ def store_serve(
     token: Annotated[
         str | None, typer.Option(envvar="SPANLAB_STORE_TOKEN", help="require `Authorization: Bearer TOKEN`")
     ] = None,
+    insecure_no_token: Annotated[
+        bool, typer.Option("--insecure-no-token", help="allow a bind beyond loopback without --token")
+    ] = False,
 ) -> None:
     """Own the DuckDB file and serve the store API (OpenAPI at /docs) to workers in other processes."""
     from spanlab.store.server import serve_store
 
     try:
         serve_store(str(sqlmod.resolve_db(db)), host=host, port=port, token=token,
-                    max_body_bytes=int(max_body_mb * 1024 * 1024), compress=compress)
+                    max_body_bytes=int(max_body_mb * 1024 * 1024), compress=compress,
+                    insecure_no_token=insecure_no_token)
     except SpanlabError as exc:
         _fail(exc)
 
@@ -333,12 +340,15 @@ def ui(
     tokenizer: Annotated[
         Path | None, typer.Option("--tokenizer", help="tokenizer folder for token text (default: the default model)")
     ] = None,
+    allow_host: Annotated[
+        list[str] | None, typer.Option("--allow-host", help="another Host name to answer (a DNS name of this machine)")
+    ] = None,
 ) -> None:
     """Serve a local web page over the store (read-only): rollouts, calls, token view, training curves, SQL box."""
     from spanlab.ui import serve_ui
 
     try:
-        serve_ui(sqlmod.resolve_db(db), host=host, port=port, tokenizer_dir=tokenizer)
+        serve_ui(sqlmod.resolve_db(db), host=host, port=port, tokenizer_dir=tokenizer, extra_hosts=allow_host or ())
     except SpanlabError as exc:
         _fail(exc)
 

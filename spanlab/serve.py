@@ -40,6 +40,15 @@ class ServeStoreServer(_Section):
     host: str = "127.0.0.1"
     port: int = Field(default=8700, ge=0, le=65535)
     token: str | None = None
+    insecure_no_token: bool = Field(default=False, description="allow a bind beyond loopback without a token")
+
+    @model_validator(mode="after")
+    def _token_beyond_loopback(self) -> ServeStoreServer:
+        from spanlab.store.server import check_bind
+
+        check_bind(self.host, self.token, insecure_no_token=self.insecure_no_token,
+                   flag="store_server.insecure_no_token: true")
+        return self
 
 
 class ServeConfig(_Section):

@@ -40,6 +40,16 @@ TERMINAL_ROLLOUT_STATUSES: frozenset[str] = frozenset({"failed", "succeeded", "c
 ACTIVE_ATTEMPT_STATUSES: frozenset[str] = frozenset({"preparing", "running"})
 
 MAX_TOKEN_ID = 2**31 - 1  # stored as INTEGER (int32)
+# Every number of the model is bounded to what its DuckDB column holds and to what makes sense: a value the
+# column cannot hold (2**31 in an INTEGER) would be accepted here and fail only when the store writes its
+# tables, so one bad record could stop every later write. Refused at construction instead.
+MAX_INT32 = 2**31 - 1
+MAX_ATTEMPTS = 1000  # retries of one rollout; more is a bug in the caller, not a policy
+MAX_TIMEOUT_S = 366 * 24 * 3600.0  # a year: longer is "no limit", which None says
+Int32 = Annotated[int, Field(ge=0, le=MAX_INT32)]
+Count = Annotated[int, Field(ge=0, le=MAX_INT32)]
+Seconds = Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)]
+Timestamp = Annotated[float, Field(ge=0, allow_inf_nan=False, description="Unix epoch seconds")]
 
 
 _ListSerializer = PlainSerializer(to_list, when_used="json")
@@ -81,9 +91,9 @@ class StrictModel(BaseModel):
 class RolloutConfig(StrictModel):
     """Per-rollout policy: how long an attempt may run and when a failed attempt is retried."""
 
-    timeout_s: float | None = Field(default=None, gt=0, description="wall-clock limit per attempt")
-    unresponsive_s: float | None = Field(default=None, gt=0, description="max seconds between heartbeats")
-    max_attempts: int = Field(default=1, ge=1)
+    timeout_s: Seconds | None = Field(default=None, description="wall-clock limit per attempt")
+    unresponsive_s: Seconds | None = Field(default=None, description="max seconds between heartbeats")
+    max_attempts: int = Field(default=1, ge=1, le=MAX_ATTEMPTS)
     retry_on: tuple[RetryableStatus, ...] = ("failed", "timeout", "unresponsive")
 
 
@@ -97,10 +107,22 @@ class Rollout(StrictModel):
     resources_version: str | None = None
     config: RolloutConfig = Field(default_factory=RolloutConfig)
     metadata: dict[str, Any] = Field(default_factory=dict)
-    enqueue_time: float = Field(default_factory=now)
-    start_time: float | None = None
-    end_time: float | None = None
-    num_attempts: int = 0
+    enqueue_time: Timestamp = Field(default_factory=now)
+    start_time: Timestamp | None = None
+    end_time: Timestamp | None = None
+    num_attempts: int = Field(default=0, ge=0, le=MAX_ATTEMPTS)
+
+    @model_validator(mode="after")
+    def _attempts_within_policy(self) -> Rollout:
+        """A waiting rollout must have an attempt left: its next attempt's number is ``num_attempts + 1``,
+        and one past ``max_attempts`` would make a record that no later read accepts."""
+        if self.num_attempts > self.config.max_attempts:
+            raise ValueError(f"num_attempts {self.num_attempts} is over config.max_attempts "
+                             f"{self.config.max_attempts}")
+        if self.status in ("queuing", "requeuing") and self.num_attempts >= self.config.max_attempts:
+            raise ValueError(f"a {self.status} rollout needs an attempt left: num_attempts {self.num_attempts} "
+                             f"must be under config.max_attempts {self.config.max_attempts}")
+        return self
 
 
 class Attempt(StrictModel):
@@ -108,19 +130,19 @@ class Attempt(StrictModel):
 
     rollout_id: str
     attempt_id: str
-    sequence_id: int = Field(ge=1, description="1 for the first attempt of the rollout, 2 for the retry, ...")
+    sequence_id: int = Field(ge=1, le=MAX_ATTEMPTS, description="1 for the first attempt, 2 for the retry, ...")
     worker_id: str | None = None
     status: AttemptStatus = "preparing"
-    start_time: float = Field(default_factory=now)
-    end_time: float | None = None
-    last_heartbeat_time: float | None = None
+    start_time: Timestamp = Field(default_factory=now)
+    end_time: Timestamp | None = None
+    last_heartbeat_time: Timestamp | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
 class Usage(StrictModel):
-    prompt_tokens: int = Field(ge=0)
-    completion_tokens: int = Field(ge=0)
-    total_tokens: int = Field(ge=0)
+    prompt_tokens: Count
+    completion_tokens: Count
+    total_tokens: Count
 
 
 class LLMCall(StrictModel):
@@ -183,13 +205,13 @@ class Span(StrictModel):
 
     rollout_id: str | None = None
     attempt_id: str | None = None
-    sequence_id: int | None = Field(default=None, ge=0)
+    sequence_id: Int32 | None = None
     span_id: str = Field(default_factory=lambda: new_id("sp"), min_length=1)
     parent_id: str | None = None
     name: str
     kind: SpanKind
-    start_time: float = Field(default_factory=now)
-    end_time: float | None = None
+    start_time: Timestamp = Field(default_factory=now)
+    end_time: Timestamp | None = None
     status: SpanStatus = "ok"
     attributes: dict[str, Any] = Field(default_factory=dict)
     llm: LLMCall | None = None
@@ -229,10 +251,10 @@ class Resource(StrictModel):
     """
 
     name: str = Field(min_length=1)
-    version: int | None = Field(default=None, ge=1, description="assigned by the store")
+    version: int | None = Field(default=None, ge=1, le=MAX_INT32, description="assigned by the store")
     kind: ResourceKind = "other"
     payload: dict[str, Any] = Field(default_factory=dict)
-    created_time: float = Field(default_factory=now)
+    created_time: Timestamp = Field(default_factory=now)
 
     @property
     def ref(self) -> str:

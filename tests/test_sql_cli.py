@@ -73,14 +73,14 @@ def test_default_db_from_env_and_cwd(demo_db: Path, tmp_path: Path) -> None:
     [
         ("SELECT * FROM read_csv('/etc/passwd')", "cannot touch files"),
         ("SELECT * FROM read_text('/etc/hostname')", "cannot touch files"),
-        ("COPY spans TO '/tmp/spanlab-leak.csv'", "cannot touch files"),
-        ("ATTACH '/tmp/spanlab-other.duckdb' AS other", "cannot touch files"),
-        ("INSTALL httpfs", "cannot touch files"),
-        ("LOAD httpfs", "cannot touch files"),
-        ("INSERT INTO rollouts (rollout_id) VALUES ('x')", "read-only"),
-        ("DELETE FROM spans", "read-only"),
-        ("DROP VIEW llm_calls", "read-only"),
-        ("SET enable_external_access = true", "configuration"),
+        ("COPY spans TO '/tmp/spanlab-leak.csv'", "only SELECT"),
+        ("ATTACH '/tmp/spanlab-other.duckdb' AS other", "only SELECT"),
+        ("INSTALL httpfs", "only SELECT"),
+        ("LOAD httpfs", "only SELECT"),
+        ("INSERT INTO rollouts (rollout_id) VALUES ('x')", "only SELECT"),
+        ("DELETE FROM spans", "only SELECT"),
+        ("DROP VIEW llm_calls", "only SELECT"),
+        ("SET enable_external_access = true", "only SELECT"),
     ],
 )
 def test_forbidden_statements_fail_clearly_and_change_nothing(demo_db: Path, query: str, reason: str) -> None:
@@ -98,3 +98,12 @@ def test_bad_sql_and_missing_db(demo_db: Path, tmp_path: Path) -> None:
     out = spanlab("sql", "SELECT 1", "--db", str(tmp_path / "nope.duckdb"))
     assert out.returncode == 2 and "does not exist" in out.stderr
     assert not (tmp_path / "nope.duckdb").exists()
+
+
+def test_time_and_size_limits(demo_db: Path) -> None:
+    never_ends = "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT count(*) FROM r"
+    out = spanlab("sql", never_ends, "--db", str(demo_db), "--timeout-s", "1")
+    assert out.returncode == 2 and "ran over 1 s" in out.stderr
+    out = spanlab("sql", "SELECT repeat('x', 3000000) AS s FROM range(10)", "--db", str(demo_db), "--max-mb", "2",
+                  "-f", "csv")
+    assert out.returncode == 2 and "MB limit" in out.stderr.replace("\n", " ")

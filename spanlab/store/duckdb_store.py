@@ -23,7 +23,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from spanlab.errors import InvalidSpanError, QueryError, StoreError
+from spanlab.errors import InvalidSpanError, StoreError
 from spanlab.store import queue, records, spans
 from spanlab.store.arrow import as_model, spans_to_arrow, table_to_spans
 from spanlab.store.base import Metric, RolloutSummary, StoreAPI
@@ -253,18 +253,10 @@ class SpanStore(StoreAPI):
 
     # --- SQL -----------------------------------------------------------------------------------
     def query(self, sql: str, max_rows: int | None = None) -> pa.Table:
-        """One SELECT (or EXPLAIN), refused otherwise, on a cursor of its own (see :mod:`.sql`)."""
+        """One read-only SELECT on a cursor of its own; :func:`~spanlab.store.sql.fetch_user_query` refuses
+        anything that could write and applies the caller's time and size limits."""
         cur = self._cursor()
         try:
-            try:
-                statements = cur.extract_statements(sql)
-            except duckdb.Error as exc:
-                raise QueryError(str(exc)) from exc
-            if len(statements) != 1:
-                raise QueryError(f"send exactly one statement, not {len(statements)}")
-            if statements[0].type not in (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN):
-                raise QueryError(f"not allowed: only SELECT queries run here (read-only), not "
-                                 f"{statements[0].type.name}")
             return fetch_user_query(cur, sql, max_rows)
         finally:
             cur.close()

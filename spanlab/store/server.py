@@ -4,8 +4,12 @@ DuckDB lets one process write a file, so workers on other processes or machines 
 through this server (``StoreClient`` speaks to it and implements the same ``StoreAPI``). Span batches
 travel as Arrow IPC. Every route runs its store call in a thread, so the event loop never waits on DuckDB;
 the store's writer groups concurrent writes into one commit, and every answer to a write comes after its
-commit. The OpenAPI description is at ``/openapi.json``. With a token, every request needs
-``Authorization: Bearer <token>``. ``/sql`` runs SELECT only, with DuckDB's external access disabled.
+commit. With a token, every request needs ``Authorization: Bearer <token>``, except the API's own
+description (``/openapi.json``, ``/docs``), which is public on purpose: it is the same for every install
+(it ships in the package), holds no data, and clients and fuzzers read it to know the routes. A bind
+beyond loopback without a token is refused unless asked for (``--insecure-no-token``). ``/sql`` runs
+one read-only SELECT (:func:`spanlab.store.sql.fetch_user_query`) on a small pool of its own
+(:class:`~spanlab.store.sql_pool.SqlPool`) under a time and byte limit, so it cannot starve the queue.
 
 Run: spanlab store serve --db runs/spans.duckdb --port 8700 [--token T]
 """
@@ -14,120 +18,60 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pyarrow as pa
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from pydantic import BaseModel
 
-from spanlab.errors import InvalidSpanError, NotFoundError, QueryError, StoreError
+from spanlab.errors import ConfigError, InvalidSpanError, NotFoundError, QueryError, StoreError
 from spanlab.store.arrow import spans_to_arrow
 from spanlab.store.base import Metric, RolloutSummary
 from spanlab.store.duckdb_store import SpanStore
-from spanlab.store.sql import rows
+from spanlab.store.http_bodies import (
+    BodyLimit,
+    DequeueRequest,
+    DequeueResponse,
+    FinishRequest,
+    InsertedResponse,
+    LastAttemptsRequest,
+    MetricsRequest,
+    ResourceRequest,
+    SqlRequest,
+    SummariesRequest,
+)
+from spanlab.store.sql import SURFACE_MAX_BYTES, SURFACE_TIMEOUT_S, rows
+from spanlab.store.sql_pool import QueryBusyError, SqlPool
 from spanlab.store.wire import ARROW_STREAM, bytes_to_table, reader_to_chunks
-from spanlab.types import Attempt, FinishedAttemptStatus, Resource, ResourceKind, Rollout, RolloutMode, Span
+from spanlab.types import (
+    MAX_INT32,
+    Attempt,
+    FinishedAttemptStatus,
+    Resource,
+    Rollout,
+    Span,
+)
 
 logger = logging.getLogger(__name__)
 DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
-_STATUS: dict[type[Exception], int] = {InvalidSpanError: 422, NotFoundError: 404, QueryError: 400, StoreError: 503}
+# The most specific class first: QueryBusyError is a QueryError.
+_STATUS: dict[type[Exception], int] = {InvalidSpanError: 422, NotFoundError: 404, QueryBusyError: 503,
+                                       QueryError: 400, StoreError: 503}
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class DequeueRequest(_Strict):
-    worker_id: str | None = None
-    mode: RolloutMode | None = None
-
-
-class DequeueResponse(_Strict):
-    rollout: Rollout
-    attempt: Attempt
-
-
-class FinishRequest(_Strict):
-    status: FinishedAttemptStatus
-    spans: list[Span] = Field(default_factory=list, description="the attempt's last spans, stored with the finish")
-
-
-class ResourceRequest(_Strict):
-    name: str = Field(min_length=1)
-    payload: dict[str, Any] = Field(default_factory=dict)
-    kind: ResourceKind = "other"
-
-
-class SqlRequest(_Strict):
-    query: str = Field(min_length=1)
-    max_rows: int = Field(default=10_000, ge=1, le=1_000_000)
-
-
-class LastAttemptsRequest(_Strict):
-    rollout_ids: list[str]
-
-
-class SummariesRequest(_Strict):
-    rollout_ids: list[str] | None = None
-    statuses: list[str] | None = None
-    metadata: dict[str, str] | None = None
-
-
-class MetricsRequest(_Strict):
-    run_id: str = Field(min_length=1)
-    algorithm: str
-    step: int
-    metrics: dict[str, float | None]
-
-
-class InsertedResponse(_Strict):
-    inserted: int
-    span_ids: list[str]
-
-
-class _BodyLimit:
-    """413 for bodies over the limit: a declared length is checked before anything is read, and the bytes
-    of every body are counted as they arrive, so a chunked upload (no length) is cut off at the limit too.
-
-    Plain ASGI rather than Starlette's ``BaseHTTPMiddleware``, which re-wraps every request and response
-    in memory streams.
-    """
-
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        length = dict(scope["headers"]).get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
-            detail = f"body of {length.decode(errors='replace')} bytes is over the {self.max_bytes}-byte limit"
-            await JSONResponse({"detail": detail}, 413)(scope, receive, send)
-            return
-        received = 0
-
-        async def counted() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    raise HTTPException(413, f"body over the {self.max_bytes}-byte limit")
-            return message
-
-        await self.app(scope, counted, send)
-
-
-def create_store_app(store: SpanStore, *, token: str | None = None,
-                     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+def create_store_app(store: SpanStore, *, token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                     sql_workers: int = 2, sql_timeout_s: float = SURFACE_TIMEOUT_S,
+                     sql_max_bytes: int = SURFACE_MAX_BYTES) -> FastAPI:
     """The FastAPI app over ``store``; the caller owns the store and closes it after the app stops."""
     store.restrict_to_store()
+    sql_pool = SqlPool(sql_workers, timeout_s=sql_timeout_s, max_bytes=sql_max_bytes)
     bearer = HTTPBearer(auto_error=False)
 
     def authorize(cred: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
@@ -136,14 +80,20 @@ def create_store_app(store: SpanStore, *, token: str | None = None,
         if cred is None or not hmac.compare_digest(cred.credentials.encode(), token.encode()):
             raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
 
-    app = FastAPI(title="spanlab store", version="1", dependencies=[Depends(authorize)])
-    app.add_middleware(_BodyLimit, max_bytes=max_body_bytes)
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        sql_pool.close()
+
+    app = FastAPI(title="spanlab store", version="1", dependencies=[Depends(authorize)], lifespan=lifespan)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
 
     async def error(_: Request, exc: Exception) -> JSONResponse:
         status = next(code for kind, code in _STATUS.items() if isinstance(exc, kind))
         if status == 503:
             logger.error("store error: %s", exc)
-        return JSONResponse({"detail": str(exc)}, status)
+        headers = {"Retry-After": "2"} if isinstance(exc, QueryBusyError) else None
+        return JSONResponse({"detail": str(exc)}, status, headers=headers)
 
     for kind in _STATUS:
         app.add_exception_handler(kind, error)
@@ -165,7 +115,8 @@ def create_store_app(store: SpanStore, *, token: str | None = None,
 
     @app.get("/rollouts")
     async def list_rollouts(status: str | None = None, mode: str | None = None,
-                            limit: int = Query(1000, ge=1, le=100_000), offset: int = Query(0, ge=0)) -> list[Rollout]:
+                            limit: int = Query(1000, ge=1, le=100_000),
+                            offset: int = Query(0, ge=0, le=MAX_INT32)) -> list[Rollout]:
         return await run(lambda: store.list_rollouts(status=status, mode=mode, limit=limit, offset=offset))
 
     @app.post("/rollouts/last-attempts")
@@ -251,7 +202,7 @@ def create_store_app(store: SpanStore, *, token: str | None = None,
         return await run(store.list_resources, name)
 
     @app.get("/resources/{name}")
-    async def get_resource(name: str, version: int | None = Query(None, ge=1)) -> Resource:
+    async def get_resource(name: str, version: int | None = Query(None, ge=1, le=MAX_INT32)) -> Resource:
         return await run(store.get_resource, name, version)
 
     @app.post("/metrics")
@@ -262,11 +213,16 @@ def create_store_app(store: SpanStore, *, token: str | None = None,
     async def metrics(run_id: str | None = None) -> list[Metric]:
         return await run(store.metrics, run_id)
 
-    @app.post("/sql")
-    async def sql(req: SqlRequest) -> list[dict[str, Any]]:
-        """SELECT queries over the tables and views; rows as JSON objects."""
-        table = await run(store.query, req.query, req.max_rows)
-        return list(rows(table))
+    def sql_json(query: str, max_rows: int) -> bytes:
+        """On the SQL pool's thread, JSON included: 32 MB of rows encoded on the event loop would stall it."""
+        return json.dumps(list(rows(store.query(query, max_rows))), ensure_ascii=False).encode()
+
+    @app.post("/sql", response_model=list[dict[str, Any]])
+    async def sql(req: SqlRequest, request: Request) -> Response:
+        """One read-only SELECT over the tables and views; rows as JSON objects. 400 for a refused or
+        stopped query (time or size limit), 503 when every SQL worker is busy."""
+        body = await sql_pool.run(request.is_disconnected, sql_json, req.query, req.max_rows)
+        return Response(body, media_type="application/json")
 
     return app
 
@@ -278,10 +234,12 @@ def _json(model: BaseModel | None) -> Response:
 
 
 def serve_store(db: str, *, host: str = "127.0.0.1", port: int = 8700, token: str | None = None,
-                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, compress: bool = True) -> None:
+                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, compress: bool = True,
+                insecure_no_token: bool = False) -> None:
     """Open the store, serve it until SIGINT/SIGTERM, then drain pending writes and close the file."""
     import uvicorn
 
+    check_bind(host, token, insecure_no_token=insecure_no_token)
     store = SpanStore(db, compress=compress)
     try:
         app = create_store_app(store, token=token, max_body_bytes=max_body_bytes)
@@ -289,3 +247,19 @@ def serve_store(db: str, *, host: str = "127.0.0.1", port: int = 8700, token: st
         uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
     finally:
         store.close()
+
+
+def check_bind(host: str, token: str | None, *, insecure_no_token: bool = False,
+               flag: str = "--insecure-no-token") -> None:
+    """Refuse to serve the store beyond loopback without a token: anyone who reaches the port could then
+    read, cancel and rewrite every rollout. ``insecure_no_token`` (``flag`` in the error) is the explicit way."""
+    if host in LOOPBACK_HOSTS or token:
+        return
+    if not insecure_no_token:
+        raise ConfigError(
+            f"refusing to serve the store on {host} without a token: anyone who can reach it could read and "
+            f"change it. Set a token (--token or $SPANLAB_STORE_TOKEN), bind 127.0.0.1, or pass {flag} "
+            "if this network is trusted"
+        )
+    logger.warning("serving the store on %s WITHOUT a token (--insecure-no-token): anyone who can reach it "
+                   "can read and change it", host)

@@ -1,13 +1,28 @@
-"""Read-only SQL over a span store file: what ``spanlab sql`` (and later the UI and store server) run.
+"""Read-only SQL for users: what ``spanlab sql``, the UI's SQL box, the store server's ``/sql`` and
+``StoreAPI.query`` run.
 
-The file is opened read-only with external access disabled and the configuration locked, so a query
-can read the store's tables and views but cannot read other files (``read_csv('/etc/passwd')``),
-write (``COPY``, ``INSERT``), attach databases or install/load extensions. Each refusal becomes a
-``QueryError`` that says which rule it hit.
+User SQL must never change the store, whatever connection it is given (a read-only file, or a cursor of
+the store's own writable connection), so :func:`fetch_user_query` holds three independent lines:
+
+1. the text must be exactly one plain ``SELECT`` (``FROM``, ``VALUES``, ``SUMMARIZE``, ``DESCRIBE``, ``SHOW``
+   are SELECTs too): DuckDB's ``json_serialize_sql`` only serializes SELECT statements, and its tree is
+   checked for data-modifying CTEs (``WITH d AS (DELETE ... RETURNING *) SELECT``), which parse as SELECTs.
+   ``EXPLAIN`` is refused because ``EXPLAIN ANALYZE`` runs its statement;
+2. it runs on a cursor of its own inside ``BEGIN TRANSACTION READ ONLY``, always rolled back: DuckDB itself
+   refuses any write the check above might miss;
+3. user-facing surfaces open files read-only with external access disabled (:data:`SAFE_QUERY_CONFIG`), so
+   no query reads other files (``read_csv('/etc/passwd')``), attaches databases or loads extensions.
+
+A query also gets a time limit (the cursor is interrupted from a watchdog thread when it passes, or when
+``cancel`` is set: the HTTP client left) and a byte limit on its result, counted while the result is read
+so 10 rows of 30 MB are refused before they are all in memory. Each refusal is a ``QueryError`` that says
+which rule it hit.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import csv
 import datetime as dt
 import decimal
@@ -15,7 +30,10 @@ import io
 import json
 import math
 import os
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,9 +42,39 @@ import pyarrow as pa
 
 from spanlab.errors import QueryError
 from spanlab.store.connection import connect
+from spanlab.store.sql_guard import check_select
 
 DEFAULT_DB = "spanlab.duckdb"
 OutputFormat = Literal["table", "csv", "json"]
+# Limits of the shared query surfaces (the store server's /sql, the UI's SQL box): a query there must not
+# hold a thread or memory that the queue routes or other pages need.
+SURFACE_TIMEOUT_S = 10.0
+SURFACE_MAX_BYTES = 32 * 1024 * 1024
+_BATCH_ROWS = 256  # rows per Arrow batch while counting bytes: small enough that one batch cannot blow memory
+
+
+@dataclass(frozen=True)
+class QueryLimits:
+    """Limits a surface sets around a call that ends in :func:`fetch_user_query` somewhere below it."""
+
+    timeout_s: float | None = None
+    max_bytes: int | None = None
+    cancel: threading.Event | None = None
+
+
+# A context variable rather than more arguments: the store server sets limits around ``StoreAPI`` calls
+# (``query_read_only``) whose signatures are the store's, and ``asyncio.to_thread`` carries it to the thread.
+_LIMITS: contextvars.ContextVar[QueryLimits | None] = contextvars.ContextVar("spanlab_query_limits", default=None)
+
+
+@contextlib.contextmanager
+def query_limits(limits: QueryLimits) -> Iterator[None]:
+    """Apply ``limits`` to every :func:`fetch_user_query` in the block (explicit arguments still win)."""
+    reset = _LIMITS.set(limits)
+    try:
+        yield
+    finally:
+        _LIMITS.reset(reset)
 
 
 def resolve_db(db: str | Path | None) -> Path:
@@ -34,34 +82,116 @@ def resolve_db(db: str | Path | None) -> Path:
     return Path(db or os.environ.get("SPANLAB_DB") or DEFAULT_DB)
 
 
-def fetch_user_query(conn: duckdb.DuckDBPyConnection, sql: str, max_rows: int | None = None) -> pa.Table:
-    """Run a user's query on a locked-down connection; DuckDB's refusals become ``QueryError``s that
-    say which rule was hit. Shared by ``spanlab sql`` and the store server's ``/sql``."""
+def fetch_user_query(conn: duckdb.DuckDBPyConnection, sql: str, max_rows: int | None = None, *,
+                     params: Sequence[Any] | None = None, timeout_s: float | None = None,
+                     max_bytes: int | None = None, cancel: threading.Event | None = None) -> pa.Table:
+    """Run a user's query where it cannot write (see the module docstring): at most ``max_rows`` rows,
+    ``timeout_s`` seconds and ``max_bytes`` bytes of Arrow result; ``cancel`` interrupts it early.
+
+    Any connection works: ``conn`` itself is not used to run the query (a cursor of it is, in the same
+    catalog), so a caller's open transaction or cursor state is neither needed nor touched. Limits left
+    None come from an enclosing :func:`query_limits`.
+    """
+    ctx = _LIMITS.get() or QueryLimits()
+    timeout_s = ctx.timeout_s if timeout_s is None else timeout_s
+    max_bytes = ctx.max_bytes if max_bytes is None else max_bytes
+    cancel = ctx.cancel if cancel is None else cancel
+    cur = _cursor_like(conn)
+    done = threading.Event()
+    watchdog = None
+    if timeout_s is not None or cancel is not None:
+        watchdog = threading.Thread(target=_watch, args=(cur, timeout_s, cancel, done),
+                                    name="spanlab-sql-watchdog", daemon=True)
     try:
-        rel = conn.sql(sql)
-        if rel is None:  # a statement with no result (SET, PRAGMA that returns nothing)
-            return pa.table({})
-        if max_rows is not None:
-            rel = rel.limit(max_rows)
-        return rel.to_arrow_table()
+        text = check_select(cur, sql)
+        cur.execute("BEGIN TRANSACTION READ ONLY")
+        if watchdog is not None:
+            watchdog.start()
+        try:
+            return _read_limited(cur, text, params, max_rows, max_bytes)
+        finally:
+            done.set()
+            cur.execute("ROLLBACK")
+    except duckdb.InterruptException as exc:
+        why = "the client left" if cancel is not None and cancel.is_set() else f"it ran over {timeout_s:g} s"
+        raise QueryError(f"query stopped: {why} (add a LIMIT, filter, or aggregate)") from exc
     except duckdb.PermissionException as exc:
         raise QueryError(
             "not allowed: SQL here cannot touch files, the network or extensions (no access to files outside "
             f"the store; external access disabled). DuckDB said: {exc}"
         ) from exc
-    except duckdb.InvalidInputException as exc:
-        if "read-only" in str(exc) or "read only" in str(exc):
-            raise QueryError(f"not allowed: the span store is opened read-only. DuckDB said: {exc}") from exc
+    except (duckdb.InvalidInputException, duckdb.TransactionException) as exc:
+        low = str(exc).lower()
+        if "read-only" in low or "read only" in low:
+            raise QueryError(f"not allowed: SQL here is read-only. DuckDB said: {exc}") from exc
         raise QueryError(str(exc)) from exc
     except duckdb.Error as exc:
         raise QueryError(str(exc)) from exc
+    finally:
+        done.set()
+        if watchdog is not None and watchdog.is_alive():
+            watchdog.join()
+        cur.close()
 
 
-def run_query(db: str | Path, sql: str, *, max_rows: int | None = None) -> pa.Table:
-    """Run one user query on the file, opened read-only; at most ``max_rows`` rows when given."""
+def _cursor_like(conn: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    """A new cursor on ``conn``'s database, in ``conn``'s current catalog and schema (a writable store
+    ATTACHes its file, so a bare cursor would land in the in-memory catalog)."""
+    try:
+        catalog, schema = conn.execute("SELECT current_database(), current_schema()").fetchone()
+        cur = conn.cursor()
+    except duckdb.Error as exc:
+        raise QueryError(f"cannot run the query: {exc}") from exc
+    try:
+        if cur.execute("SELECT current_database(), current_schema()").fetchone() != (catalog, schema):
+            cur.execute(f"USE {_ident(catalog)}.{_ident(schema)}")
+    except BaseException:
+        cur.close()
+        raise
+    return cur
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _watch(cur: duckdb.DuckDBPyConnection, timeout_s: float | None, cancel: threading.Event | None,
+           done: threading.Event) -> None:
+    """Interrupt ``cur`` when the time is up or ``cancel`` is set, unless the query finished first."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while not done.is_set():
+        if (cancel is not None and cancel.is_set()) or (deadline is not None and time.monotonic() >= deadline):
+            cur.interrupt()
+            return
+        done.wait(0.05)
+
+
+def _read_limited(cur: duckdb.DuckDBPyConnection, text: str, params: Sequence[Any] | None,
+                  max_rows: int | None, max_bytes: int | None) -> pa.Table:
+    """The result as Arrow, stopped with a ``QueryError`` once it passes ``max_bytes``."""
+    rel = cur.sql(text, params=list(params) if params else None)
+    if max_rows is not None:
+        rel = rel.limit(max_rows)
+    reader = rel.to_arrow_reader(_BATCH_ROWS)
+    batches, size = [], 0
+    for batch in reader:
+        size += batch.nbytes
+        if max_bytes is not None and size > max_bytes:
+            reader.close()
+            raise QueryError(
+                f"result over the {max_bytes // (1024 * 1024)} MB limit after {sum(b.num_rows for b in batches)} "
+                "rows: select fewer rows or columns (token lists are large), or aggregate"
+            )
+        batches.append(batch)
+    return pa.Table.from_batches(batches, schema=reader.schema)
+
+
+def run_query(db: str | Path, sql: str, *, max_rows: int | None = None, timeout_s: float | None = None,
+              max_bytes: int | None = None) -> pa.Table:
+    """Run one user query on the file, opened read-only; limits as in :func:`fetch_user_query`."""
     conn = connect(db, read_only=True, safe=True)
     try:
-        return fetch_user_query(conn, sql, max_rows)
+        return fetch_user_query(conn, sql, max_rows, timeout_s=timeout_s, max_bytes=max_bytes)
     finally:
         conn.close()
 

@@ -3,8 +3,11 @@
 Routes (all GET except ``/api/sql``): ``/api/info``, ``/api/rollouts`` (filters and LIMIT/OFFSET paging),
 ``/api/rollouts/{id}`` (attempts, one attempt's spans in order), ``/api/calls/{span_id}/tokens`` and
 ``/api/sessions/{attempt_id}/tokens`` (token view), ``/api/runs`` and ``/api/runs/{run_id}/metrics`` (curves),
-``POST /api/sql`` (the SQL box: the same read-only path as ``spanlab sql``). Errors are JSON ``{"error": ...}``
-with 404 (unknown ID), 400 (bad query), 423 (a writer holds the file) or 500.
+``POST /api/sql`` (the SQL box: the same read-only path as ``spanlab sql``, on two threads of its own under a
+time and size limit, so a runaway query never holds the threads the pages need). Errors are JSON
+``{"error": ...}`` with 404 (unknown ID), 400 (bad or stopped query), 423 (a writer holds the file), 503 (the SQL
+workers are busy) or 500. ``serve_ui`` answers only requests whose ``Host`` is a name it is bound to
+(:mod:`spanlab.ui.hosts`: DNS rebinding).
 
 Run: ``spanlab ui [--db PATH] [--port 8600] [--tokenizer DIR]``; API: ``create_app(db, loader)``.
 """
@@ -12,20 +15,25 @@ Run: ``spanlab ui [--db PATH] [--port 8600] [--tokenizer DIR]``; API: ``create_a
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 from fastapi import FastAPI, Query, Request
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
 
 from spanlab.errors import NotFoundError, QueryError, SpanlabError, StoreLockedError
+from spanlab.store.sql import SURFACE_MAX_BYTES, SURFACE_TIMEOUT_S
+from spanlab.store.sql_pool import QueryBusyError, SqlPool
 from spanlab.ui import queries
 from spanlab.ui.db import ReadOnlyStore, fetch
+from spanlab.ui.hosts import HostCheck, allowed_hosts
 from spanlab.ui.tokens import TokenizerLoader, TokenText
 
 logger = logging.getLogger(__name__)
@@ -45,6 +53,8 @@ class SqlRequest(BaseModel):
 def _status(exc: SpanlabError) -> int:
     if isinstance(exc, StoreLockedError):
         return 423
+    if isinstance(exc, QueryBusyError):
+        return 503
     if isinstance(exc, NotFoundError):
         return 404
     if isinstance(exc, QueryError):
@@ -52,14 +62,25 @@ def _status(exc: SpanlabError) -> int:
     return 500
 
 
-def create_app(db: str | Path, tokenizer_loader: TokenizerLoader | None = None, *, preload: bool = False) -> FastAPI:
+def create_app(db: str | Path, tokenizer_loader: TokenizerLoader | None = None, *, preload: bool = False,
+               hosts: Collection[str] | None = None, sql_timeout_s: float = SURFACE_TIMEOUT_S) -> FastAPI:
     """The UI app for the store file ``db``; ``tokenizer_loader`` gives the tokenizer for the token view,
-    loaded on first use, or at once on a background thread with ``preload`` (the first token view is then fast)."""
+    loaded on first use, or at once on a background thread with ``preload`` (the first token view is then fast).
+    ``hosts``: the only ``Host`` names answered (None: any, for tests and embedding)."""
     store = ReadOnlyStore(db)
+    sql_pool = SqlPool(2, timeout_s=sql_timeout_s, max_bytes=SURFACE_MAX_BYTES)
     text = TokenText(tokenizer_loader)
     if preload:
         threading.Thread(target=text.tokenizer, name="spanlab-ui-tokenizer", daemon=True).start()
-    app = FastAPI(title="spanlab UI", docs_url="/api/docs", openapi_url="/api/openapi.json", redoc_url=None)
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        sql_pool.close()
+
+    app = FastAPI(title="spanlab UI", docs_url="/api/docs", openapi_url="/api/openapi.json", redoc_url=None,
+                  lifespan=lifespan)
+    if hosts is not None:
+        app.add_middleware(HostCheck, hosts=hosts)
 
     @app.exception_handler(SpanlabError)
     async def _spanlab_error(_: Request, exc: SpanlabError) -> JSONResponse:
@@ -123,10 +144,15 @@ def create_app(db: str | Path, tokenizer_loader: TokenizerLoader | None = None, 
         wanted = [n for n in names.split(",") if n][:20]
         return await read(queries.run_metrics, run_id, wanted)
 
-    @app.post("/api/sql")
-    async def sql(req: SqlRequest) -> dict[str, Any]:
-        columns, rows, truncated = await asyncio.to_thread(store.user_query, req.query, req.max_rows)
-        return {"columns": columns, "rows": rows, "truncated": truncated}
+    def sql_json(query: str, max_rows: int) -> bytes:
+        """On the SQL pool's thread, JSON included: a big result encoded on the event loop would stall the pages."""
+        columns, rows, truncated = store.user_query(query, max_rows)
+        return json.dumps({"columns": columns, "rows": rows, "truncated": truncated}, ensure_ascii=False).encode()
+
+    @app.post("/api/sql", response_model=dict[str, Any])
+    async def sql(req: SqlRequest, request: Request) -> Response:
+        body = await sql_pool.run(request.is_disconnected, sql_json, req.query, req.max_rows)
+        return Response(body, media_type="application/json")
 
     @app.get("/", include_in_schema=False)
     async def index() -> FileResponse:
@@ -136,7 +162,8 @@ def create_app(db: str | Path, tokenizer_loader: TokenizerLoader | None = None, 
     return app
 
 
-def serve_ui(db: Path, *, host: str = "127.0.0.1", port: int = 8600, tokenizer_dir: Path | None = None) -> None:
+def serve_ui(db: Path, *, host: str = "127.0.0.1", port: int = 8600, tokenizer_dir: Path | None = None,
+             extra_hosts: Collection[str] = ()) -> None:
     """Serve the UI until Ctrl-C. Fails early if the file does not exist; a writer's lock is only a warning
     (the page shows it, and reads work again once the writer closes the file)."""
     import uvicorn
@@ -151,6 +178,6 @@ def serve_ui(db: Path, *, host: str = "127.0.0.1", port: int = 8600, tokenizer_d
         logger.warning("%s", exc)
     if host not in ("127.0.0.1", "localhost", "::1"):
         logger.warning("serving the UI on %s: anyone who can reach it can read the store (there is no login)", host)
-    app = create_app(db, default_loader(tokenizer_dir), preload=True)
+    app = create_app(db, default_loader(tokenizer_dir), preload=True, hosts=allowed_hosts(host, extra_hosts))
     logger.info("spanlab UI for %s at http://%s:%d (Ctrl-C stops it)", db, host, port)
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

@@ -183,3 +183,22 @@ def test_writer_lock_is_reported_and_ui_never_blocks_a_writer(ui_server: Threade
         writer.communicate("\n", timeout=60)
     assert writer.returncode == 0
     assert http.get("/api/rollouts").status_code == 200  # reads work again once the writer is gone
+
+
+def test_only_the_bound_host_names_are_answered(ui_store) -> None:
+    """DNS rebinding: a page on evil.example whose name resolves to 127.0.0.1 sends `Host: evil.example`."""
+    from fastapi.testclient import TestClient
+
+    from spanlab.ui import create_app
+    from spanlab.ui.hosts import allowed_hosts
+
+    client = TestClient(create_app(ui_store.path, hosts=allowed_hosts("127.0.0.1")))
+    for host in ("127.0.0.1:8600", "localhost:8600", "localhost", "[::1]:8600", "LOCALHOST:1"):
+        assert client.get("/api/info", headers={"Host": host}).status_code == 200, host
+    for host in ("evil.example", "evil.example:8600", "127.0.0.1.evil.example", "", "localhost.:8600"):
+        got = client.get("/api/info", headers={"Host": host})
+        assert got.status_code == 421 and "unknown Host" in got.text, host
+    assert client.post("/api/sql", json={"query": "SELECT 1"}, headers={"Host": "evil.example"}).status_code == 421
+    public = allowed_hosts("0.0.0.0", ["spans.lab.internal"])
+    assert {"localhost", "127.0.0.1", "spans.lab.internal"} <= public and "0.0.0.0" not in public
+    assert allowed_hosts("10.1.2.3") == {"10.1.2.3"}
