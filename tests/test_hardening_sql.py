@@ -109,7 +109,7 @@ def test_probes_refused_on_a_writable_store_cursor(db: Path) -> None:
                 fetch_user_query(cur, probe, 10)
             assert str(err.value), probe
         with pytest.raises(QueryError, match="only SELECT"):
-            store.query_read_only("EXPLAIN ANALYZE DELETE FROM rollouts")
+            store.query("EXPLAIN ANALYZE DELETE FROM rollouts")
         assert fetch_user_query(cur, "SELECT count(*) AS n FROM rollouts").to_pylist() == [{"n": 3}]
         got = fetch_user_query(cur, "SELECT count(*) AS n FROM rollouts WHERE status = ?", params=["queuing"])
         assert got.to_pylist() == [{"n": 2}]  # parameters, as StoreAPI.query(sql, params) passes them

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from spanlab.types import Attempt, FinishedAttemptStatus, ResourceKind, Rollout, RolloutMode, Span
+from spanlab.types import MAX_INT32, Attempt, FinishedAttemptStatus, ResourceKind, Rollout, RolloutMode, Span
 
 
 class _Strict(BaseModel):
@@ -56,7 +56,7 @@ class SummariesRequest(_Strict):
 class MetricsRequest(_Strict):
     run_id: str = Field(min_length=1)
     algorithm: str
-    step: int
+    step: int = Field(ge=0, le=MAX_INT32)
     metrics: dict[str, float | None]
 
 

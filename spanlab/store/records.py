@@ -14,10 +14,10 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from spanlab.errors import NotFoundError, QueryError
+from spanlab.errors import InvalidSpanError, NotFoundError, QueryError
 from spanlab.store.base import Metric, RolloutSummary
 from spanlab.store.connection import dumps, fetch_dicts, loads
-from spanlab.types import Resource
+from spanlab.types import MAX_INT32, Resource
 
 
 def add_resource(cur: duckdb.DuckDBPyConnection, res: Resource) -> Resource:
@@ -50,6 +50,8 @@ def _resource(row: dict[str, Any]) -> Resource:
 
 def metrics_table(run_id: str, algorithm: str, step: int, metrics: dict[str, float]) -> tuple[pa.Table, list[str]]:
     """One step's metrics as ``train_metrics`` rows (long format), and the names of non-finite ones."""
+    if not 0 <= step <= MAX_INT32:
+        raise InvalidSpanError(f"metrics of run {run_id!r}: step {step} is outside 0..{MAX_INT32}")
     values = [None if v is None else float(v) for v in metrics.values()]
     n, now = len(values), time.time()
     tbl = pa.table({"run_id": pa.array([run_id] * n, pa.string()), "algorithm": pa.array([algorithm] * n, pa.string()),

@@ -63,7 +63,7 @@ class QueryLimits:
 
 
 # A context variable rather than more arguments: the store server sets limits around ``StoreAPI`` calls
-# (``query_read_only``) whose signatures are the store's, and ``asyncio.to_thread`` carries it to the thread.
+# (``query``) whose signatures are the store's, and ``asyncio.to_thread`` carries it to the thread.
 _LIMITS: contextvars.ContextVar[QueryLimits | None] = contextvars.ContextVar("spanlab_query_limits", default=None)
 
 
