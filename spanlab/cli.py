@@ -289,9 +289,9 @@ def train(
     steps: Annotated[int | None, typer.Option(help="override loop.steps (0: evaluate only)")] = None,
 ) -> None:
     """Train an agent's model with the algorithm the config names (grpo); prints held-out accuracy before/after."""
-    from spanlab.algos.config import TrainConfig
-    from spanlab.algos.registry import train as run_training
     from spanlab.config import load_config
+    from spanlab.jobs.config import TrainConfig
+    from spanlab.jobs.registry import train as run_training
 
     try:
         cfg = load_config(TrainConfig, config)
@@ -315,7 +315,7 @@ def plot(
     run_id: Annotated[str | None, typer.Option("--run", help="run id (default: the latest run)")] = None,
 ) -> None:
     """Write a PNG of a training run's reward curve and held-out accuracy, read from the store."""
-    from spanlab.algos.plot import plot_run
+    from spanlab.jobs.plot import plot_run
     from spanlab.store import SpanStore
 
     try:

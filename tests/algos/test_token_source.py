@@ -17,13 +17,13 @@ import torch
 
 from spanlab.adapters.grpo import Sample, collate, iter_samples
 from spanlab.adapters.retokenize import align_logprobs, drift_stats
-from spanlab.algos.config import TrainConfig
-from spanlab.algos.grpo import GRPOConfig, grpo_step
-from spanlab.algos.logprobs import token_logprobs
+from spanlab.algos.grpo.update import GRPOConfig, grpo_step
 from spanlab.config import parse
 from spanlab.engine.template import render_ids
 from spanlab.errors import ConfigError
+from spanlab.jobs.config import TrainConfig
 from spanlab.store import SpanStore
+from spanlab.training.logprobs import token_logprobs
 from spanlab.types import LLMCall, Span, reward_span
 
 VARIANT = Path(__file__).resolve().parents[2] / "tutorials" / "drift" / "chatml_tools_variant.jinja"

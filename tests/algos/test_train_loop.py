@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from spanlab.algos.config import TrainConfig
-from spanlab.algos.registry import train
 from spanlab.config import parse
 from spanlab.engine.weights import WeightSyncClient
 from spanlab.errors import ConfigError
+from spanlab.jobs.config import TrainConfig
+from spanlab.jobs.registry import train
 from spanlab.store import SpanStore
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -105,7 +105,7 @@ def test_one_sft_round_trains_on_the_filtered_exact_ids(tmp_path: Path, restored
 
 def test_an_unsloth_round_serves_its_merged_weights(tmp_path: Path, restored_engine: str) -> None:
     """The Unsloth trainer (LoRA, in a child process) inside the loop: its merged folder is what vLLM reloads."""
-    from spanlab.algos.unsloth_sft import unsloth_available
+    from spanlab.algos.sft.unsloth import unsloth_available
 
     if not unsloth_available():
         pytest.skip("unsloth is not installed or does not import here (scripts/setup.sh installs it on CPU)")

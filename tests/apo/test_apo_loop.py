@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from spanlab.algos.config import TrainConfig
-from spanlab.algos.registry import train
-from spanlab.algos.report import TrainReport
 from spanlab.config import parse
+from spanlab.jobs.config import TrainConfig
+from spanlab.jobs.registry import train
+from spanlab.jobs.report import TrainReport
 from spanlab.store import SpanStore
 from tests.apo.optimizer_server import ScriptedOptimizerServer
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from spanlab.algos.apo_config import OptimizerConfig
-from spanlab.algos.apo_optimizer import Optimizer, extract_poml
-from spanlab.algos.apo_rollouts import PromptBank, agent_key
-from spanlab.algos.apo_stats import bootstrap, paired_difference
-from spanlab.algos.config import TrainConfig
+from spanlab.algos.apo.config import OptimizerConfig
+from spanlab.algos.apo.optimizer import Optimizer, extract_poml
+from spanlab.algos.apo.rollouts import PromptBank, agent_key
+from spanlab.algos.apo.stats import bootstrap, paired_difference
 from spanlab.config import parse
 from spanlab.errors import ConfigError
+from spanlab.jobs.config import TrainConfig
 from spanlab.store import SpanStore
 
 T = "<poml><human-msg>{{ request }}</human-msg></poml>"

@@ -13,12 +13,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from spanlab.adapters.retokenize import TokenSource
 from spanlab.adapters.sft import FilterConfig
-from spanlab.algos.apo_config import APOConfig
-from spanlab.algos.grpo import GRPOConfig
-from spanlab.algos.model import LoraConfig
-from spanlab.algos.sft import SFTConfig
+from spanlab.algos.apo.config import APOConfig
+from spanlab.algos.grpo.update import GRPOConfig
 from spanlab.config import AgentConfig
 from spanlab.engine.config import EngineConfig
+from spanlab.training.model import LoraConfig
+from spanlab.training.supervised import SFTConfig
 
 
 class _Section(BaseModel):
@@ -127,7 +127,7 @@ class TrainConfig(_Section):
     @field_validator("algorithm")
     @classmethod
     def _known_algorithm(cls, name: str) -> str:
-        from spanlab.algos.registry import ALGORITHMS
+        from spanlab.jobs.registry import ALGORITHMS
 
         if name not in ALGORITHMS:
             raise ValueError(f"unknown algorithm {name!r}; known: {', '.join(sorted(ALGORITHMS))}")

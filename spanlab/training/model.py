@@ -20,7 +20,7 @@ from torch import nn
 from spanlab.errors import ConfigError
 
 if TYPE_CHECKING:
-    from spanlab.algos.grpo import GRPOConfig
+    from spanlab.algos.grpo.update import GRPOConfig
 
 __all__ = ["LoraConfig", "MissingDependencyError", "apply_lora", "make_model_for_training", "peak_rss_mb"]
 

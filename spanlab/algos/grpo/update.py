@@ -30,8 +30,8 @@ from torch import nn
 
 from spanlab.adapters.grpo import Batch, Sample, collate, micro_batches
 from spanlab.adapters.retokenize import drift_stats
-from spanlab.algos.logprobs import token_logprobs
-from spanlab.algos.model import LoraConfig, make_model_for_training, peak_rss_mb
+from spanlab.training.logprobs import token_logprobs
+from spanlab.training.model import LoraConfig, make_model_for_training, peak_rss_mb
 
 __all__ = ["GRPOConfig", "LoraConfig", "group_advantages", "grpo_step", "make_model_for_training", "policy_loss"]
 

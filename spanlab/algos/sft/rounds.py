@@ -8,7 +8,7 @@ round samples from the improved policy. Every round's dataset is kept as Parquet
 its figures go to ``train_metrics``.
 
 Trainers: Unsloth (``FastLanguageModel`` + LoRA + TRL) when it is importable and chosen, else the plain
-torch trainer of :mod:`spanlab.algos.sft` (full fine-tuning, or LoRA via peft).
+torch trainer of :mod:`spanlab.training.supervised` (full fine-tuning, or LoRA via peft).
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ from rich.console import Console
 
 from spanlab.adapters.grpo import Sample
 from spanlab.adapters.sft import IGNORE_INDEX, build_sft_dataset, rows_from_table, write_dataset
-from spanlab.algos.config import SFTRoundsConfig, TrainConfig
-from spanlab.algos.model import MissingDependencyError, apply_lora
-from spanlab.algos.phases import open_job
-from spanlab.algos.report import TrainReport
-from spanlab.algos.sft import sft_sample, sft_train
 from spanlab.errors import ConfigError
+from spanlab.jobs.config import SFTRoundsConfig, TrainConfig
+from spanlab.jobs.job import open_job
+from spanlab.jobs.report import TrainReport
+from spanlab.training.model import MissingDependencyError, apply_lora
+from spanlab.training.supervised import sft_sample, sft_train
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def choose_backend(rounds: SFTRoundsConfig) -> str:
             raise ConfigError("sft.save: adapter is not supported with sft.backend: unsloth (each Unsloth round "
                               "merges its LoRA); use save: merged, or backend: torch with lora")
         return "torch"
-    from spanlab.algos.unsloth_sft import unsloth_available
+    from spanlab.algos.sft.unsloth import unsloth_available
 
     available = unsloth_available()
     if rounds.backend == "unsloth" and not available:
@@ -127,7 +127,7 @@ def _torch_round(model: torch.nn.Module, table: pa.Table, rounds: SFTRoundsConfi
 
 def _unsloth_round(model_dir: str | Path, table: pa.Table, rounds: SFTRoundsConfig,
                    out_dir: Path) -> tuple[Path, dict[str, float]]:
-    from spanlab.algos.unsloth_sft import train_unsloth_in_child
+    from spanlab.algos.sft.unsloth import train_unsloth_in_child
 
     lora = rounds.lora
     result = train_unsloth_in_child(str(model_dir), rows_from_table(table), lr=rounds.train.lr,

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from spanlab.adapters.messages import conversations
-from spanlab.algos.apo_config import APOConfig
-from spanlab.algos.apo_optimizer import Optimizer
-from spanlab.algos.apo_rollouts import PromptBank, RolloutRunner
-from spanlab.algos.apo_stats import Interval, bootstrap
+from spanlab.algos.apo.config import APOConfig
+from spanlab.algos.apo.optimizer import Optimizer
+from spanlab.algos.apo.rollouts import PromptBank, RolloutRunner
+from spanlab.algos.apo.stats import Interval, bootstrap
 from spanlab.prompts import PromptRenderer, check_template
 
 logger = logging.getLogger(__name__)

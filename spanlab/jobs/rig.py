@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import httpx
 from rich.console import Console
 
-from spanlab.algos.config import TrainConfig
-from spanlab.algos.rollouts import RolloutCollector, cancel_leftovers
+from spanlab.jobs.config import TrainConfig
+from spanlab.jobs.rollouts import RolloutCollector, cancel_leftovers
 from spanlab.store.base import StoreAPI
 
 

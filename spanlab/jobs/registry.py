@@ -10,13 +10,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from spanlab.algos.config import TrainConfig
-    from spanlab.algos.report import TrainReport
+    from spanlab.jobs.config import TrainConfig
+    from spanlab.jobs.report import TrainReport
 
 ALGORITHMS: dict[str, str] = {
-    "apo": "spanlab.algos.apo:train_apo",
-    "grpo": "spanlab.algos.grpo_loop:train_grpo",
-    "sft": "spanlab.algos.sft_loop:train_sft",
+    "apo": "spanlab.algos.apo.algorithm:train_apo",
+    "grpo": "spanlab.algos.grpo.loop:train_grpo",
+    "sft": "spanlab.algos.sft.rounds:train_sft",
 }
 
 

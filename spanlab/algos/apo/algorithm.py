@@ -26,15 +26,15 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from spanlab.algos.apo_optimizer import Optimizer
-from spanlab.algos.apo_rollouts import PromptBank, RolloutRunner
-from spanlab.algos.apo_search import BeamSearch, Candidate
-from spanlab.algos.apo_stats import bootstrap, paired_difference
-from spanlab.algos.config import TrainConfig
-from spanlab.algos.report import Evaluation, TrainReport
-from spanlab.algos.rig import open_rig
-from spanlab.algos.tasks import TASK_SETS, load_task_set
+from spanlab.algos.apo.optimizer import Optimizer
+from spanlab.algos.apo.rollouts import PromptBank, RolloutRunner
+from spanlab.algos.apo.search import BeamSearch, Candidate
+from spanlab.algos.apo.stats import bootstrap, paired_difference
 from spanlab.errors import ConfigError
+from spanlab.jobs.config import TrainConfig
+from spanlab.jobs.report import Evaluation, TrainReport
+from spanlab.jobs.rig import open_rig
+from spanlab.jobs.tasks import TASK_SETS, load_task_set
 
 logger = logging.getLogger(__name__)
 

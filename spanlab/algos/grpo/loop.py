@@ -16,10 +16,10 @@ import torch
 from rich.console import Console
 
 from spanlab.adapters.grpo import iter_samples
-from spanlab.algos.config import TrainConfig
-from spanlab.algos.grpo import grpo_step
-from spanlab.algos.phases import open_job
-from spanlab.algos.report import TrainReport
+from spanlab.algos.grpo.update import grpo_step
+from spanlab.jobs.config import TrainConfig
+from spanlab.jobs.job import open_job
+from spanlab.jobs.report import TrainReport
 
 logger = logging.getLogger(__name__)
 

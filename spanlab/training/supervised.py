@@ -22,8 +22,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from spanlab.adapters.grpo import Sample, collate
-from spanlab.algos.logprobs import token_logprobs
 from spanlab.errors import ConfigError
+from spanlab.training.logprobs import token_logprobs
 
 logger = logging.getLogger(__name__)
 

@@ -18,14 +18,14 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from spanlab.algos.config import TrainConfig, WarmStartConfig
-from spanlab.algos.model import LoraConfig, apply_lora
-from spanlab.algos.policy import PolicySync, load_policy, pad_token_id
-from spanlab.algos.report import Evaluation, TrainReport
-from spanlab.algos.rig import Rig, open_rig
-from spanlab.algos.rollouts import RolloutCollector
-from spanlab.algos.sft import encode_conversation, sft_train
-from spanlab.algos.tasks import TaskSet, load_task_set
+from spanlab.jobs.config import TrainConfig, WarmStartConfig
+from spanlab.jobs.report import Evaluation, TrainReport
+from spanlab.jobs.rig import Rig, open_rig
+from spanlab.jobs.rollouts import RolloutCollector
+from spanlab.jobs.tasks import TaskSet, load_task_set
+from spanlab.training.model import LoraConfig, apply_lora
+from spanlab.training.policy import PolicySync, load_policy, pad_token_id
+from spanlab.training.supervised import encode_conversation, sft_train
 
 logger = logging.getLogger(__name__)
 
