@@ -1,72 +1,54 @@
-"""The phases every training job shares: task splits, held-out evaluation, the SFT warm start, progress bars.
+"""The job an algorithm runs in, and the phases every job shares: base and final evaluation, warm start, report.
 
-GRPO and the SFT rounds differ only in what they do between the base and the final evaluation, so both
-call these; a held-out number from one algorithm means the same as from the other (same tasks, same
-agent/gateway path, same temperature).
+:func:`run_job` opens the rig (store, engine, gateway, rollout collector), makes the task splits,
+loads the policy when the algorithm trains weights, evaluates the held-out split, runs the optional
+warm start, hands the job to ``Algorithm.run`` and evaluates again. A held-out number therefore means
+the same for every algorithm: same tasks, same agent/gateway path, same temperature, same metrics.
+Ctrl-C anywhere stops the rollouts, closes what was opened (the engine included) and re-raises.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from spanlab.jobs.config import TrainConfig, WarmStartConfig
+from spanlab.errors import ConfigError
+from spanlab.jobs.algorithm import Algorithm
+from spanlab.jobs.config import TrainConfig
+from spanlab.jobs.registry import load_algorithm
 from spanlab.jobs.report import Evaluation, TrainReport
 from spanlab.jobs.rig import Rig, open_rig
-from spanlab.jobs.rollouts import RolloutCollector
+from spanlab.jobs.rollouts import RolloutBatch
 from spanlab.jobs.tasks import TaskSet, load_task_set
-from spanlab.training.model import LoraConfig, apply_lora
-from spanlab.training.policy import PolicySync, load_policy, pad_token_id
-from spanlab.training.supervised import encode_conversation, sft_train
+
+if TYPE_CHECKING:
+    from spanlab.training.policy import Policy
 
 logger = logging.getLogger(__name__)
 
-
-def evaluate(collector: RolloutCollector, tasks: list[dict[str, Any]], *, phase: str, temperature: float,
-             model: str) -> Evaluation:
-    """Held-out accuracy of the currently served policy, through the agent/gateway path."""
-    batch = collector.collect(tasks, mode="test", metadata={"phase": phase}, temperature=temperature, model=model)
-    by_level: dict[str, list[float]] = {}
-    for task, reward in zip(tasks, batch.rewards, strict=True):
-        by_level.setdefault(str(task.get("level", "all")), []).append(reward)
-    result = Evaluation(phase=phase, n=len(tasks), accuracy=batch.mean_reward,
-                        by_level={k: sum(v) / len(v) for k, v in sorted(by_level.items())},
-                        seconds=batch.seconds, failed=batch.failed)
-    logger.info("%s: held-out accuracy %.1f%% (n=%d) in %.0fs", phase, 100 * result.accuracy, result.n, result.seconds)
-    return result
+Tasks = list[dict[str, Any]]
+Evaluator = Callable[[Tasks, str], RolloutBatch]  # (held-out tasks, phase) -> one reward per task
 
 
-def split_tasks(task_set: TaskSet, config: TrainConfig, n_train: int) -> dict[str, list[dict[str, Any]]]:
+def split_tasks(task_set: TaskSet, config: TrainConfig, n_train: int) -> dict[str, Tasks]:
     """``train`` (demos), ``rl`` (the train tasks of ``train_levels``) and ``eval`` (held out) task lists."""
     data = config.dataset
     n_train = max(n_train, config.warm_start.demos if config.warm_start else 0, 1)
-    train = task_set.make_tasks("train", n=n_train * 2, seed=data.seed, levels=data.levels)
+    try:
+        train = task_set.make_tasks("train", n=n_train * 2, seed=data.seed, levels=data.levels)
+        held_out = task_set.make_tasks(config.eval.split, n=config.eval.tasks, seed=data.seed, levels=data.levels)
+    except ValueError as exc:
+        raise ConfigError(f"dataset: task set {data.name!r}: {exc}") from exc
     rl_levels = set(data.train_levels or data.levels)
-    return {
-        "train": train,
-        "rl": [t for t in train if t.get("level") in rl_levels] or train,
-        "eval": task_set.make_tasks(config.eval.split, n=config.eval.tasks, seed=data.seed, levels=data.levels),
-    }
-
-
-def warm_start(model: torch.nn.Module, tokenizer: Any, task_set: TaskSet, tasks: list[dict[str, Any]],
-               config: WarmStartConfig, *, pad_id: int, progress: Progress | None) -> dict[str, float]:
-    """SFT on generated demonstrations of the first ``config.demos`` tasks (a model that never earns a
-    reward gives RL and reward filtering nothing to keep)."""
-    make: Callable[[dict[str, Any]], dict[str, Any]] | None = task_set.demonstration
-    if make is None:
-        raise ValueError(f"task set {task_set.name!r} has no demonstrations; remove warm_start from the config")
-    demos = [make(t) for t in tasks[: config.demos]]
-    samples = [encode_conversation(tokenizer, d["messages"], d.get("tools")) for d in demos]
-    return sft_train(model, samples, config, pad_id=pad_id, progress=progress)
+    return {"train": train, "rl": [t for t in train if t.get("level") in rl_levels] or train, "eval": held_out}
 
 
 def progress_bar(console: Console) -> Progress:
@@ -76,64 +58,132 @@ def progress_bar(console: Console) -> Progress:
 
 @dataclass
 class Job:
-    """One training run's open pieces (rig, policy, engine sync) and its report: what an algorithm's loop uses."""
+    """One run's open pieces, given to ``Algorithm.run``: rig, task splits, policy (if trained), report."""
 
     config: TrainConfig
-    algorithm: str
     rig: Rig
     task_set: TaskSet
-    splits: dict[str, list[dict[str, Any]]]
-    model: torch.nn.Module
-    tokenizer: Any
-    pad_id: int
-    sync: PolicySync
+    splits: dict[str, Tasks]
     report: TrainReport
     progress: Progress
+    stack: ExitStack  # closed when the job ends: an algorithm registers what it opens here
+    policy: Policy | None = None
+    evaluator: Evaluator | None = None  # how the held-out policy runs; default: the served model
     started: float = field(default_factory=time.monotonic)
 
-    def held_out(self, phase: str) -> None:
-        """Evaluate the served policy on the held-out tasks; into the report and ``train_metrics``."""
-        result = evaluate(self.rig.collector, self.splits["eval"], phase=phase,
-                          temperature=self.config.eval.temperature, model=self.sync.served_name)
+    @property
+    def served_name(self) -> str:
+        """The model name rollouts must ask for: the latest pushed policy (a LoRA adapter's own name) or the base."""
+        return self.policy.sync.served_name if self.policy is not None else self.rig.served
+
+    def collect(self, tasks: Tasks, *, group_size: int = 1, **metadata: Any) -> RolloutBatch:
+        """Train rollouts of the served policy at ``rollouts.temperature``, recorded and flushed to the store."""
+        temperature = self.config.rollouts.temperature
+        overrides = {} if temperature is None else {"temperature": temperature}
+        batch = self.rig.collector.collect(tasks, mode="train", group_size=group_size, model=self.served_name,
+                                           metadata={"run_id": self.report.run_id, **metadata}, **overrides)
+        self.rig.gateway.flush()
+        return batch
+
+    def steps(self, n: int, tasks_per_step: int, label: str) -> Iterator[tuple[int, Tasks]]:
+        """``(step, tasks)`` for ``n`` steps, tasks drawn from the ``rl`` split with the dataset seed, with a bar."""
+        rng, pool = random.Random(self.config.dataset.seed), self.splits["rl"]
+        bar = self.progress.add_task(label, total=n)
+        for step in range(n):
+            yield step, rng.sample(pool, min(tasks_per_step, len(pool)))
+            reward = self.report.steps[-1].get("reward_mean") if self.report.steps else None
+            text = label if reward is None else f"{label} reward {reward:.2f}"
+            self.progress.update(bar, advance=1, description=text)
+
+    def log_step(self, metrics: dict[str, float]) -> None:
+        """One step's flat metrics: into the report and the store's ``train_metrics``."""
+        self.rig.store.add_metrics(self.report.run_id, self.config.algorithm, len(self.report.steps), metrics)
+        self.report.steps.append(metrics)
+
+    def held_out(self, phase: str) -> Evaluation:
+        """Evaluate the current policy on the held-out tasks; into the report and ``train_metrics``."""
+        tasks = self.splits["eval"]
+        if self.evaluator is not None:
+            batch = self.evaluator(tasks, phase)
+        else:
+            metadata = {"phase": phase, "run_id": self.report.run_id}
+            batch = self.rig.collector.collect(tasks, mode="test", metadata=metadata,
+                                               temperature=self.config.eval.temperature, model=self.served_name)
+        by_level: dict[str, list[float]] = {}
+        for task, reward in zip(tasks, batch.rewards, strict=True):
+            by_level.setdefault(str(task.get("level", "all")), []).append(reward)
+        result = Evaluation(phase=phase, n=len(tasks), accuracy=batch.mean_reward,
+                            by_level={k: sum(v) / len(v) for k, v in sorted(by_level.items())},
+                            seconds=batch.seconds, failed=batch.failed)
+        logger.info("%s: held-out accuracy %.1f%% (n=%d) in %.0fs", phase, 100 * result.accuracy, result.n,
+                    result.seconds)
         self.report.evaluations.append(result)
-        self.rig.store.add_metrics(self.report.run_id, self.algorithm, len(self.report.steps),
+        self.rig.store.add_metrics(self.report.run_id, self.config.algorithm, len(self.report.steps),
                                    {f"eval_accuracy_{phase}": result.accuracy})
+        return result
 
     def warm_start(self) -> None:
         """The configured SFT warm start, pushed to the engine and evaluated (nothing when not configured)."""
-        if self.config.warm_start is None:
+        ws = self.config.warm_start
+        if ws is None or self.policy is None:
             return
-        self.report.warm_start = warm_start(self.model, self.tokenizer, self.task_set, self.splits["train"],
-                                            self.config.warm_start, pad_id=self.pad_id, progress=self.progress)
-        self.report.warm_start["sync_s"] = self.sync.push(self.model).total_s
+        from spanlab.training.policy import warm_start
+
+        self.report.warm_start = warm_start(self.policy, self.task_set.demonstration, self.splits["train"], ws,
+                                            demos=ws.demos, progress=self.progress)
         self.held_out("warm_start")
 
-    def finish(self) -> TrainReport:
-        self.progress.stop()
-        self.report.seconds = time.monotonic() - self.started
-        self.report.write(self.config.run_dir / "report.json")
-        return self.report
+
+def build_algorithm(config: TrainConfig) -> Algorithm:
+    """The configured algorithm with its cross-section checks run (no engine, no torch unless it needs it)."""
+    algorithm = load_algorithm(config.algorithm)(config)
+    if config.warm_start is not None and not algorithm.trains_weights:
+        raise ConfigError(f"warm_start: algorithm {config.algorithm!r} trains no weights; remove warm_start")
+    algorithm.check()
+    return algorithm
 
 
-def open_job(stack: ExitStack, config: TrainConfig, console: Console, *, algorithm: str, n_train: int,
-             lora: LoraConfig | None = None) -> Job:
-    """Open the rig, load the policy (wrapped in LoRA when given), evaluate the base policy, start progress."""
-    from spanlab.engine.model import resolve_model
-    from spanlab.engine.weights import WeightSyncClient
+def check_job(config: TrainConfig) -> Algorithm:
+    """Everything ``spanlab train`` can check before an engine starts: the algorithm's checks, the task
+    splits, the agent and its kwargs, the store's folder. ``spanlab train --check`` runs this only."""
+    from spanlab.jobs.rig import check_writable
+    from spanlab.runner.agent import load_agent
 
-    started = time.monotonic()
-    task_set = load_task_set(config.dataset.name)
-    splits = split_tasks(task_set, config, n_train)
-    torch.set_num_threads(config.loop.torch_threads or torch.get_num_threads())
-    report = TrainReport(run_name=config.run_name, algorithm=algorithm, model=config.engine.model, db=str(config.db))
-    rig = open_rig(stack, config, console)
-    client = stack.enter_context(WeightSyncClient(rig.root_url))
-    model, tokenizer = load_policy(resolve_model(config.engine.model))
-    if lora is not None:  # the engine then hot-loads the adapter after each update
-        model = apply_lora(model, lora)
-    sync = PolicySync(client, rig.store, config.run_dir, rig.served)
-    job = Job(config, algorithm, rig, task_set, splits, model, tokenizer, pad_token_id(tokenizer), sync, report,
-              progress_bar(console), started)
-    job.held_out("base")
-    stack.enter_context(job.progress)
-    return job
+    algorithm = build_algorithm(config)
+    split_tasks(load_task_set(config.dataset.name), config, algorithm.train_tasks())
+    # Built the way rollouts build it (they always pass the served model name), so a bad kwarg fails here.
+    load_agent(config.agent.name, {"model": config.engine.served_model_name or config.engine.model,
+                                   **config.agent.kwargs})
+    check_writable(config.db, config.run_dir)
+    return algorithm
+
+
+def run_job(config: TrainConfig, *, console: Console | None = None) -> TrainReport:
+    """Run the whole job ``config`` describes; returns (and writes) its report."""
+    console = console or Console(stderr=True)
+    algorithm = check_job(config)
+    report = TrainReport(run_name=config.run_name, algorithm=config.algorithm, model=config.engine.model,
+                         db=str(config.db))
+    with ExitStack() as stack:
+        task_set = load_task_set(config.dataset.name)
+        splits = split_tasks(task_set, config, algorithm.train_tasks())
+        rig = open_rig(stack, config, console)
+        job = Job(config, rig, task_set, splits, report, progress_bar(console), stack)
+        if algorithm.trains_weights:
+            from spanlab.training.policy import open_policy
+
+            job.policy = open_policy(stack, model_name=config.engine.model, root_url=rig.root_url, served=rig.served,
+                                     store=rig.store, run_dir=config.run_dir, lora=algorithm.policy_lora(),
+                                     torch_threads=config.torch_threads)
+        algorithm.prepare(job)
+        job.held_out("base")
+        stack.enter_context(job.progress)
+        job.warm_start()
+        algorithm.run(job)
+        if report.steps:
+            job.held_out("final")
+        job.progress.stop()
+        algorithm.summarize(job)
+        report.seconds = time.monotonic() - job.started
+        report.write(config.run_dir / "report.json")
+    return report

@@ -1,22 +1,36 @@
 """What every training job stands on: the span store, the engine, the recording gateway, a rollout collector.
 
-GRPO and APO differ in what they do with rollouts, not in how rollouts are made, so both open the same
-rig: the store file (cancelling rollouts an interrupted run left queued), vLLM (a running one from
+Algorithms differ in what they do with rollouts, not in how rollouts are made, so every job opens the
+same rig: the store file (cancelling rollouts an interrupted run left queued), vLLM (a running one from
 ``engine_url``, or one started here and stopped with the job), the gateway in front of it (TITO when the
-config says so), and a collector that runs the configured agent through that gateway.
+config says so), and a collector that runs the configured agent through that gateway. The rig sees the
+gateway only as :class:`RecordingGateway` (its URL and a flush), through the gateway package's API.
 """
 
 from __future__ import annotations
 
+import os
 from contextlib import ExitStack
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
 
 import httpx
 from rich.console import Console
 
+from spanlab.errors import ConfigError
 from spanlab.jobs.config import TrainConfig
 from spanlab.jobs.rollouts import RolloutCollector, cancel_leftovers
 from spanlab.store.base import StoreAPI
+
+
+class RecordingGateway(Protocol):
+    """What a job needs of the gateway: where agents call it, and a way to wait until its spans are stored."""
+
+    @property
+    def url(self) -> str: ...
+
+    def flush(self, timeout: float | None = 30.0) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -24,23 +38,35 @@ class Rig:
     store: StoreAPI
     root_url: str  # the engine, e.g. http://127.0.0.1:8000 (no /v1)
     served: str  # the model name the engine serves
-    gateway: object  # spanlab.gateway.app.GatewayServer (imported lazily: it pulls in the web stack)
+    gateway: RecordingGateway
     collector: RolloutCollector
 
 
+def check_writable(*paths: Path) -> None:
+    """The store file's folder and the run folder can be created and written (before any engine starts)."""
+    for path in paths:
+        folder = path if path.suffix == "" else path.parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"cannot create folder {folder}: {exc.strerror or exc}") from exc
+        if not os.access(folder, os.W_OK | os.X_OK) or (path.suffix and path.exists() and not os.access(path, os.W_OK)):
+            raise ConfigError(f"{path} is not writable")
+
+
 def open_rig(stack: ExitStack, config: TrainConfig, console: Console) -> Rig:
-    """Open everything on ``stack`` (closed in reverse order when the job ends, also on errors)."""
-    from spanlab.gateway.app import GatewayServer
+    """Open everything on ``stack`` (closed in reverse order when the job ends, also on errors and Ctrl-C)."""
+    from spanlab.gateway import GatewayServer
     from spanlab.store import SpanStore
 
-    config.run_dir.mkdir(parents=True, exist_ok=True)
-    config.db.parent.mkdir(parents=True, exist_ok=True)
+    check_writable(config.db, config.run_dir)
     store = stack.enter_context(SpanStore(config.db))
     cancel_leftovers(store)
+    stack.callback(cancel_leftovers, store)  # an interrupted run leaves nothing queued for the next one
     root_url, served = _engine(stack, config, console)
     gateway = stack.enter_context(GatewayServer(store, root_url, tito=config.tito))
     collector = RolloutCollector(store, gateway.url, config.agent.name, dict(config.agent.kwargs),
-                                 concurrency=config.loop.concurrency, timeout_s=config.loop.rollout_timeout_s)
+                                 concurrency=config.rollouts.concurrency, timeout_s=config.rollouts.timeout_s)
     return Rig(store, root_url, served, gateway, collector)
 
 
@@ -48,7 +74,10 @@ def _engine(stack: ExitStack, config: TrainConfig, console: Console) -> tuple[st
     """(root URL, served model name): the configured running vLLM, or one started here."""
     if config.engine_url:
         root = config.engine_url.rstrip("/").removesuffix("/v1")
-        return root, httpx.get(f"{root}/v1/models", timeout=30).json()["data"][0]["id"]
+        try:
+            return root, httpx.get(f"{root}/v1/models", timeout=30).json()["data"][0]["id"]
+        except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
+            raise ConfigError(f"engine_url: no vLLM answers at {root}/v1/models: {exc}") from exc
     from spanlab.engine.server import VLLMServer
 
     console.log(f"starting vLLM for {config.engine.model} (about a minute on CPU)")

@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from spanlab.errors import ConfigError
+from spanlab.training.settings import LoraConfig
 
 if TYPE_CHECKING:
-    from spanlab.algos.grpo.update import GRPOConfig
+    from spanlab.algos.grpo.config import GRPOConfig
 
 __all__ = ["LoraConfig", "MissingDependencyError", "apply_lora", "make_model_for_training", "peak_rss_mb"]
 
@@ -29,16 +29,6 @@ logger = logging.getLogger(__name__)
 
 class MissingDependencyError(ConfigError, ImportError):
     """An option needs a package that is not installed (e.g. LoRA needs ``peft``)."""
-
-
-class LoraConfig(BaseModel):
-    """LoRA adapters on the attention and MLP projections (the modules vLLM's LoRA serving supports)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    rank: int = Field(default=8, ge=1)
-    alpha: float = Field(default=16.0, gt=0)
-    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def make_model_for_training(model_dir: str | Path, config: GRPOConfig) -> tuple[nn.Module, torch.optim.Optimizer]:

@@ -19,25 +19,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 from spanlab.adapters.grpo import Sample, collate
 from spanlab.errors import ConfigError
 from spanlab.training.logprobs import token_logprobs
+from spanlab.training.settings import SFTConfig
 
 logger = logging.getLogger(__name__)
-
-
-class SFTConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    lr: float = Field(default=1e-4, gt=0)
-    epochs: int = Field(default=1, ge=1)
-    batch_size: int = Field(default=4, ge=1)
-    max_len: int = Field(default=1024, ge=16, description="longer conversations are skipped, with a warning")
-    weight_decay: float = Field(default=0.0, ge=0)
-    max_grad_norm: float = Field(default=1.0, gt=0)
-    seed: int = 0
 
 
 def encode_conversation(tokenizer: Any, messages: list[dict], tools: list[dict] | None = None) -> Sample:

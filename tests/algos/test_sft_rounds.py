@@ -13,9 +13,9 @@ import torch
 
 from spanlab.adapters.grpo import Sample, collate
 from spanlab.adapters.sft import FilterConfig, filter_samples, to_table
+from spanlab.algos.sft.config import SFTRoundsConfig
 from spanlab.algos.sft.rounds import choose_backend, samples_from_table
 from spanlab.errors import ConfigError
-from spanlab.jobs.config import SFTRoundsConfig
 from spanlab.training.logprobs import token_logprobs
 from spanlab.training.model import LoraConfig
 from spanlab.training.supervised import SFTConfig, sft_train

@@ -1,16 +1,16 @@
-"""APO: automatic prompt optimization of an agent's POML prompt, by beam search with textual gradients.
+"""``algorithm: apo``: automatic prompt optimization of an agent's POML prompt, by beam search with textual gradients.
 
-Run: ``spanlab train tutorials/rooms/apo.yaml`` (config section ``apo:``, see ``apo_config.py``).
+Run: ``spanlab train tutorials/rooms/apo.yaml`` (config section ``apo:``, see ``config.py``). No torch.
 
-The job: start (or reuse) vLLM, open the store and the recording gateway, store the starting prompt
-as version 1 of the ``prompt`` resource, run the beam search (``apo_search.py``: critiques from real
-rollouts' spans, edits by an optimizer LLM, validation, scoring on val), then score the starting
-prompt and the winner on held-out test tasks. Every rollout pins the prompt version it ran with
-(``rollouts.resources_version``), and no (version, task) pair runs twice (``apo_rollouts.py``).
-Reported: test mean reward before/after with n and bootstrap intervals, the paired difference, the
-lineage of every candidate (``run_dir/apo.json``), and the budget (rollouts run, cache hits, optimizer
-calls and tokens, seconds). Left out vs Agent Lightning's APO: async/parallel optimizer calls, a
-separate "apply gradient" prompt per example, and LLM-judge rewards (the task's grader is exact).
+Before the framework's base evaluation, the starting prompt is stored as version 1 of the ``prompt``
+resource; the beam search (``search.py``: critiques from real rollouts' spans, edits by an optimizer
+LLM, validation, scoring on val) runs in between; the framework's held-out evaluation then scores the
+starting prompt (base) and the winner (final) on the same ``eval`` tasks, through the same rollout
+cache as the search: every rollout pins the prompt version it ran with (``rollouts.resources_version``)
+and no (version, task) pair runs twice (``rollouts.py``). Reported on top: the paired difference with
+bootstrap intervals, the lineage of every candidate (``run_dir/apo.json``), and the budget (rollouts
+run, cache hits, optimizer calls and tokens, seconds). Left out vs Agent Lightning's APO: async/parallel
+optimizer calls, a separate "apply gradient" prompt per example, and LLM-judge rewards.
 """
 
 from __future__ import annotations
@@ -18,78 +18,105 @@ from __future__ import annotations
 import importlib
 import json
 import logging
-import time
 from collections.abc import Sequence
-from contextlib import ExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
 from rich.table import Table
 
-from spanlab.algos.apo.optimizer import Optimizer
-from spanlab.algos.apo.rollouts import PromptBank, RolloutRunner
-from spanlab.algos.apo.search import BeamSearch, Candidate
-from spanlab.algos.apo.stats import bootstrap, paired_difference
+from spanlab.algos.apo.config import APOConfig
 from spanlab.errors import ConfigError
-from spanlab.jobs.config import TrainConfig
-from spanlab.jobs.report import Evaluation, TrainReport
-from spanlab.jobs.rig import open_rig
-from spanlab.jobs.tasks import TASK_SETS, load_task_set
+from spanlab.jobs.algorithm import Algorithm
+from spanlab.jobs.tasks import TASK_SETS
+
+if TYPE_CHECKING:
+    from spanlab.algos.apo.search import Candidate
+    from spanlab.jobs.config import TrainConfig
+    from spanlab.jobs.job import Job
+    from spanlab.jobs.rollouts import RolloutBatch
 
 logger = logging.getLogger(__name__)
 
 
-def train_apo(config: TrainConfig, *, console: Console | None = None) -> TrainReport:
-    """Run the whole APO job described by ``config``; returns (and writes) its report."""
-    console = console or Console(stderr=True)
-    started = time.monotonic()
-    apo = config.apo
-    start_template, required = _start(config)
-    task_set = load_task_set(config.dataset.name)
-    splits = {name: task_set.make_tasks(name, n=n, seed=config.dataset.seed, levels=config.dataset.levels)
-              for name, n in (("train", max(apo.gradient_tasks * 4, apo.gradient_tasks)), ("val", apo.val_tasks),
-                              ("test", apo.test_tasks))}
-    report = TrainReport(run_name=config.run_name, algorithm="apo", model=config.engine.model, db=str(config.db))
+class APO(Algorithm[APOConfig]):
+    config_model = APOConfig
+    steps_key = "rounds"
 
-    with ExitStack() as stack:
-        rig = open_rig(stack, config, console)
-        store, gateway, collector, root_url, served = rig.store, rig.gateway, rig.collector, rig.root_url, rig.served
-        bank = PromptBank(store, apo.resource)
-        runner = RolloutRunner(collector, bank, overrides={"model": served, "temperature": config.eval.temperature},
-                               max_rollouts=apo.max_rollouts)
-        optimizer = Optimizer(apo.optimizer, default_base_url=f"{root_url}/v1", default_model=served)
-        stack.callback(optimizer.close)
-        search = BeamSearch(apo, runner, optimizer, bank, required=required, train=splits["train"],
-                            val=splits["val"], run_id=report.run_id)
-        console.log(f"APO: beam {apo.beam_width} x branch {apo.branch_factor}, {apo.rounds} rounds, "
-                    f"{len(splits['val'])} val / {len(splits['test'])} test tasks; optimizer "
-                    f"{optimizer.critique_model} / {optimizer.edit_model} at {optimizer.client.base_url}")
-        best = search.run(start_template)
-        root = search.lineage[0]
-        search_rollouts, search_s = runner.ran, runner.seconds
-        test = _test(runner, [root, best] if best.version != root.version else [root], splits["test"], report.run_id)
-        gateway.flush()
-        before, after = test[root.version], test[best.version]
-        for phase, rewards in (("base", before), ("final", after)):
-            report.evaluations.append(_evaluation(phase, splits["test"], rewards, runner.seconds - search_s))
-        summary = _summary(config, search, runner, optimizer, root, best, before, after, search_rollouts, search_s)
-        report.steps = [*search.rounds, summary]
-        for step, metrics in enumerate(report.steps):
-            store.add_metrics(report.run_id, "apo", step, metrics)
-    report.seconds = time.monotonic() - started
-    _write_lineage(config, report, search, summary)
-    report.write(config.run_dir / "report.json")
-    console.print(lineage_table(search.lineage, best))
-    console.print(f"test mean reward {summary['test_base']:.3f} -> {summary['test_final']:.3f} "
-                  f"(paired diff {summary['test_diff']:+.3f} [{summary['test_diff_low']:+.3f}, "
-                  f"{summary['test_diff_high']:+.3f}], n={len(splits['test'])}); winner {best.id} = "
-                  f"{apo.resource}@{best.version}")
-    return report
+    def check(self) -> None:
+        if self.config.eval.split != "test":
+            raise ConfigError("eval.split: APO selects prompts on val, so its held-out split must be test")
+        _start(self.config)
+
+    def train_tasks(self) -> int:
+        return self.settings.gradient_tasks * 2  # the framework draws twice this many: the batches critiques use
+
+    def prepare(self, job: Job) -> None:
+        """Store the starting prompt (the base evaluation runs it) and open the search."""
+        from spanlab.algos.apo.optimizer import Optimizer
+        from spanlab.algos.apo.rollouts import PromptBank, RolloutRunner
+        from spanlab.algos.apo.search import BeamSearch
+
+        apo, config = self.settings, self.config
+        template, required = _start(config)
+        temperature = config.eval.temperature if config.rollouts.temperature is None else config.rollouts.temperature
+        bank = PromptBank(job.rig.store, apo.resource)
+        self.runner = RolloutRunner(job.rig.collector, bank, overrides={"model": job.served_name,
+                                    "temperature": temperature}, max_rollouts=apo.max_rollouts)
+        self.optimizer = Optimizer(apo.optimizer, default_base_url=f"{job.rig.root_url}/v1",
+                                   default_model=job.served_name)
+        job.stack.callback(self.optimizer.close)
+        val = job.task_set.make_tasks("val", n=apo.val_tasks, seed=config.dataset.seed, levels=config.dataset.levels)
+        self.search = BeamSearch(apo, self.runner, self.optimizer, bank, required=required,
+                                 train=job.splits["train"], val=val, run_id=job.report.run_id)
+        self.run_id = job.report.run_id
+        self.root = self.best = self.search.root(template)
+        self.held_out: dict[str, list[float]] = {}
+        self.held_out_rollouts = 0
+        job.evaluator = self._evaluate
+        logger.info("APO: beam %d x branch %d, %d rounds, %d val / %d test tasks; optimizer %s / %s at %s",
+                    apo.beam_width, apo.branch_factor, apo.rounds, len(val), len(job.splits["eval"]),
+                    self.optimizer.critique_model, self.optimizer.edit_model, self.optimizer.client.base_url)
+
+    def run(self, job: Job) -> None:
+        self.best = self.search.run(self.root)
+        for metrics in self.search.rounds:
+            job.log_step(metrics)
+
+    def _evaluate(self, tasks: list[dict[str, Any]], phase: str) -> RolloutBatch:
+        """The current best prompt on the held-out tasks, through the cache; not charged to the search budget."""
+        from spanlab.jobs.rollouts import RolloutBatch
+
+        runner = self.runner
+        budget, runner.max_rollouts = runner.max_rollouts, None
+        ran, failed, seconds = runner.ran, runner.failed, runner.seconds
+        results = runner.score([(int(self.best.version or 0), t) for t in tasks], mode="test",
+                               metadata={"run_id": self.run_id, "algorithm": "apo", "purpose": "test",
+                                         "phase": phase})
+        self.held_out_rollouts += runner.ran - ran
+        runner.max_rollouts = None if budget is None else budget + runner.ran - ran
+        self.held_out[phase] = [r for _, r in results]
+        return RolloutBatch([rid for rid, _ in results], self.held_out[phase], runner.seconds - seconds,
+                            runner.failed - failed)
+
+    def summarize(self, job: Job) -> None:
+        """The paired test difference with bootstrap intervals, the budget, and the lineage (``apo.json``)."""
+        before = self.held_out["base"]
+        after = self.held_out.get("final", before)
+        summary = _summary(self, before, after)
+        job.log_step(summary)
+        data = {"run_id": job.report.run_id, "summary": summary, "rounds": self.search.rounds,
+                "candidates": [c.summary() for c in self.search.lineage]}
+        (self.config.run_dir / "apo.json").write_text(json.dumps(data, indent=2) + "\n")
+        job.progress.console.print(lineage_table(self.search.lineage, self.best))
+        job.progress.console.print(
+            f"test mean reward {summary['test_base']:.3f} -> {summary['test_final']:.3f} (paired diff "
+            f"{summary['test_diff']:+.3f} [{summary['test_diff_low']:+.3f}, {summary['test_diff_high']:+.3f}], "
+            f"n={len(before)}); winner {self.best.id} = {self.settings.resource}@{self.best.version}")
 
 
 def _start(config: TrainConfig) -> tuple[str, list[str]]:
     """The starting template and the variables every candidate must keep (config, else the task set's)."""
-    apo = config.apo
+    apo = config.section
+    assert isinstance(apo, APOConfig)
     module = importlib.import_module(TASK_SETS.get(config.dataset.name, config.dataset.name))
     if apo.prompt is not None:
         if not apo.prompt.is_file():
@@ -105,29 +132,12 @@ def _start(config: TrainConfig) -> tuple[str, list[str]]:
     return template, list(required)
 
 
-def _test(runner: RolloutRunner, cands: Sequence[Candidate], tasks: list[dict[str, Any]],
-          run_id: str) -> dict[int | None, list[float]]:
-    """Test rewards per version, all candidates in one batch (the search budget does not apply)."""
-    runner.max_rollouts = None
-    pairs = [(int(c.version or 0), t) for c in cands for t in tasks]
-    results = runner.score(pairs, mode="test", metadata={"run_id": run_id, "algorithm": "apo", "purpose": "test"})
-    n = len(tasks)
-    return {c.version: [r for _, r in results[i * n:(i + 1) * n]] for i, c in enumerate(cands)}
+def _summary(apo: APO, before: list[float], after: list[float]) -> dict[str, float]:
+    from spanlab.algos.apo.stats import bootstrap, paired_difference
 
-
-def _evaluation(phase: str, tasks: list[dict[str, Any]], rewards: list[float], seconds: float) -> Evaluation:
-    """Test mean reward by level; ``seconds`` is the test batch's (both phases run in one batch)."""
-    by_level: dict[str, list[float]] = {}
-    for task, reward in zip(tasks, rewards, strict=True):
-        by_level.setdefault(str(task.get("level", "all")), []).append(reward)
-    return Evaluation(phase=phase, n=len(tasks), accuracy=sum(rewards) / max(len(rewards), 1),
-                      by_level={k: sum(v) / len(v) for k, v in sorted(by_level.items())}, seconds=seconds)
-
-
-def _summary(config: TrainConfig, search: BeamSearch, runner: RolloutRunner, optimizer: Optimizer,
-             root: Candidate, best: Candidate, before: list[float], after: list[float], search_rollouts: int,
-             search_s: float) -> dict[str, float]:
-    level, seed = config.apo.confidence, config.apo.seed
+    search, runner, optimizer, root, best = apo.search, apo.runner, apo.optimizer, apo.root, apo.best
+    search_rollouts = runner.ran - apo.held_out_rollouts
+    level, seed = apo.settings.confidence, apo.settings.seed
     b, a = bootstrap(before, level=level, seed=seed), bootstrap(after, level=level, seed=seed)
     d = paired_difference(after, before, level=level, seed=seed)
     u = optimizer.usage
@@ -141,16 +151,10 @@ def _summary(config: TrainConfig, search: BeamSearch, runner: RolloutRunner, opt
         "best_version": float(best.version or 0), "candidates": float(len(search.lineage) - 1),
         "rollouts_search": float(search_rollouts), "rollouts_total": float(runner.ran),
         "cache_hits": float(runner.hits), "rollouts_failed": float(runner.failed),
-        "rollout_s": runner.seconds, "search_rollout_s": search_s,
+        "rollout_s": runner.seconds,
         "optimizer_calls": float(u.calls), "optimizer_prompt_tokens": float(u.prompt_tokens),
         "optimizer_completion_tokens": float(u.completion_tokens), "optimizer_s": u.seconds,
     }
-
-
-def _write_lineage(config: TrainConfig, report: TrainReport, search: BeamSearch, summary: dict[str, float]) -> None:
-    data = {"run_id": report.run_id, "summary": summary, "rounds": search.rounds,
-            "candidates": [c.summary() for c in search.lineage]}
-    (config.run_dir / "apo.json").write_text(json.dumps(data, indent=2) + "\n")
 
 
 def lineage_table(lineage: Sequence[Candidate], best: Candidate) -> Table:

@@ -70,12 +70,16 @@ class BeamSearch:
         self.lineage.append(cand)
         return cand
 
-    def run(self, start: str) -> Candidate:
+    def root(self, start: str) -> Candidate:
+        """The starting prompt, validated and stored as a version (the base evaluation runs it)."""
         problems = check_template(start, self.required, renderer=self.renderer)
         if problems:
             raise ValueError("the starting prompt fails validation:\n  " + "\n  ".join(problems))
         version, _ = self.bank.version_of(start, origin="start", run_id=self.run_id)
-        root = self._new(start, 0, "root", version=version)
+        return self._new(start, 0, "root", version=version)
+
+    def run(self, root: Candidate) -> Candidate:
+        """Beam search from ``root``; returns the best candidate by validation score."""
         self._score([root], round_=0)
         if root.val is None:
             raise ValueError(f"apo.max_rollouts={self.config.max_rollouts} cannot even score the starting prompt")

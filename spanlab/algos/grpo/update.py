@@ -21,54 +21,21 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
 from spanlab.adapters.grpo import Batch, Sample, collate, micro_batches
 from spanlab.adapters.retokenize import drift_stats
+from spanlab.algos.grpo.config import Aggregation, GRPOConfig
 from spanlab.training.logprobs import token_logprobs
-from spanlab.training.model import LoraConfig, make_model_for_training, peak_rss_mb
+from spanlab.training.model import make_model_for_training, peak_rss_mb
+from spanlab.training.settings import LoraConfig
 
 __all__ = ["GRPOConfig", "LoraConfig", "group_advantages", "grpo_step", "make_model_for_training", "policy_loss"]
 
 logger = logging.getLogger(__name__)
-
-Aggregation = Literal["token_mean", "seq_mean", "constant"]
-
-
-class GRPOConfig(BaseModel):
-    """Library config of the GRPO update; validated when built so a bad option fails before any rollout."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    lr: float = Field(default=1e-5, gt=0)
-    group_size: int = Field(default=4, description="samples per task the rollout loop draws; >= 2")
-    clip_low: float = Field(default=0.2, ge=0, lt=1, description="ratio clipped below at 1 - clip_low")
-    clip_high: float = Field(default=0.28, ge=0, description="ratio clipped above at 1 + clip_high (DAPO)")
-    scale_rewards: bool = Field(default=True, description="divide by the group's std; False = Dr.GRPO")
-    aggregation: Aggregation = "token_mean"
-    constant_divisor: int | None = Field(default=None, gt=0, description="tokens per sequence for 'constant'")
-    kl_beta: float = Field(default=0.0, ge=0, description="k3 KL to a reference model; 0 = no reference")
-    tis_cap: float | None = Field(default=2.0, gt=0, description="truncated importance sampling cap; None = off")
-    epochs_per_batch: int = Field(default=1, ge=1)
-    micro_batch_tokens: int = Field(default=4096, ge=1, description="padded tokens per forward/backward")
-    max_grad_norm: float = Field(default=1.0, gt=0)
-    lora: LoraConfig | None = Field(default=None, description="None = full fine-tuning")
-    weight_decay: float = Field(default=0.0, ge=0)
-    temperature: float = Field(default=1.0, gt=0, description="the engine's sampling temperature")
-
-    @model_validator(mode="after")
-    def _consistent(self) -> GRPOConfig:
-        if self.group_size < 2:
-            raise ValueError("group_size must be >= 2 for group-relative advantages")
-        if self.aggregation == "constant" and self.constant_divisor is None:
-            raise ValueError("aggregation 'constant' needs constant_divisor (e.g. the max response tokens)")
-        return self
-
 
 def group_advantages(
     rewards: Sequence[float] | np.ndarray, group_ids: Sequence[str], *, scale: bool = True, eps: float = 1e-6
