@@ -209,8 +209,11 @@ def load_train_config(path: str | Path, *, steps: int | None = None) -> TrainCon
         raise ConfigError(f"cannot read config {p}: {exc.strerror or exc}") from exc
     try:
         data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        where = f" (line {exc.problem_mark.line + 1})" if exc.problem_mark else ""
+        raise ConfigError(f"{p} is not valid YAML: {exc.problem or exc.context}{where}") from exc
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{p} is not valid YAML: {' '.join(str(exc).split())}") from exc
+        raise ConfigError(f"{p} is not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"{p} must hold a mapping of sections, not {type(data).__name__}")
     return parse_train_config(data, str(p), steps=steps)

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import logging
 import random
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
+from types import FrameType
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -158,13 +161,37 @@ def check_job(config: TrainConfig) -> Algorithm:
     return algorithm
 
 
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt if signum == signal.SIGINT else SystemExit(128 + signum)
+
+
+@contextmanager
+def interrupts_stop_the_job() -> Iterator[None]:
+    """Ctrl-C (and SIGTERM) raise in the main thread wherever it is, also inside a rollout batch's event loop.
+
+    ``asyncio.run`` would otherwise turn SIGINT into a cancellation of its main task, which the agents'
+    libraries (anyio cancel scopes, a task that counts a cancelled agent as ended by the store) can absorb,
+    and the run went on. Raised this way, the interrupt leaves the loop at once; ``asyncio.run`` cancels the
+    in-flight rollouts and the job's ExitStack stops the gateway and the engine and closes the store.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def run_job(config: TrainConfig, *, console: Console | None = None) -> TrainReport:
     """Run the whole job ``config`` describes; returns (and writes) its report."""
     console = console or Console(stderr=True)
     algorithm = check_job(config)
     report = TrainReport(run_name=config.run_name, algorithm=config.algorithm, model=config.engine.model,
                          db=str(config.db))
-    with ExitStack() as stack:
+    with interrupts_stop_the_job(), ExitStack() as stack:
         task_set = load_task_set(config.dataset.name)
         splits = split_tasks(task_set, config, algorithm.train_tasks())
         rig = open_rig(stack, config, console)
