@@ -19,12 +19,13 @@ from typing import Any
 
 import torch
 
+from spanlab.adapters.conversation import encode_conversation
 from spanlab.engine.weights import SyncTiming, WeightSyncClient, save_weights
 from spanlab.errors import ConfigError
 from spanlab.store.base import StoreAPI
 from spanlab.training.model import apply_lora
 from spanlab.training.settings import LoraConfig, SFTConfig
-from spanlab.training.supervised import encode_conversation, sft_train
+from spanlab.training.supervised import sft_train
 
 logger = logging.getLogger(__name__)
 

@@ -5,9 +5,8 @@ Every case runs the real CLI in-process with ``--check`` (cheap: no engine, no t
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import re
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -22,7 +21,8 @@ BASE = "algorithm: grpo\nagent: {name: calc, kwargs: {max_tokens: 32}}\ndataset:
 def _check(tmp_path: Path, text: str | bytes, *args: str) -> tuple[int, str]:
     path = tmp_path / "train.yaml"
     if isinstance(text, str):
-        text = (text + ("" if "db:" in text else f"db: {tmp_path}/run.duckdb\n") + f"out_dir: {tmp_path}/runs\n").encode()
+        db = "" if "db:" in text else f"db: {tmp_path}/run.duckdb\n"
+        text = (text + db + f"out_dir: {tmp_path}/runs\n").encode()
     path.write_bytes(text)
     result = CliRunner().invoke(app, ["train", str(path), "--check", *args])
     return result.exit_code, result.output

@@ -21,6 +21,7 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -30,12 +31,29 @@ from spanlab.adapters.grpo import Batch, Sample, collate, micro_batches
 from spanlab.adapters.retokenize import drift_stats
 from spanlab.algos.grpo.config import Aggregation, GRPOConfig
 from spanlab.training.logprobs import token_logprobs
-from spanlab.training.model import make_model_for_training, peak_rss_mb
+from spanlab.training.model import apply_lora, peak_rss_mb
 from spanlab.training.settings import LoraConfig
 
 __all__ = ["GRPOConfig", "LoraConfig", "group_advantages", "grpo_step", "make_model_for_training", "policy_loss"]
 
 logger = logging.getLogger(__name__)
+
+
+def make_model_for_training(model_dir: str | Path, config: GRPOConfig) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """The model in train mode and an AdamW over its trainable parameters (LoRA's only, when configured)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    model.config.use_cache = False
+    if config.lora is not None:
+        model = apply_lora(model, config.lora)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    logger.info("training %s: %.1f M trainable of %.1f M parameters", model_dir,
+                sum(p.numel() for p in params) / 1e6, sum(p.numel() for p in model.parameters()) / 1e6)
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    return model, optimizer
+
 
 def group_advantages(
     rewards: Sequence[float] | np.ndarray, group_ids: Sequence[str], *, scale: bool = True, eps: float = 1e-6
