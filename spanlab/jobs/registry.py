@@ -9,8 +9,7 @@ imports another's dependencies (APO never imports torch). A third-party package 
 
 from __future__ import annotations
 
-import importlib
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 
 from spanlab.errors import ConfigError
 from spanlab.jobs.algorithm import Algorithm
@@ -24,10 +23,10 @@ BUILTIN: dict[str, str] = {
 }
 
 
-def available() -> dict[str, str]:
-    """``name -> "module:Class"`` of every algorithm a config can choose (a built-in name cannot be taken)."""
-    plugins = {ep.name: ep.value for ep in entry_points(group=GROUP)}
-    return {**plugins, **BUILTIN}
+def available() -> dict[str, EntryPoint]:
+    """Every algorithm a config can choose, by name (a plugin cannot take a built-in's name)."""
+    builtin = {name: EntryPoint(name, value, GROUP) for name, value in BUILTIN.items()}
+    return {**{ep.name: ep for ep in entry_points(group=GROUP)}, **builtin}
 
 
 def load_algorithm(name: str) -> type[Algorithm]:
@@ -35,11 +34,10 @@ def load_algorithm(name: str) -> type[Algorithm]:
     known = available()
     if name not in known:
         raise ConfigError(f"algorithm: unknown algorithm {name!r}; known: {', '.join(sorted(known))}")
-    module, _, attr = known[name].partition(":")
     try:
-        cls = getattr(importlib.import_module(module), attr)
+        cls = known[name].load()
     except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"algorithm: cannot load {name!r} from {known[name]}: {exc}") from exc
+        raise ConfigError(f"algorithm: cannot load {name!r} from {known[name].value}: {exc}") from exc
     if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
-        raise ConfigError(f"algorithm: {known[name]} is not a spanlab.jobs.algorithm.Algorithm subclass")
+        raise ConfigError(f"algorithm: {known[name].value} is not a spanlab.jobs.algorithm.Algorithm subclass")
     return cls
