@@ -62,7 +62,7 @@ def open_rig(stack: ExitStack, config: TrainConfig, console: Console) -> Rig:
     check_writable(config.db, config.run_dir)
     store = stack.enter_context(SpanStore(config.db))
     cancel_leftovers(store)
-    stack.callback(cancel_leftovers, store)  # an interrupted run leaves nothing queued for the next one
+    stack.callback(cancel_leftovers, store, "never run: the job stopped early")  # nothing stays queued
     root_url, served = _engine(stack, config, console)
     gateway = stack.enter_context(GatewayServer(store, root_url, tito=config.tito))
     collector = RolloutCollector(store, gateway.url, config.agent.name, dict(config.agent.kwargs),

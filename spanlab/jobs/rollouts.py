@@ -103,11 +103,11 @@ def final_rewards(store: StoreAPI, rollout_ids: Sequence[str]) -> dict[str, floa
     return dict(zip(table.column("rollout_id").to_pylist(), table.column("final_reward").to_pylist(), strict=True))
 
 
-def cancel_leftovers(store: StoreAPI) -> int:
-    """Cancel rollouts an earlier, interrupted run left queued, so this run's workers do not pick them up."""
+def cancel_leftovers(store: StoreAPI, why: str = "left queued by an earlier run") -> int:
+    """Cancel rollouts still queued (an earlier, interrupted run's), so no later worker picks them up."""
     left = [r for status in ("queuing", "requeuing") for r in store.list_rollouts(status=status, limit=100_000)]
     for rollout in left:
         store.cancel_rollout(rollout.rollout_id)
     if left:
-        logger.warning("cancelled %d rollouts left queued by an earlier run", len(left))
+        logger.warning("cancelled %d rollouts %s", len(left), why)
     return len(left)
