@@ -9,7 +9,9 @@ gateway only as :class:`RecordingGateway` (its URL and a flush), through the gat
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,16 +44,24 @@ class Rig:
     collector: RolloutCollector
 
 
-def check_writable(*paths: Path) -> None:
-    """The store file's folder and the run folder can be created and written (before any engine starts)."""
+def check_writable(*paths: Path, keep: bool = False) -> None:
+    """The store file's folder and the run folder can be created and written (a real write, as root bypasses
+    permission bits); folders this made are removed again unless ``keep`` (``--check`` leaves no trace)."""
     for path in paths:
         folder = path if path.suffix == "" else path.parent
+        made = [p for p in (folder, *folder.parents) if not p.exists()]
         try:
             folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+            if path.suffix and path.exists() and not os.access(path, os.W_OK):
+                raise PermissionError(13, "not writable")
         except OSError as exc:
-            raise ConfigError(f"cannot create folder {folder}: {exc.strerror or exc}") from exc
-        if not os.access(folder, os.W_OK | os.X_OK) or (path.suffix and path.exists() and not os.access(path, os.W_OK)):
-            raise ConfigError(f"{path} is not writable")
+            raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from exc
+        finally:
+            for p in made if not keep else ():
+                with contextlib.suppress(OSError):
+                    p.rmdir()
 
 
 def open_rig(stack: ExitStack, config: TrainConfig, console: Console) -> Rig:
@@ -59,7 +69,7 @@ def open_rig(stack: ExitStack, config: TrainConfig, console: Console) -> Rig:
     from spanlab.gateway import GatewayServer
     from spanlab.store import SpanStore
 
-    check_writable(config.db, config.run_dir)
+    check_writable(config.db, config.run_dir, keep=True)
     store = stack.enter_context(SpanStore(config.db))
     cancel_leftovers(store)
     stack.callback(cancel_leftovers, store, "never run: the job stopped early")  # nothing stays queued

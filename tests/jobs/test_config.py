@@ -30,7 +30,7 @@ def _check(tmp_path: Path, text: str | bytes, *args: str) -> tuple[int, str]:
 
 BAD = {
     "non-UTF-8": (b"algorithm: grpo\nrun_name: \xff\xfe\n", (), "not UTF-8"),
-    "unwritable db": (BASE + "db: /proc/spanlab/run.duckdb\n", (), "cannot create folder /proc/spanlab"),
+    "unwritable db": (BASE + "db: /proc/spanlab/run.duckdb\n", (), "cannot write /proc/spanlab/run.duckdb"),
     "engine_url": (BASE + "engine_url: not-a-url\n", (), "engine_url.*not an http"),
     "unknown level": ("agent: {name: calc}\ndataset: {name: calc, levels: [7]}\n", (), "dataset.*levels must be"),
     "huge steps": (BASE + "grpo: {steps: 1000000000000}\n", (), r"grpo\.steps"),
@@ -61,6 +61,7 @@ def test_bad_input_is_one_clear_error_before_anything_starts(tmp_path: Path, cas
 
 def test_check_prints_the_resolved_settings_of_the_chosen_algorithm_only(tmp_path: Path) -> None:
     code, output = _check(tmp_path, BASE + "grpo: {steps: 2}\n", "--steps", "3")
+    assert not (tmp_path / "runs").exists()  # checked by writing there, then removed: --check leaves no trace
     assert code == 0, output
     assert "grpo:\n  lr: 1.0e-05" in output and "  steps: 3\n" in output
     assert "sft:" not in output and "apo:" not in output
