@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from spanlab.adapters.grpo import Sample
-from spanlab.algos.grpo import GRPOConfig, grpo_step, make_model_for_training
-from spanlab.algos.model import peak_rss_mb
+from spanlab.algos.grpo.update import GRPOConfig, grpo_step, make_model_for_training
+from spanlab.training.model import peak_rss_mb
 
 VOCAB = 49_152
 

@@ -61,7 +61,7 @@ def samples_for(args: argparse.Namespace, step: int) -> list:
 
 
 def rss_mb() -> float:
-    from spanlab.algos.model import peak_rss_mb
+    from spanlab.training.model import peak_rss_mb
 
     return peak_rss_mb()
 
@@ -70,7 +70,7 @@ def rss_mb() -> float:
 def run_spanlab(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from spanlab.algos.grpo import GRPOConfig, grpo_step
+    from spanlab.algos.grpo.update import GRPOConfig, grpo_step
 
     config = GRPOConfig(lr=1e-5, clip_low=0.2, clip_high=0.28, aggregation="token_mean", kl_beta=0.0, tis_cap=None,
                         max_grad_norm=1.0, weight_decay=0.0, micro_batch_tokens=args.micro_batch_tokens)
@@ -91,7 +91,7 @@ def trl_inputs(samples: list, pad_id: int) -> dict[str, Any]:
     import numpy as np
     import torch
 
-    from spanlab.algos.grpo import group_advantages
+    from spanlab.algos.grpo.update import group_advantages
 
     prompts = [s.input_ids[s.loss_mask == 0] for s in samples]
     completions = [s.input_ids[s.loss_mask == 1] for s in samples]

@@ -293,21 +293,34 @@ def demo(
 @app.command()
 def train(
     config: Annotated[Path, typer.Argument(help="YAML: algorithm, agent, dataset, engine, db, ... (tutorials/)")],
-    steps: Annotated[int | None, typer.Option(help="override loop.steps (0: evaluate only)")] = None,
+    steps: Annotated[int | None, typer.Option(help="override the algorithm's step count (grpo.steps, sft.rounds, "
+                                                   "apo.rounds; 0: evaluate only)")] = None,
+    check: Annotated[bool, typer.Option("--check", help="validate the config and print the resolved settings; "
+                                                        "start nothing")] = False,
 ) -> None:
-    """Train an agent's model with the algorithm the config names (grpo); prints held-out accuracy before/after."""
-    from spanlab.algos.config import TrainConfig
-    from spanlab.algos.registry import train as run_training
-    from spanlab.config import load_config
+    """Train an agent's model with the algorithm the config names; prints held-out accuracy before/after.
+
+    Ctrl-C stops the run at any phase (the engine and the rollouts included) and exits 130.
+    """
+    import yaml
+
+    from spanlab.jobs.config import load_train_config
+    from spanlab.jobs.job import check_job, run_job
 
     try:
-        cfg = load_config(TrainConfig, config)
-        if steps is not None:
-            cfg = cfg.model_copy(update={"loop": cfg.loop.model_copy(update={"steps": steps})})
-        report = run_training(cfg)
+        cfg = load_train_config(config, steps=steps)
+        if check:
+            check_job(cfg)
+            typer.echo(yaml.safe_dump(cfg.resolved(), sort_keys=False), nl=False)
+            Console(stderr=True).print(f"{config}: ok ({cfg.algorithm}); nothing started")
+            return
+        report = run_job(cfg)
     except SpanlabError as exc:
         _fail(exc)
         return
+    except KeyboardInterrupt:
+        Console(stderr=True).print("[bold red]interrupted[/]: the engine and rollouts are stopped", markup=True)
+        raise typer.Exit(130) from None
     out = Console()
     out.print(report.table())
     out.print(f"run {report.run_id} in {report.seconds / 60:.1f} min; spans in {report.db}; "
@@ -322,7 +335,7 @@ def plot(
     run_id: Annotated[str | None, typer.Option("--run", help="run id (default: the latest run)")] = None,
 ) -> None:
     """Write a PNG of a training run's reward curve and held-out accuracy, read from the store."""
-    from spanlab.algos.plot import plot_run
+    from spanlab.jobs.plot import plot_run
     from spanlab.store import SpanStore
 
     try:

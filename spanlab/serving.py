@@ -6,6 +6,7 @@ known immediately and two servers never race for a port.
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -47,15 +48,25 @@ class ThreadedServer:
             time.sleep(0.01)
         return self
 
-    def stop(self) -> None:
-        """Stop serving; the app's shutdown hooks (draining writes) run before this returns."""
+    def stop(self, *, force: bool = False) -> None:
+        """Stop serving; the app's shutdown hooks (draining writes) run before this returns. ``force``: do not
+        wait for requests in flight (on Ctrl-C their clients are gone already)."""
+        self._server.force_exit = force
         self._server.should_exit = True
-        if self._thread.is_alive():
-            self._thread.join()
+        # A forced stop cancels the requests in flight; uvicorn would log each cancellation as a traceback.
+        errors = logging.getLogger("uvicorn.error")
+        level = errors.level
+        if force:
+            errors.setLevel(logging.CRITICAL)
+        try:
+            if self._thread.is_alive():
+                self._thread.join()
+        finally:
+            errors.setLevel(level)
         self._sock.close()
 
     def __enter__(self) -> ThreadedServer:
         return self.start()
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        self.stop(force=exc_type is not None and not issubclass(exc_type, Exception))

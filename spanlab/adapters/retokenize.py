@@ -9,7 +9,7 @@ replayed on the same rollouts and the drift measured instead of argued about.
 
 How a sample is rebuilt (``token_source="retokenized"``): from its last call's conversation (its messages
 + its response; for a TITO session that is the whole conversation) rendered by
-:func:`~spanlab.algos.sft.encode_conversation` with the training-side tokenizer, optionally with another
+:func:`~spanlab.adapters.conversation.encode_conversation` with the training-side tokenizer, optionally with another
 chat template file to model an inference/training stack mismatch. Trained tokens: the last ``k`` assistant
 turns of that render, ``k`` = the sampled turns of the exact sample (1 for a per-call triplet, every turn
 of a TITO segment). A turn cut at ``max_tokens`` gets the template's end-of-turn token, as a text-only
@@ -82,7 +82,7 @@ class Retokenizer:
     def rebuild(self, exact: Sample, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                 response: dict[str, Any]) -> Sample:
         """The sample a text-only trainer would build for ``exact``'s conversation (see the module docstring)."""
-        from spanlab.algos.sft import encode_conversation  # spanlab.algos imports this package: import late
+        from spanlab.adapters.conversation import encode_conversation  # it imports adapters.grpo, which imports us
 
         conv = encode_conversation(self.tokenizer, [*messages, response], tools)
         mask = _last_runs(conv.loss_mask, _n_runs(exact.loss_mask))

@@ -1,6 +1,6 @@
 """The argument checks every tutorial task set's ``make_tasks(split, n, seed, levels)`` shares.
 
-Task sets are a contract (``spanlab.algos.tasks``): the same arguments mean the same thing in each, so a
+Task sets are a contract (``spanlab.jobs.tasks``): the same arguments mean the same thing in each, so a
 bad split, count or level gets the same error whichever set a config names.
 """
 

@@ -8,6 +8,7 @@ translated into these at the boundary, with the server log tail attached where i
 from __future__ import annotations
 
 from spanlab.errors import SpanlabError
+from spanlab.tito.render import TemplateError  # noqa: F401  # re-exported; it belongs to spanlab.tito
 
 
 class EngineError(SpanlabError, RuntimeError):
@@ -32,7 +33,3 @@ class EngineDeadError(EngineError):
 
 class WeightSyncError(EngineError):
     """A LoRA load/unload or an in-place weight reload was rejected by the server."""
-
-
-class TemplateError(EngineError, ValueError):
-    """A chat template is missing, or it is not prefix-preserving for tool appends."""

@@ -21,12 +21,12 @@ import os
 import tempfile
 from importlib import resources
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from spanlab.engine.errors import TemplateError
 from spanlab.tito.prefix import first_mismatch
+from spanlab.tito.render import ChatTokenizer, TemplateError, render_ids
 from spanlab.tito.templates import DUMMY_TOOL, dummy_tool_conversation
 
 __all__ = [
@@ -39,12 +39,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_TEMPLATE = "chatml_tools"
 
 
-class ChatTokenizer(Protocol):
-    """What the prefix check needs from a tokenizer: transformers' ``apply_chat_template``."""
-
-    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
-
-
 def load_template(name: str = DEFAULT_TEMPLATE) -> str:
     """Return the text of a template shipped in ``spanlab/engine/templates/<name>.jinja``."""
     path = resources.files("spanlab.engine").joinpath("templates").joinpath(f"{name}.jinja")
@@ -52,27 +46,6 @@ def load_template(name: str = DEFAULT_TEMPLATE) -> str:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError as exc:
         raise TemplateError(f"no shipped chat template named {name!r}") from exc
-
-
-def render_ids(
-    tokenizer: ChatTokenizer,
-    messages: list[dict[str, Any]],
-    *,
-    add_generation_prompt: bool,
-    tools: list[dict[str, Any]] | None = None,
-    chat_template: str | None = None,
-) -> list[int]:
-    """Render messages to token IDs exactly as vLLM does (HF ``apply_chat_template``, no BOS)."""
-    out = tokenizer.apply_chat_template(
-        messages,
-        tools=tools,
-        add_generation_prompt=add_generation_prompt,
-        tokenize=True,
-        chat_template=chat_template,
-    )
-    # transformers 5 returns a BatchEncoding (dict-like); older versions a plain list.
-    ids = out["input_ids"] if not isinstance(out, list) else out
-    return [int(i) for i in ids]
 
 
 class PrefixCheck(BaseModel):

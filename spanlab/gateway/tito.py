@@ -28,8 +28,6 @@ import anyio
 import httpx
 from starlette.responses import Response
 
-from spanlab.engine.errors import TemplateError
-from spanlab.engine.template import render_ids
 from spanlab.gateway.config import GatewayConfig
 from spanlab.gateway.protocol import dumps, loads
 from spanlab.gateway.recording import CallContext, spans_from_record
@@ -40,6 +38,7 @@ from spanlab.gateway.upstream import UpstreamError
 from spanlab.tito.hermes import ParsedTurn, parse_hermes
 from spanlab.tito.messages import engine_form
 from spanlab.tito.readiness import TitoUnavailableError, prepare_template
+from spanlab.tito.render import TemplateError, render_ids
 from spanlab.tito.templates import load_tokenizer
 
 if TYPE_CHECKING:

@@ -110,8 +110,9 @@ class Worker:
         except asyncio.TimeoutError:
             status = "timeout"
         except asyncio.CancelledError:
-            if not agent_task.cancelled():
-                raise  # the worker itself is being cancelled
+            this = asyncio.current_task()
+            if not agent_task.cancelled() or (this is not None and getattr(this, "cancelling", lambda: 0)()):
+                raise  # the worker itself is being cancelled (Ctrl-C, shutdown): not the store's doing
             self.stats.lost += 1
             logger.warning("attempt %s was ended by the store; its agent was cancelled", attempt.attempt_id)
             return

@@ -21,10 +21,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from spanlab.engine.template import render_ids
 from spanlab.errors import SpanlabError
 from spanlab.tito.jinja import Message
 from spanlab.tito.prefix import first_mismatch
+from spanlab.tito.render import render_ids
 
 __all__ = [
     "BufferStateError", "ChatTokenizer", "Drift", "RenderComparison", "RenderWalk", "SessionBuffer",

@@ -28,12 +28,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from spanlab.engine.template import render_ids
 from spanlab.errors import SpanlabError
 from spanlab.tito.buffer import SessionBuffer, walk_render
 from spanlab.tito.messages import engine_form
 from spanlab.tito.prefix import first_mismatch
 from spanlab.tito.readiness import close_ids
+from spanlab.tito.render import render_ids
 from spanlab.tito.templates import check_template
 
 DriftCause = Literal["non_canonical_bpe", "tool_call_reserialization", "template"]

@@ -30,10 +30,10 @@ from typing import Any, Literal, Protocol
 import jinja2
 from pydantic import BaseModel, ConfigDict
 
-from spanlab.engine.errors import TemplateError
 from spanlab.tito.fixes import TemplateChange, fix_template
 from spanlab.tito.jinja import RENDER_ERRORS, SANDBOXES, Message, Renderer, Sandbox, compile_template
 from spanlab.tito.prefix import find_stop_gap, first_mismatch
+from spanlab.tito.render import TemplateError
 
 __all__ = [
     "DUMMY_TOOL", "RenderVariant", "StringLevel", "TemplateChange", "TemplateReport", "TokenLevel", "check_template",

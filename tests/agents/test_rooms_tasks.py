@@ -9,7 +9,7 @@ import pytest
 from spanlab.agents.rooms.agent import run_tool
 from spanlab.agents.rooms.building import make_building
 from spanlab.agents.rooms.tasks import answered_room, grade, make_tasks, request_of
-from spanlab.algos.tasks import load_task_set
+from spanlab.jobs.tasks import load_task_set
 
 
 def test_tasks_are_deterministic_disjoint_and_extend() -> None:

@@ -12,7 +12,7 @@ from spanlab.agents.sql import make_tasks
 from spanlab.agents.sql.databases import DATABASE_NAMES, database, db_path, schema_text
 from spanlab.agents.sql.execution import connect_readonly, run_sql
 from spanlab.agents.sql.tasks import LEVELS, SPLITS, question_space, split_of, task_id
-from spanlab.algos.tasks import load_task_set
+from spanlab.jobs.tasks import load_task_set
 from spanlab.runner.agent import REGISTERED_AGENTS
 
 _JOIN = re.compile(r"\bJOIN\b")

@@ -10,8 +10,8 @@ import torch
 from pydantic import ValidationError
 
 from spanlab.adapters.grpo import Sample
-from spanlab.algos.grpo import GRPOConfig, group_advantages, policy_loss, sample_advantages
-from spanlab.algos.logprobs import token_logprobs
+from spanlab.algos.grpo.update import GRPOConfig, group_advantages, policy_loss, sample_advantages
+from spanlab.training.logprobs import token_logprobs
 
 EPS = 1e-6
 
@@ -185,7 +185,7 @@ def test_token_logprobs_match_full_log_softmax_at_selected_positions() -> None:
 def test_shared_prefix_is_exact_in_value_and_gradient() -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from spanlab.algos.logprobs import shared_prefix_len
+    from spanlab.training.logprobs import shared_prefix_len
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from spanlab.adapters.grpo import Sample, iter_samples
-from spanlab.algos.grpo import GRPOConfig, LoraConfig, grpo_step, make_model_for_training
-from spanlab.algos.model import MissingDependencyError
+from spanlab.algos.grpo.update import GRPOConfig, LoraConfig, grpo_step, make_model_for_training
 from spanlab.store import SpanStore
+from spanlab.training.model import MissingDependencyError
 from spanlab.types import LLMCall, Rollout, Span, reward_span
 
 VOCAB, PROMPT_LEN, RESPONSE_LEN, TASKS, GROUP = 16, 4, 6, 4, 8

@@ -13,12 +13,12 @@ import torch
 
 from spanlab.adapters.grpo import Sample, collate
 from spanlab.adapters.sft import FilterConfig, filter_samples, to_table
-from spanlab.algos.config import SFTRoundsConfig
-from spanlab.algos.logprobs import token_logprobs
-from spanlab.algos.model import LoraConfig
-from spanlab.algos.sft import SFTConfig, sft_train
-from spanlab.algos.sft_loop import choose_backend, samples_from_table
+from spanlab.algos.sft.config import SFTRoundsConfig
+from spanlab.algos.sft.rounds import choose_backend, samples_from_table
 from spanlab.errors import ConfigError
+from spanlab.training.logprobs import token_logprobs
+from spanlab.training.model import LoraConfig
+from spanlab.training.supervised import SFTConfig, sft_train
 
 VOCAB = 16
 
@@ -76,7 +76,7 @@ def test_zero_weights_leave_the_model_unchanged_and_lora_trains_only_the_adapter
               weights=[0.0] * len(samples))
     assert all(torch.equal(start[k], v) for k, v in model.state_dict().items())
 
-    from spanlab.algos.model import apply_lora
+    from spanlab.training.model import apply_lora
 
     pytest.importorskip("peft", reason="LoRA needs peft (the 'train' extra)")
     lora = apply_lora(_tiny_model(), LoraConfig(rank=4, alpha=8))
@@ -95,7 +95,7 @@ def test_weights_must_match_the_samples_and_unsloth_on_request_says_how_to_get_i
     assert choose_backend(SFTRoundsConfig(backend="auto", save="adapter")) == "torch"
     with pytest.raises(ConfigError, match=r"save: adapter is not supported with sft\.backend: unsloth"):
         choose_backend(SFTRoundsConfig(backend="unsloth", save="adapter"))
-    from spanlab.algos.unsloth_sft import unsloth_available
+    from spanlab.algos.sft.unsloth import unsloth_available
 
     if not unsloth_available():
         with pytest.raises(ImportError, match="unsloth is not importable"):

@@ -17,13 +17,12 @@ import torch
 
 from spanlab.adapters.grpo import Sample, collate, iter_samples
 from spanlab.adapters.retokenize import align_logprobs, drift_stats
-from spanlab.algos.config import TrainConfig
-from spanlab.algos.grpo import GRPOConfig, grpo_step
-from spanlab.algos.logprobs import token_logprobs
-from spanlab.config import parse
+from spanlab.algos.grpo.update import GRPOConfig, grpo_step
 from spanlab.engine.template import render_ids
 from spanlab.errors import ConfigError
+from spanlab.jobs.config import parse_train_config
 from spanlab.store import StoreAPI
+from spanlab.training.logprobs import token_logprobs
 from spanlab.types import LLMCall, Span, reward_span
 
 VARIANT = Path(__file__).resolve().parents[2] / "tutorials" / "drift" / "chatml_tools_variant.jinja"
@@ -177,15 +176,15 @@ def test_bad_options_are_refused(store: StoreAPI, tok: Any, tmp_path: Path) -> N
 
 
 def test_train_config_validates_token_source_and_template(tmp_path: Path) -> None:
-    assert parse(TrainConfig, {}).token_source == "exact"
-    ok = parse(TrainConfig, {"token_source": "retokenized", "retokenize_template": str(VARIANT)})
+    assert parse_train_config({}).token_source == "exact"
+    ok = parse_train_config({"token_source": "retokenized", "retokenize_template": str(VARIANT)})
     assert ok.retokenize_template == VARIANT
     for bad, where in (({"token_source": "text"}, "token_source"),
                        ({"retokenize_template": str(VARIANT)}, "only used with token_source: retokenized"),
                        ({"token_source": "retokenized", "retokenize_template": str(tmp_path / "x.jinja")},
                         "is not a file")):
         with pytest.raises(ConfigError, match=where):
-            parse(TrainConfig, bad)
+            parse_train_config(bad)
 
 
 def test_align_logprobs_matches_equal_ids_in_order() -> None:

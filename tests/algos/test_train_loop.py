@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from spanlab.algos.config import TrainConfig
-from spanlab.algos.registry import train
-from spanlab.config import parse
 from spanlab.engine.weights import WeightSyncClient
 from spanlab.errors import ConfigError
+from spanlab.jobs.config import parse_train_config
+from spanlab.jobs.job import run_job as train
 from spanlab.store import SpanStore
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -48,15 +47,15 @@ def stop_served_store(request: pytest.FixtureRequest, tmp_path: Path,
 def test_one_grpo_step_runs_the_whole_data_path(tmp_path: Path, restored_engine: str,
                                                stop_served_store: Callable[[], None]) -> None:
     db = tmp_path / "run.duckdb"
-    config = parse(TrainConfig, {
+    config = parse_train_config({
         "algorithm": "grpo", "run_name": "smoke", "out_dir": str(tmp_path / "runs"), "db": str(db),
         "engine_url": restored_engine,
         "agent": {"name": "calc", "kwargs": {"max_tokens": 32, "max_turns": 2}},
         "dataset": {"name": "calc", "seed": 1, "levels": [1]},
         "eval": {"tasks": 2},
         "warm_start": {"demos": 4, "batch_size": 2},
-        "grpo": {"group_size": 2, "lr": 1e-6},
-        "loop": {"steps": 1, "tasks_per_step": 2, "concurrency": 4},
+        "grpo": {"group_size": 2, "lr": 1e-6, "steps": 1, "tasks_per_step": 2},
+        "rollouts": {"concurrency": 4},
     })
     report = train(config)
 
@@ -88,7 +87,7 @@ def test_one_sft_round_trains_on_the_filtered_exact_ids(tmp_path: Path, restored
     from spanlab.adapters.sft import read_dataset
 
     db = tmp_path / "run.duckdb"
-    config = parse(TrainConfig, {
+    config = parse_train_config({
         "algorithm": "sft", "run_name": "sft-smoke", "out_dir": str(tmp_path / "runs"), "db": str(db),
         "engine_url": restored_engine,
         "agent": {"name": "calc", "kwargs": {"max_tokens": 32, "max_turns": 2}},
@@ -97,7 +96,7 @@ def test_one_sft_round_trains_on_the_filtered_exact_ids(tmp_path: Path, restored
         "sft": {"rounds": 1, "tasks_per_round": 2, "samples_per_task": 2, "backend": "torch",
                 "filter": {"rule": "best_of_n", "n": 1, "min_reward": 0.0, "dedupe": False},
                 "train": {"lr": 1e-6, "epochs": 1, "batch_size": 2}},
-        "loop": {"concurrency": 4},
+        "rollouts": {"concurrency": 4},
     })
     report = train(config)
 
@@ -123,12 +122,12 @@ def test_one_sft_round_trains_on_the_filtered_exact_ids(tmp_path: Path, restored
 
 def test_an_unsloth_round_serves_its_merged_weights(tmp_path: Path, restored_engine: str) -> None:
     """The Unsloth trainer (LoRA, in a child process) inside the loop: its merged folder is what vLLM reloads."""
-    from spanlab.algos.unsloth_sft import unsloth_available
+    from spanlab.algos.sft.unsloth import unsloth_available
 
     if not unsloth_available():
         pytest.skip("unsloth is not installed or does not import here (scripts/setup.sh installs it on CPU)")
     db = tmp_path / "run.duckdb"
-    config = parse(TrainConfig, {
+    config = parse_train_config({
         "algorithm": "sft", "run_name": "unsloth", "out_dir": str(tmp_path / "runs"), "db": str(db),
         "engine_url": restored_engine,
         "agent": {"name": "calc", "kwargs": {"max_tokens": 32, "max_turns": 2}},
@@ -138,7 +137,7 @@ def test_an_unsloth_round_serves_its_merged_weights(tmp_path: Path, restored_eng
                 "lora": {"rank": 4, "alpha": 8},
                 "filter": {"rule": "threshold", "min_reward": 0.0, "dedupe": False},
                 "train": {"lr": 1e-5, "epochs": 1, "batch_size": 2}},
-        "loop": {"concurrency": 2},
+        "rollouts": {"concurrency": 2},
     })
     report = train(config)
     (round0,) = report.steps
@@ -151,9 +150,9 @@ def test_an_unsloth_round_serves_its_merged_weights(tmp_path: Path, restored_eng
 
 
 def test_bad_train_config_names_the_key(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"loop\.steps"):
-        parse(TrainConfig, {"loop": {"steps": -1}})
+    with pytest.raises(ConfigError, match=r"grpo\.steps"):
+        parse_train_config({"grpo": {"steps": -1}})
     with pytest.raises(ConfigError, match=r"algorithm.*unknown algorithm 'ppo'"):
-        parse(TrainConfig, {"algorithm": "ppo"})
+        parse_train_config({"algorithm": "ppo"})
     with pytest.raises(ConfigError, match=r"grpo\.cliplow"):
-        parse(TrainConfig, {"grpo": {"cliplow": 0.1}})
+        parse_train_config({"grpo": {"cliplow": 0.1}})

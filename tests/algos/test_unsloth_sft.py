@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from spanlab.algos.unsloth_sft import weighted_causal_lm_loss
+from spanlab.algos.sft.unsloth import weighted_causal_lm_loss
 
 CHILD = """
 import json, logging, sys
@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 torch.set_num_threads(1)
 logging.basicConfig(level=logging.WARNING)
-from spanlab.algos.unsloth_sft import train_unsloth, unsloth_available
+from spanlab.algos.sft.unsloth import train_unsloth, unsloth_available
 assert unsloth_available()
 model_dir, rows_path, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 rows = json.loads(Path(rows_path).read_text())

@@ -16,10 +16,9 @@ from typing import Any
 
 import pytest
 
-from spanlab.algos.config import TrainConfig
-from spanlab.algos.registry import train
-from spanlab.algos.report import TrainReport
-from spanlab.config import parse
+from spanlab.jobs.config import TrainConfig, parse_train_config
+from spanlab.jobs.job import run_job as train
+from spanlab.jobs.report import TrainReport
 from spanlab.store import SpanStore
 from tests.apo.optimizer_server import ScriptedOptimizerServer
 
@@ -44,14 +43,14 @@ def _run(tmp_path: Path, db: Path, engine_url: str, name: str) -> tuple[TrainRep
 
 
 def _config(tmp_path: Path, db: Path, engine_url: str, optimizer_url: str, name: str) -> TrainConfig:
-    return parse(TrainConfig, {
+    return parse_train_config({
         "algorithm": "apo", "run_name": name, "out_dir": str(tmp_path / "runs"), "db": str(db),
         "engine_url": engine_url,
         "agent": {"name": "rooms", "kwargs": {"max_tokens": 128, "max_turns": 2}},
         "dataset": {"name": "rooms", "seed": 0, "levels": [1, 2]},
-        "loop": {"concurrency": 8},
+        "rollouts": {"concurrency": 8}, "eval": {"tasks": 2, "temperature": 0.0},
         "apo": {"beam_width": 1, "branch_factor": 3, "rounds": 1, "gradient_tasks": 2, "critique_examples": 1,
-                "val_tasks": 3, "test_tasks": 2,
+                "val_tasks": 3,
                 "optimizer": {"base_url": optimizer_url, "critique_model": "critic", "edit_model": "editor"}},
     })
 

@@ -4,29 +4,28 @@ from __future__ import annotations
 
 import pytest
 
-from spanlab.algos.apo_config import OptimizerConfig
-from spanlab.algos.apo_optimizer import Optimizer, extract_poml
-from spanlab.algos.apo_rollouts import PromptBank, agent_key
-from spanlab.algos.apo_stats import bootstrap, paired_difference
-from spanlab.algos.config import TrainConfig
-from spanlab.config import parse
+from spanlab.algos.apo.config import OptimizerConfig
+from spanlab.algos.apo.optimizer import Optimizer, extract_poml
+from spanlab.algos.apo.rollouts import PromptBank, agent_key
+from spanlab.algos.apo.stats import bootstrap, paired_difference
 from spanlab.errors import ConfigError
+from spanlab.jobs.config import parse_train_config
 from spanlab.store import SpanStore
 
 T = "<poml><human-msg>{{ request }}</human-msg></poml>"
 
 
 def test_apo_config_is_validated_with_the_key_named() -> None:
-    config = parse(TrainConfig, {"algorithm": "apo", "apo": {"beam_width": 3, "optimizer": {"edit_model": "e"}}})
-    assert config.apo.beam_width == 3 and config.apo.optimizer.edit_model == "e"
+    config = parse_train_config({"algorithm": "apo", "apo": {"beam_width": 3, "optimizer": {"edit_model": "e"}}})
+    assert config.section.beam_width == 3 and config.section.optimizer.edit_model == "e"
     with pytest.raises(ConfigError, match=r"apo\.beam"):
-        parse(TrainConfig, {"algorithm": "apo", "apo": {"beam": 3}})
+        parse_train_config({"algorithm": "apo", "apo": {"beam": 3}})
     with pytest.raises(ConfigError, match=r"apo\.branch_factor"):
-        parse(TrainConfig, {"algorithm": "apo", "apo": {"branch_factor": 0}})
+        parse_train_config({"algorithm": "apo", "apo": {"branch_factor": 0}})
     with pytest.raises(ConfigError, match="critique_examples cannot exceed gradient_tasks"):
-        parse(TrainConfig, {"algorithm": "apo", "apo": {"gradient_tasks": 2, "critique_examples": 3}})
+        parse_train_config({"algorithm": "apo", "apo": {"gradient_tasks": 2, "critique_examples": 3}})
     with pytest.raises(ConfigError, match="not both"):
-        parse(TrainConfig, {"apo": {"optimizer": {"base_url": "http://x/v1", "base_url_env": "X"}}})
+        parse_train_config({"algorithm": "apo", "apo": {"optimizer": {"base_url": "http://x/v1", "base_url_env": "X"}}})
 
 
 def test_optimizer_endpoint_and_key_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -45,7 +45,7 @@ def logp_gap(model: Any, samples: list[Any], pad_id: int, max_tokens: int = 2048
     import torch
 
     from spanlab.adapters.grpo import collate, micro_batches
-    from spanlab.algos.logprobs import token_logprobs
+    from spanlab.training.logprobs import token_logprobs
 
     total, count = 0.0, 0
     ordered = sorted(samples, key=len)
@@ -64,8 +64,8 @@ def load_weights(weights: Path) -> Any:
     """The default model with a run's pushed weights (``spanlab train`` writes only ``model.safetensors``)."""
     from safetensors.torch import load_file
 
-    from spanlab.algos.policy import load_policy
     from spanlab.engine.model import ensure_default_model
+    from spanlab.training.policy import load_policy
 
     model, _ = load_policy(ensure_default_model())
     missing, unexpected = model.load_state_dict(load_file(str(weights / "model.safetensors")), strict=False)
@@ -86,9 +86,9 @@ def main() -> None:
 
     from spanlab.adapters.grpo import iter_samples
     from spanlab.adapters.retokenize import drift_stats
-    from spanlab.algos.policy import pad_token_id
     from spanlab.engine.model import ensure_default_model
     from spanlab.store import SpanStore
+    from spanlab.training.policy import pad_token_id
 
     model = load_weights(args.weights) if args.weights else None
     tokenizer = AutoTokenizer.from_pretrained(ensure_default_model())

@@ -1,7 +1,7 @@
 """The room selector tutorial: a seeded building, booking requests with ground truth, a POML-prompted tool agent.
 
 ``RoomsAgent`` is registered as ``"rooms"`` in :data:`spanlab.runner.agent.REGISTERED_AGENTS` and the
-task set as ``"rooms"`` in :data:`spanlab.algos.tasks.TASK_SETS`. APO (``spanlab train
+task set as ``"rooms"`` in :data:`spanlab.jobs.tasks.TASK_SETS`. APO (``spanlab train
 tutorials/rooms/apo.yaml``) optimizes its prompt. Names are imported lazily, like the calc tutorial's.
 """
 

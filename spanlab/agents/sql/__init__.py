@@ -1,7 +1,7 @@
 """The SQL tutorial: a writer, a checker and a rewriter agent answering questions over small SQLite databases.
 
 ``SQLAgent`` is registered as ``"sql"`` in :data:`spanlab.runner.agent.REGISTERED_AGENTS` and the task set
-as ``"sql"`` in :data:`spanlab.algos.tasks.TASK_SETS`. Names are imported lazily, so building tasks or
+as ``"sql"`` in :data:`spanlab.jobs.tasks.TASK_SETS`. Names are imported lazily, so building tasks or
 demonstrations does not pay for the Agents SDK.
 """
 

@@ -21,53 +21,38 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Literal
+from pathlib import Path
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
 from spanlab.adapters.grpo import Batch, Sample, collate, micro_batches
 from spanlab.adapters.retokenize import drift_stats
-from spanlab.algos.logprobs import token_logprobs
-from spanlab.algos.model import LoraConfig, make_model_for_training, peak_rss_mb
+from spanlab.algos.grpo.config import Aggregation, GRPOConfig
+from spanlab.training.logprobs import token_logprobs
+from spanlab.training.model import apply_lora, peak_rss_mb
+from spanlab.training.settings import LoraConfig
 
 __all__ = ["GRPOConfig", "LoraConfig", "group_advantages", "grpo_step", "make_model_for_training", "policy_loss"]
 
 logger = logging.getLogger(__name__)
 
-Aggregation = Literal["token_mean", "seq_mean", "constant"]
 
+def make_model_for_training(model_dir: str | Path, config: GRPOConfig) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """The model in train mode and an AdamW over its trainable parameters (LoRA's only, when configured)."""
+    from transformers import AutoModelForCausalLM
 
-class GRPOConfig(BaseModel):
-    """Library config of the GRPO update; validated when built so a bad option fails before any rollout."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    lr: float = Field(default=1e-5, gt=0)
-    group_size: int = Field(default=4, description="samples per task the rollout loop draws; >= 2")
-    clip_low: float = Field(default=0.2, ge=0, lt=1, description="ratio clipped below at 1 - clip_low")
-    clip_high: float = Field(default=0.28, ge=0, description="ratio clipped above at 1 + clip_high (DAPO)")
-    scale_rewards: bool = Field(default=True, description="divide by the group's std; False = Dr.GRPO")
-    aggregation: Aggregation = "token_mean"
-    constant_divisor: int | None = Field(default=None, gt=0, description="tokens per sequence for 'constant'")
-    kl_beta: float = Field(default=0.0, ge=0, description="k3 KL to a reference model; 0 = no reference")
-    tis_cap: float | None = Field(default=2.0, gt=0, description="truncated importance sampling cap; None = off")
-    epochs_per_batch: int = Field(default=1, ge=1)
-    micro_batch_tokens: int = Field(default=4096, ge=1, description="padded tokens per forward/backward")
-    max_grad_norm: float = Field(default=1.0, gt=0)
-    lora: LoraConfig | None = Field(default=None, description="None = full fine-tuning")
-    weight_decay: float = Field(default=0.0, ge=0)
-    temperature: float = Field(default=1.0, gt=0, description="the engine's sampling temperature")
-
-    @model_validator(mode="after")
-    def _consistent(self) -> GRPOConfig:
-        if self.group_size < 2:
-            raise ValueError("group_size must be >= 2 for group-relative advantages")
-        if self.aggregation == "constant" and self.constant_divisor is None:
-            raise ValueError("aggregation 'constant' needs constant_divisor (e.g. the max response tokens)")
-        return self
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    model.config.use_cache = False
+    if config.lora is not None:
+        model = apply_lora(model, config.lora)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    logger.info("training %s: %.1f M trainable of %.1f M parameters", model_dir,
+                sum(p.numel() for p in params) / 1e6, sum(p.numel() for p in model.parameters()) / 1e6)
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    return model, optimizer
 
 
 def group_advantages(

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from openai import OpenAI, OpenAIError
 
 from spanlab.adapters.messages import Conversation, transcript
-from spanlab.algos.apo_config import OptimizerConfig
+from spanlab.algos.apo.config import OptimizerConfig
 from spanlab.errors import ConfigError, SpanlabError
 from spanlab.prompts.poml_template import ALLOWED_TAGS
 

@@ -54,7 +54,10 @@ class OptimizerConfig(_Section):
 
 
 class APOConfig(_Section):
-    """Beam search over prompt versions with textual gradients (Agent Lightning's APO, REFERENCE.md §5)."""
+    """Beam search over prompt versions with textual gradients (Agent Lightning's APO, REFERENCE.md §5).
+
+    The held-out split (the starting prompt and the winner) is the framework's ``eval`` section.
+    """
 
     prompt: Path | None = Field(default=None, description="starting POML file; null: the task set's default_template")
     resource: str = Field(default="prompt", description="resource name the agent reads the template from")
@@ -63,11 +66,10 @@ class APOConfig(_Section):
     )
     beam_width: int = Field(default=2, ge=1)
     branch_factor: int = Field(default=2, ge=1, description="edited candidates per parent per round")
-    rounds: int = Field(default=2, ge=0)
+    rounds: int = Field(default=2, ge=0, le=1000, description="--steps overrides it")
     gradient_tasks: int = Field(default=6, ge=1, description="train tasks a parent runs on to be critiqued")
     critique_examples: int = Field(default=3, ge=1, description="low- and high-reward rollouts shown (each)")
     val_tasks: int = Field(default=12, ge=1, description="validation tasks every candidate is scored on")
-    test_tasks: int = Field(default=20, ge=1, description="held-out tasks for the starting prompt and the winner")
     max_rollouts: int | None = Field(default=None, ge=1, description="budget of new rollouts; null: unlimited")
     confidence: float = Field(default=0.95, gt=0, lt=1, description="bootstrap interval level")
     seed: int = Field(default=0, description="gradient batches, bootstrap and optimizer sampling")

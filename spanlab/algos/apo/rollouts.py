@@ -21,7 +21,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from spanlab.algos.rollouts import RolloutCollector
+from spanlab.jobs.rollouts import RolloutCollector
 from spanlab.prompts import template_sha
 from spanlab.types import Resource, Rollout, RolloutConfig, RolloutMode
 

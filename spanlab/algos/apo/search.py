@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from spanlab.adapters.messages import conversations
-from spanlab.algos.apo_config import APOConfig
-from spanlab.algos.apo_optimizer import Optimizer
-from spanlab.algos.apo_rollouts import PromptBank, RolloutRunner
-from spanlab.algos.apo_stats import Interval, bootstrap
+from spanlab.algos.apo.config import APOConfig
+from spanlab.algos.apo.optimizer import Optimizer
+from spanlab.algos.apo.rollouts import PromptBank, RolloutRunner
+from spanlab.algos.apo.stats import Interval, bootstrap
 from spanlab.prompts import PromptRenderer, check_template
 
 logger = logging.getLogger(__name__)
@@ -70,12 +70,16 @@ class BeamSearch:
         self.lineage.append(cand)
         return cand
 
-    def run(self, start: str) -> Candidate:
+    def root(self, start: str) -> Candidate:
+        """The starting prompt, validated and stored as a version (the base evaluation runs it)."""
         problems = check_template(start, self.required, renderer=self.renderer)
         if problems:
             raise ValueError("the starting prompt fails validation:\n  " + "\n  ".join(problems))
         version, _ = self.bank.version_of(start, origin="start", run_id=self.run_id)
-        root = self._new(start, 0, "root", version=version)
+        return self._new(start, 0, "root", version=version)
+
+    def run(self, root: Candidate) -> Candidate:
+        """Beam search from ``root``; returns the best candidate by validation score."""
         self._score([root], round_=0)
         if root.val is None:
             raise ValueError(f"apo.max_rollouts={self.config.max_rollouts} cannot even score the starting prompt")

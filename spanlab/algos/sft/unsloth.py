@@ -77,7 +77,7 @@ def unsloth_available() -> bool:
     here would patch this process's transformers, and a bad install can kill a process outright."""
     if importlib.util.find_spec("unsloth") is None:
         return False
-    probe = "from spanlab.algos.unsloth_sft import _fast_language_model; _fast_language_model()"
+    probe = "from spanlab.algos.sft.unsloth import _fast_language_model; _fast_language_model()"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         logger.warning("unsloth is installed but does not import (exit %d): %s (%s)", done.returncode,

@@ -17,61 +17,17 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
+from spanlab.adapters.conversation import encode_conversation, sft_sample
 from spanlab.adapters.grpo import Sample, collate
-from spanlab.algos.logprobs import token_logprobs
 from spanlab.errors import ConfigError
+from spanlab.training.logprobs import token_logprobs
+from spanlab.training.settings import SFTConfig
+
+__all__ = ["SFTConfig", "encode_conversation", "sft_sample", "sft_train"]
 
 logger = logging.getLogger(__name__)
-
-
-class SFTConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    lr: float = Field(default=1e-4, gt=0)
-    epochs: int = Field(default=1, ge=1)
-    batch_size: int = Field(default=4, ge=1)
-    max_len: int = Field(default=1024, ge=16, description="longer conversations are skipped, with a warning")
-    weight_decay: float = Field(default=0.0, ge=0)
-    max_grad_norm: float = Field(default=1.0, gt=0)
-    seed: int = 0
-
-
-def encode_conversation(tokenizer: Any, messages: list[dict], tools: list[dict] | None = None) -> Sample:
-    """Token IDs of a rendered conversation and a mask that is 1 on the assistant turns' tokens.
-
-    A turn runs from the end of the generation prompt to its end-of-turn token inclusive (the model
-    must learn to stop); the newline the template puts after that token is prompt, as at sampling time.
-    """
-    def render(msgs: list[dict], gen: bool) -> str:
-        return tokenizer.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=gen)
-
-    full = render(messages, False)
-    spans: list[tuple[int, int]] = []
-    for i, msg in enumerate(messages):
-        if msg["role"] != "assistant":
-            continue
-        before, upto = render(messages[:i], True), render(messages[: i + 1], False)
-        if not (full.startswith(upto) and upto.startswith(before)):
-            raise ConfigError("the chat template is not prefix-preserving for this conversation; "
-                              "check it with `spanlab template check`")
-        spans.append((len(before), len(upto.rstrip())))
-    enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
-    ids = np.asarray(enc["input_ids"], dtype=np.int32)
-    mask = np.zeros(len(ids), dtype=np.uint8)
-    for t, (start, _end) in enumerate(enc["offset_mapping"]):
-        if any(a <= start < b for a, b in spans):
-            mask[t] = 1
-    return sft_sample(ids, mask)
-
-
-def sft_sample(ids: np.ndarray, mask: np.ndarray) -> Sample:
-    """A trainer row of token IDs and their loss mask; SFT needs no engine logprobs, reward or span IDs."""
-    return Sample(rollout_id="", group_id="", input_ids=ids, loss_mask=mask,
-                  engine_logprobs=np.zeros(len(ids), dtype=np.float32), reward=0.0, span_ids=[])
 
 
 def sft_train(

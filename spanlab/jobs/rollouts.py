@@ -98,11 +98,11 @@ def final_rewards(store: StoreAPI, rollout_ids: Sequence[str]) -> dict[str, floa
     return {s.rollout_id: s.final_reward for s in store.rollout_summaries(rollout_ids) if s.final_reward is not None}
 
 
-def cancel_leftovers(store: StoreAPI) -> int:
-    """Cancel rollouts an earlier, interrupted run left queued, so this run's workers do not pick them up."""
+def cancel_leftovers(store: StoreAPI, why: str = "left queued by an earlier run") -> int:
+    """Cancel rollouts still queued (an earlier, interrupted run's), so no later worker picks them up."""
     left = [r for status in ("queuing", "requeuing") for r in store.list_rollouts(status=status, limit=100_000)]
     for rollout in left:
         store.cancel_rollout(rollout.rollout_id)
     if left:
-        logger.warning("cancelled %d rollouts left queued by an earlier run", len(left))
+        logger.warning("cancelled %d rollouts %s", len(left), why)
     return len(left)

@@ -11,14 +11,21 @@ afterwards carries the version it was sampled from (``rollouts.resources_version
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from spanlab.adapters.conversation import encode_conversation
 from spanlab.engine.weights import SyncTiming, WeightSyncClient, save_weights
+from spanlab.errors import ConfigError
 from spanlab.store.base import StoreAPI
+from spanlab.training.model import apply_lora
+from spanlab.training.settings import LoraConfig, SFTConfig
+from spanlab.training.supervised import sft_train
 
 logger = logging.getLogger(__name__)
 
@@ -84,3 +91,42 @@ class PolicySync:
                                 kind="model_checkpoint")
         logger.info("engine serves %s (%s, %.2fs)", tag, timing.method, timing.total_s)
         return timing
+
+
+@dataclass
+class Policy:
+    """The model a job trains, its tokenizer, and the push that makes the engine serve it."""
+
+    model: torch.nn.Module
+    tokenizer: Any
+    pad_id: int
+    sync: PolicySync
+
+    def push(self) -> float:
+        """Serve the current weights; the seconds it took."""
+        return self.sync.push(self.model).total_s
+
+
+def open_policy(stack: ExitStack, *, model_name: str, root_url: str, served: str, store: StoreAPI, run_dir: Path,
+                lora: LoraConfig | None, torch_threads: int | None) -> Policy:
+    """Load the served model for training (wrapped in LoRA when given: the engine then hot-loads the adapter)."""
+    from spanlab.engine.model import resolve_model
+
+    torch.set_num_threads(torch_threads or torch.get_num_threads())
+    client = stack.enter_context(WeightSyncClient(root_url))
+    model, tokenizer = load_policy(resolve_model(model_name))
+    if lora is not None:
+        model = apply_lora(model, lora)
+    return Policy(model, tokenizer, pad_token_id(tokenizer), PolicySync(client, store, run_dir, served))
+
+
+def warm_start(policy: Policy, demonstration: Callable[[dict[str, Any]], dict[str, Any]] | None,
+               tasks: list[dict[str, Any]], config: SFTConfig, *, demos: int, progress: Any) -> dict[str, float]:
+    """SFT on generated demonstrations of the first ``demos`` tasks, then pushed (a model that never earns a
+    reward gives RL and reward filtering nothing to keep)."""
+    if demonstration is None:
+        raise ConfigError("warm_start: the task set has no demonstrations; remove warm_start from the config")
+    samples = [encode_conversation(policy.tokenizer, d["messages"], d.get("tools"))
+               for d in map(demonstration, tasks[:demos])]
+    metrics = sft_train(policy.model, samples, config, pad_id=policy.pad_id, progress=progress)
+    return {**metrics, "sync_s": policy.push()}

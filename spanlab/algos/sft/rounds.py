@@ -1,4 +1,4 @@
-"""Reward-filtered fine-tuning rounds: collect -> filter -> train -> serve (``algorithm: sft``).
+"""Reward-filtered fine-tuning rounds: collect -> filter -> train -> serve, between the framework's evaluations.
 
 Rejection-sampling fine-tuning, the Unsloth example of the seeds (REFERENCE.md §5) done on exact token
 IDs: each round samples several rollouts per task from the served policy, keeps the rewarded ones
@@ -8,76 +8,56 @@ round samples from the improved policy. Every round's dataset is kept as Parquet
 its figures go to ``train_metrics``.
 
 Trainers: Unsloth (``FastLanguageModel`` + LoRA + TRL) when it is importable and chosen, else the plain
-torch trainer of :mod:`spanlab.algos.sft` (full fine-tuning, or LoRA via peft).
+torch trainer of :mod:`spanlab.training.supervised` (full fine-tuning, or LoRA via peft).
 """
 
 from __future__ import annotations
 
 import logging
-import random
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import torch
-from rich.console import Console
 
 from spanlab.adapters.grpo import Sample
 from spanlab.adapters.sft import IGNORE_INDEX, build_sft_dataset, rows_from_table, write_dataset
-from spanlab.algos.config import SFTRoundsConfig, TrainConfig
-from spanlab.algos.model import MissingDependencyError, apply_lora
-from spanlab.algos.phases import open_job
-from spanlab.algos.report import TrainReport
-from spanlab.algos.sft import sft_sample, sft_train
+from spanlab.algos.sft.config import SFTRoundsConfig
 from spanlab.errors import ConfigError
+from spanlab.jobs.job import Job
+from spanlab.training.model import MissingDependencyError, apply_lora
+from spanlab.training.supervised import sft_sample, sft_train
 
 logger = logging.getLogger(__name__)
 
 
-def train_sft(config: TrainConfig, *, console: Console | None = None) -> TrainReport:
-    """Run the whole SFT-rounds job described by ``config``; returns (and writes) its report."""
-    console = console or Console(stderr=True)
-    rounds = config.sft
+def train_sft(job: Job, rounds: SFTRoundsConfig) -> None:
+    """``rounds.rounds`` rounds of collect -> filter -> train -> serve on the job's policy."""
+    assert job.policy is not None, "SFT rounds train weights: the framework loads the policy"
+    policy, config = job.policy, job.config
     backend = choose_backend(rounds)
-    with ExitStack() as stack:
-        job = open_job(stack, config, console, algorithm="sft", n_train=rounds.rounds * rounds.tasks_per_round)
-        job.warm_start()
-        store, model = job.rig.store, job.model
-        model_dir: Path | None = None  # Unsloth trains from a folder: the latest full weights
-        rng = random.Random(config.dataset.seed)
-        overrides = {} if rounds.temperature is None else {"temperature": rounds.temperature}
-        bar = job.progress.add_task("SFT rounds", total=rounds.rounds)
-        for r in range(rounds.rounds):
-            tasks = rng.sample(job.splits["rl"], min(rounds.tasks_per_round, len(job.splits["rl"])))
-            batch = job.rig.collector.collect(tasks, mode="train", group_size=rounds.samples_per_task,
-                                              metadata={"run_id": job.report.run_id, "round": r},
-                                              model=job.sync.served_name, **overrides)
-            job.rig.gateway.flush()
-            table, stats = build_sft_dataset(store, batch.rollout_ids, rounds.filter, agents=config.agents)
-            write_dataset(table, config.run_dir / f"round-{r}.parquet")
-            metrics: dict[str, float] = {"reward_mean": batch.mean_reward, "rollout_s": batch.seconds,
-                                         "rollout_failed": batch.failed, **stats.metrics()}
-            if table.num_rows == 0:
-                logger.warning("round %d: the filter kept no examples (reward mean %.2f); nothing to train on",
-                               r, batch.mean_reward)
-            elif backend == "unsloth":
-                model_dir = model_dir or _save_full(model, job.tokenizer, config.run_dir / "start")
-                model_dir, trained = _unsloth_round(model_dir, table, rounds, config.run_dir / f"round-{r}")
-                metrics.update(trained, sync_s=job.sync.push_dir(model_dir).total_s)
-            else:
-                model, trained = _torch_round(model, table, rounds, pad_id=job.pad_id, progress=job.progress,
-                                              label=f"round {r}")
-                metrics.update(trained, sync_s=job.sync.push(model).total_s)
-            store.add_metrics(job.report.run_id, "sft", r, metrics)
-            job.report.steps.append(metrics)
-            job.progress.update(bar, advance=1, description=f"SFT rounds (reward {batch.mean_reward:.2f})")
-            if rounds.eval_each_round and r < rounds.rounds - 1:
-                job.held_out(f"round_{r + 1}")
-        if rounds.rounds:
-            job.held_out("final")
-        return job.finish()
+    model_dir: Path | None = None  # Unsloth trains from a folder: the latest full weights
+    for r, tasks in job.steps(rounds.rounds, rounds.tasks_per_round, "SFT rounds"):
+        batch = job.collect(tasks, group_size=rounds.samples_per_task, round=r)
+        table, stats = build_sft_dataset(job.rig.store, batch.rollout_ids, rounds.filter, agents=config.agents)
+        write_dataset(table, config.run_dir / f"round-{r}.parquet")
+        metrics: dict[str, float] = {"reward_mean": batch.mean_reward, "rollout_s": batch.seconds,
+                                     "rollout_failed": batch.failed, **stats.metrics()}
+        if table.num_rows == 0:
+            logger.warning("round %d: the filter kept no examples (reward mean %.2f); nothing to train on",
+                           r, batch.mean_reward)
+        elif backend == "unsloth":
+            model_dir = model_dir or _save_full(policy.model, policy.tokenizer, config.run_dir / "start")
+            model_dir, trained = _unsloth_round(model_dir, table, rounds, config.run_dir / f"round-{r}")
+            metrics.update(trained, sync_s=policy.sync.push_dir(model_dir).total_s)
+        else:
+            policy.model, trained = _torch_round(policy.model, table, rounds, pad_id=policy.pad_id,
+                                                 progress=job.progress, label=f"round {r}")
+            metrics.update(trained, sync_s=policy.push())
+        job.log_step(metrics)
+        if rounds.eval_each_round and r < rounds.rounds - 1:
+            job.held_out(f"round_{r + 1}")
 
 
 def choose_backend(rounds: SFTRoundsConfig) -> str:
@@ -90,7 +70,7 @@ def choose_backend(rounds: SFTRoundsConfig) -> str:
             raise ConfigError("sft.save: adapter is not supported with sft.backend: unsloth (each Unsloth round "
                               "merges its LoRA); use save: merged, or backend: torch with lora")
         return "torch"
-    from spanlab.algos.unsloth_sft import unsloth_available
+    from spanlab.algos.sft.unsloth import unsloth_available
 
     available = unsloth_available()
     if rounds.backend == "unsloth" and not available:
@@ -127,7 +107,7 @@ def _torch_round(model: torch.nn.Module, table: pa.Table, rounds: SFTRoundsConfi
 
 def _unsloth_round(model_dir: str | Path, table: pa.Table, rounds: SFTRoundsConfig,
                    out_dir: Path) -> tuple[Path, dict[str, float]]:
-    from spanlab.algos.unsloth_sft import train_unsloth_in_child
+    from spanlab.algos.sft.unsloth import train_unsloth_in_child
 
     lora = rounds.lora
     result = train_unsloth_in_child(str(model_dir), rows_from_table(table), lr=rounds.train.lr,

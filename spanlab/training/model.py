@@ -10,51 +10,19 @@ from __future__ import annotations
 import logging
 import resource
 import sys
-from pathlib import Path
-from typing import TYPE_CHECKING
 
-import torch
-from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from spanlab.errors import ConfigError
+from spanlab.training.settings import LoraConfig
 
-if TYPE_CHECKING:
-    from spanlab.algos.grpo import GRPOConfig
-
-__all__ = ["LoraConfig", "MissingDependencyError", "apply_lora", "make_model_for_training", "peak_rss_mb"]
+__all__ = ["LoraConfig", "MissingDependencyError", "apply_lora", "peak_rss_mb"]
 
 logger = logging.getLogger(__name__)
 
 
 class MissingDependencyError(ConfigError, ImportError):
     """An option needs a package that is not installed (e.g. LoRA needs ``peft``)."""
-
-
-class LoraConfig(BaseModel):
-    """LoRA adapters on the attention and MLP projections (the modules vLLM's LoRA serving supports)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    rank: int = Field(default=8, ge=1)
-    alpha: float = Field(default=16.0, gt=0)
-    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-def make_model_for_training(model_dir: str | Path, config: GRPOConfig) -> tuple[nn.Module, torch.optim.Optimizer]:
-    """The model in train mode and an AdamW over its trainable parameters (LoRA's only, when configured)."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    model.config.use_cache = False
-    if config.lora is not None:
-        model = apply_lora(model, config.lora)
-    model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    logger.info("training %s: %.1f M trainable of %.1f M parameters", model_dir,
-                sum(p.numel() for p in params) / 1e6, sum(p.numel() for p in model.parameters()) / 1e6)
-    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
-    return model, optimizer
 
 
 def apply_lora(model: nn.Module, lora: LoraConfig) -> nn.Module:

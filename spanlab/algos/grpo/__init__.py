@@ -1,0 +1,1 @@
+"""GRPO on exact token IDs (``algorithm: grpo``)."""

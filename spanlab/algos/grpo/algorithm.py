@@ -1,0 +1,33 @@
+"""``algorithm: grpo``: GRPO on exact token IDs. Run: ``spanlab train tutorials/calc/grpo.yaml``.
+
+Light on import (the config only), so ``spanlab train --check`` never loads torch for it; the loop
+(:mod:`spanlab.algos.grpo.loop`) and the update (:mod:`spanlab.algos.grpo.update`) load when it runs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from spanlab.algos.grpo.config import GRPOSection
+from spanlab.jobs.algorithm import Algorithm
+
+if TYPE_CHECKING:
+    from spanlab.jobs.job import Job
+from spanlab.training.settings import LoraConfig
+
+
+class GRPO(Algorithm[GRPOSection]):
+    config_model = GRPOSection
+    trains_weights = True
+    steps_key = "steps"
+
+    def train_tasks(self) -> int:
+        return self.settings.steps * self.settings.tasks_per_step
+
+    def policy_lora(self) -> LoraConfig | None:
+        return self.settings.lora
+
+    def run(self, job: Job) -> None:
+        from spanlab.algos.grpo.loop import train_grpo
+
+        train_grpo(job, self.settings)

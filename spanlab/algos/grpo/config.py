@@ -1,0 +1,53 @@
+"""The ``grpo:`` section: the GRPO update's options and the outer loop's sizes; no torch, so ``--check`` stays cheap."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from spanlab.training.settings import LoraConfig
+
+Aggregation = Literal["token_mean", "seq_mean", "constant"]
+
+
+class GRPOConfig(BaseModel):
+    """Library config of the GRPO update; validated when built so a bad option fails before any rollout."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    lr: float = Field(default=1e-5, gt=0)
+    group_size: int = Field(default=4, description="samples per task the rollout loop draws; >= 2")
+    clip_low: float = Field(default=0.2, ge=0, lt=1, description="ratio clipped below at 1 - clip_low")
+    clip_high: float = Field(default=0.28, ge=0, description="ratio clipped above at 1 + clip_high (DAPO)")
+    scale_rewards: bool = Field(default=True, description="divide by the group's std; False = Dr.GRPO")
+    aggregation: Aggregation = "token_mean"
+    constant_divisor: int | None = Field(default=None, gt=0, description="tokens per sequence for 'constant'")
+    kl_beta: float = Field(default=0.0, ge=0, description="k3 KL to a reference model; 0 = no reference")
+    tis_cap: float | None = Field(default=2.0, gt=0, description="truncated importance sampling cap; None = off")
+    epochs_per_batch: int = Field(default=1, ge=1)
+    micro_batch_tokens: int = Field(default=4096, ge=1, description="padded tokens per forward/backward")
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    lora: LoraConfig | None = Field(default=None, description="None = full fine-tuning")
+    weight_decay: float = Field(default=0.0, ge=0)
+    temperature: float = Field(default=1.0, gt=0, description="the engine's sampling temperature")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> GRPOConfig:
+        if self.group_size < 2:
+            raise ValueError("group_size must be >= 2 for group-relative advantages")
+        if self.aggregation == "constant" and self.constant_divisor is None:
+            raise ValueError("aggregation 'constant' needs constant_divisor (e.g. the max response tokens)")
+        return self
+
+
+class GRPOSection(GRPOConfig):
+    """The ``grpo:`` section of a train config: the update's options plus how many updates, fed by how many tasks."""
+
+    steps: int = Field(default=4, ge=0, le=100_000, description="GRPO updates (--steps overrides it)")
+    tasks_per_step: int = Field(default=8, ge=1, le=100_000, description="distinct tasks per update; x group_size")
+
+    @property
+    def serves_lora(self) -> bool:
+        """The engine serves a LoRA adapter of this policy (vLLM must start with LoRA on)."""
+        return self.lora is not None

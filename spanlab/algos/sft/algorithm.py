@@ -1,0 +1,36 @@
+"""``algorithm: sft``: reward-filtered fine-tuning rounds. Run: ``spanlab train tutorials/sql/sft.yaml``.
+
+Rejection-sampling fine-tuning on exact token IDs; the rounds live in :mod:`spanlab.algos.sft.rounds`
+(loaded when it runs), the trainers in :mod:`spanlab.training` (torch) and :mod:`spanlab.algos.sft.unsloth`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from spanlab.algos.sft.config import SFTRoundsConfig
+from spanlab.jobs.algorithm import Algorithm
+
+if TYPE_CHECKING:
+    from spanlab.jobs.job import Job
+
+
+class SFTRounds(Algorithm[SFTRoundsConfig]):
+    config_model = SFTRoundsConfig
+    trains_weights = True
+    steps_key = "rounds"
+
+    def check(self) -> None:
+        """A trainer chosen by name must be usable here (``auto`` decides when the run starts)."""
+        if self.settings.backend != "auto":
+            from spanlab.algos.sft.rounds import choose_backend
+
+            choose_backend(self.settings)
+
+    def train_tasks(self) -> int:
+        return self.settings.rounds * self.settings.tasks_per_round
+
+    def run(self, job: Job) -> None:
+        from spanlab.algos.sft.rounds import train_sft
+
+        train_sft(job, self.settings)

@@ -1,0 +1,219 @@
+"""``spanlab train CONFIG.yaml``: shared sections every algorithm reads, plus the section of the chosen one.
+
+``algorithm: grpo`` selects the ``grpo:`` section, validated by that algorithm's own model; a section
+named after another algorithm is an error naming the key (it would be silently ignored otherwise).
+Shared settings live in shared sections: ``rollouts`` (concurrency, timeout, sampling temperature),
+``eval`` (the held-out split), ``warm_start``. Every section has defaults that run on a 2-core CPU
+machine, unknown keys are errors naming the key, and everything here is checked before an engine starts.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+
+from spanlab.config import AgentConfig, parse
+from spanlab.engine.config import EngineConfig
+from spanlab.errors import ConfigError
+from spanlab.jobs.algorithm import Algorithm, AlgorithmConfig
+from spanlab.jobs.registry import available, load_algorithm
+from spanlab.training.settings import SFTConfig
+
+# Keys of earlier versions, each with the one line that says where it went.
+MIGRATIONS: dict[str, str] = {
+    "loop": "loop: was split up: loop.steps/tasks_per_step -> grpo.steps/tasks_per_step; loop.concurrency/"
+            "rollout_timeout_s -> rollouts.concurrency/timeout_s; loop.torch_threads -> torch_threads",
+    "sft.temperature": "sft.temperature: moved to rollouts.temperature (shared by every algorithm)",
+    "apo.test_tasks": "apo.test_tasks: moved to eval.tasks (the framework's held-out evaluation)",
+}
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class DatasetConfig(_Section):
+    """Tasks from a registered task set (``calc``) or a module exposing ``make_tasks`` (and ``demonstration``)."""
+
+    name: str = "calc"
+    seed: int = 0
+    levels: tuple[int, ...] = Field(default=(1, 2, 3), min_length=1)
+    train_levels: tuple[int, ...] | None = Field(default=None, min_length=1,
+                                                 description="levels RL trains on; default `levels`")
+
+    @model_validator(mode="after")
+    def _train_levels_in_levels(self) -> DatasetConfig:
+        if self.train_levels and not set(self.train_levels) <= set(self.levels):
+            raise ValueError(f"train_levels {list(self.train_levels)} must be a subset of levels {list(self.levels)}")
+        return self
+
+
+class EvalConfig(_Section):
+    """Held-out accuracy, measured by the framework through the same agent/gateway path for every algorithm."""
+
+    split: str = Field(default="test", pattern="^(val|test)$")
+    tasks: int = Field(default=60, ge=1, le=100_000, description="held-out tasks per evaluation")
+    temperature: float = Field(default=0.0, ge=0, le=10)
+
+
+class RolloutsConfig(_Section):
+    """How training rollouts run, for every algorithm: how many in flight, how long one may take, how hot."""
+
+    concurrency: int = Field(default=16, ge=1, le=4096, description="rollouts in flight")
+    timeout_s: float = Field(default=600.0, gt=0, le=86_400)
+    temperature: float | None = Field(default=None, ge=0, le=10, description="sampling temperature; default: "
+                                      "the agent's (APO scores at eval.temperature unless this is set)")
+
+
+class WarmStartConfig(SFTConfig):
+    """SFT on generated demonstrations before training, for a model that would otherwise never earn a reward."""
+
+    demos: int = Field(default=88, ge=1, le=100_000, description="demonstrations from the train split")
+
+
+class TrainConfig(_Section):
+    """The shared part of a train config; :func:`train_config_model` adds the chosen algorithm's section."""
+
+    algorithm: str = "grpo"
+    run_name: str = "run"
+    out_dir: Path = Field(default=Path("runs"), description="checkpoints and plots go to out_dir/run_name")
+    db: Path = Field(default=Path("runs/spanlab.duckdb"), description="the span store file")
+    engine: EngineConfig = Field(default_factory=lambda: EngineConfig(dev_routes=True))
+    engine_url: str | None = Field(
+        default=None, description="use this running vLLM (serving engine.model, dev routes on) instead of starting one"
+    )
+    tito: bool = Field(default=True, description="record TITO session buffers (one sequence per agent session)")
+    token_source: str = Field(default="exact", pattern="^(exact|retokenized)$",
+                              description="train on the engine's IDs, or 'retokenized' stored text (drift)")
+    retokenize_template: Path | None = Field(
+        default=None, description="a chat template file to retokenize with (models a train/serve template mismatch)"
+    )
+    agent: AgentConfig = Field(default_factory=lambda: AgentConfig(name="calc"))
+    agents: tuple[str, ...] | None = Field(
+        default=None, description="roles of a multi-agent agent whose calls are trained on (None: every call)"
+    )
+    dataset: DatasetConfig = Field(default_factory=DatasetConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    rollouts: RolloutsConfig = Field(default_factory=RolloutsConfig)
+    warm_start: WarmStartConfig | None = None
+    torch_threads: int | None = Field(default=None, ge=1, le=1024, description="default: all cores")
+    section: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="the chosen algorithm's section")
+
+    @field_validator("run_name")
+    @classmethod
+    def _run_name_stays_in_out_dir(cls, name: str) -> str:
+        if not _SAFE_NAME.match(name) or ".." in name:
+            raise ValueError(f"{name!r} must be a plain folder name (letters, digits, . _ -), not a path")
+        return name
+
+    @field_validator("engine_url")
+    @classmethod
+    def _engine_url_is_http(cls, url: str | None) -> str | None:
+        if url is not None:
+            parts = urlparse(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"{url!r} is not an http(s) URL such as http://127.0.0.1:8000")
+        return url
+
+    @field_validator("engine")
+    @classmethod
+    def _engine_can_reload(cls, engine: EngineConfig) -> EngineConfig:
+        """Training pushes weights through vLLM's dev routes (reload, pause), so they are always on."""
+        return engine if engine.dev_routes else engine.model_copy(update={"dev_routes": True})
+
+    @model_validator(mode="after")
+    def _cross_section(self) -> TrainConfig:
+        if self.retokenize_template is not None:
+            if self.token_source != "retokenized":
+                raise ValueError("retokenize_template is only used with token_source: retokenized")
+            if not self.retokenize_template.is_file():
+                raise ValueError(f"retokenize_template {str(self.retokenize_template)!r} is not a file")
+        # A LoRA policy served as an adapter needs vLLM started with LoRA on; turn it on rather than fail later.
+        if getattr(self.section, "serves_lora", False) and not self.engine.enable_lora and self.engine_url is None:
+            object.__setattr__(self, "engine", self.engine.model_copy(update={"enable_lora": True}))
+        return self
+
+    @property
+    def run_dir(self) -> Path:
+        return self.out_dir / self.run_name
+
+    def resolved(self) -> dict[str, Any]:
+        """Every setting as the run will use it, the algorithm's section under its own name (``--check``)."""
+        data = self.model_dump(mode="json", exclude={"section"})
+        data[self.algorithm] = self.section.model_dump(mode="json")
+        return data
+
+
+@functools.cache
+def train_config_model(name: str, algorithm: type[Algorithm]) -> type[TrainConfig]:
+    """TrainConfig with ``section`` read from the key named after the algorithm, validated by its model."""
+    return create_model(f"TrainConfig[{name}]", __base__=TrainConfig,
+                        section=(algorithm.config_model, Field(default_factory=algorithm.config_model, alias=name)))
+
+
+def parse_train_config(data: dict[str, Any], source: str = "config", *, steps: int | None = None) -> TrainConfig:
+    """Validate a train config (``steps``: the ``--steps`` override, validated like the YAML key it sets)."""
+    name = data.get("algorithm", "grpo")
+    if not isinstance(name, str):
+        raise ConfigError(f"{source}: algorithm must be a name, got {name!r}")
+    for key, message in MIGRATIONS.items():
+        section, _, sub = key.partition(".")
+        if section in data and (not sub or (section == name and sub in (data[section] or {}))):
+            raise ConfigError(f"{source}: {message}")
+    for other in sorted(set(available()) - {name}):
+        if other in data:
+            raise ConfigError(f"{source}: {other}: a section for algorithm {other!r}, but this config runs {name!r}")
+    algorithm = load_algorithm(name)
+    if steps is not None:
+        if algorithm.steps_key is None:
+            raise ConfigError(f"--steps: algorithm {name!r} has no step count to override")
+        section = data.get(name) or {}
+        if not isinstance(section, dict):
+            raise ConfigError(f"{source}: {name} must be a mapping")
+        data = {**data, name: {**section, algorithm.steps_key: steps}}
+    return parse(train_config_model(name, algorithm), data, source=source)
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """A YAML loader that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
+
+
+def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+        if key in seen:
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
+
+
+def load_train_config(path: str | Path, *, steps: int | None = None) -> TrainConfig:
+    """Read and validate a train config file; every problem is a ConfigError of one line or a short list."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from exc
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {p}: {exc.strerror or exc}") from exc
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        where = f" (line {exc.problem_mark.line + 1})" if exc.problem_mark else ""
+        raise ConfigError(f"{p} is not valid YAML: {exc.problem or exc.context}{where}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p} must hold a mapping of sections, not {type(data).__name__}")
+    return parse_train_config(data, str(p), steps=steps)

@@ -1,0 +1,216 @@
+"""The job an algorithm runs in, and the phases every job shares: base and final evaluation, warm start, report.
+
+:func:`run_job` opens the rig (store, engine, gateway, rollout collector), makes the task splits,
+loads the policy when the algorithm trains weights, evaluates the held-out split, runs the optional
+warm start, hands the job to ``Algorithm.run`` and evaluates again. A held-out number therefore means
+the same for every algorithm: same tasks, same agent/gateway path, same temperature, same metrics.
+Ctrl-C anywhere stops the rollouts, closes what was opened (the engine included) and re-raises.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from spanlab.errors import ConfigError
+from spanlab.jobs.algorithm import Algorithm
+from spanlab.jobs.config import TrainConfig
+from spanlab.jobs.registry import load_algorithm
+from spanlab.jobs.report import Evaluation, TrainReport
+from spanlab.jobs.rig import Rig, open_rig
+from spanlab.jobs.rollouts import RolloutBatch
+from spanlab.jobs.tasks import TaskSet, load_task_set
+
+if TYPE_CHECKING:
+    from spanlab.training.policy import Policy
+
+logger = logging.getLogger(__name__)
+
+Tasks = list[dict[str, Any]]
+Evaluator = Callable[[Tasks, str], RolloutBatch]  # (held-out tasks, phase) -> one reward per task
+
+
+def split_tasks(task_set: TaskSet, config: TrainConfig, n_train: int) -> dict[str, Tasks]:
+    """``train`` (demos), ``rl`` (the train tasks of ``train_levels``) and ``eval`` (held out) task lists."""
+    data = config.dataset
+    n_train = max(n_train, config.warm_start.demos if config.warm_start else 0, 1)
+    try:
+        train = task_set.make_tasks("train", n=n_train * 2, seed=data.seed, levels=data.levels)
+        held_out = task_set.make_tasks(config.eval.split, n=config.eval.tasks, seed=data.seed, levels=data.levels)
+    except ValueError as exc:
+        raise ConfigError(f"dataset: task set {data.name!r}: {exc}") from exc
+    rl_levels = set(data.train_levels or data.levels)
+    return {"train": train, "rl": [t for t in train if t.get("level") in rl_levels] or train, "eval": held_out}
+
+
+def progress_bar(console: Console) -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                    TimeElapsedColumn(), console=console)
+
+
+@dataclass
+class Job:
+    """One run's open pieces, given to ``Algorithm.run``: rig, task splits, policy (if trained), report."""
+
+    config: TrainConfig
+    rig: Rig
+    task_set: TaskSet
+    splits: dict[str, Tasks]
+    report: TrainReport
+    progress: Progress
+    stack: ExitStack  # closed when the job ends: an algorithm registers what it opens here
+    policy: Policy | None = None
+    evaluator: Evaluator | None = None  # how the held-out policy runs; default: the served model
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def served_name(self) -> str:
+        """The model name rollouts must ask for: the latest pushed policy (a LoRA adapter's own name) or the base."""
+        return self.policy.sync.served_name if self.policy is not None else self.rig.served
+
+    def collect(self, tasks: Tasks, *, group_size: int = 1, **metadata: Any) -> RolloutBatch:
+        """Train rollouts of the served policy at ``rollouts.temperature``, recorded and flushed to the store."""
+        temperature = self.config.rollouts.temperature
+        overrides = {} if temperature is None else {"temperature": temperature}
+        batch = self.rig.collector.collect(tasks, mode="train", group_size=group_size, model=self.served_name,
+                                           metadata={"run_id": self.report.run_id, **metadata}, **overrides)
+        self.rig.gateway.flush()
+        return batch
+
+    def steps(self, n: int, tasks_per_step: int, label: str) -> Iterator[tuple[int, Tasks]]:
+        """``(step, tasks)`` for ``n`` steps, tasks drawn from the ``rl`` split with the dataset seed, with a bar."""
+        rng, pool = random.Random(self.config.dataset.seed), self.splits["rl"]
+        bar = self.progress.add_task(label, total=n)
+        for step in range(n):
+            yield step, rng.sample(pool, min(tasks_per_step, len(pool)))
+            reward = self.report.steps[-1].get("reward_mean") if self.report.steps else None
+            text = label if reward is None else f"{label} reward {reward:.2f}"
+            self.progress.update(bar, advance=1, description=text)
+
+    def log_step(self, metrics: dict[str, float]) -> None:
+        """One step's flat metrics: into the report and the store's ``train_metrics``."""
+        self.rig.store.add_metrics(self.report.run_id, self.config.algorithm, len(self.report.steps), metrics)
+        self.report.steps.append(metrics)
+
+    def held_out(self, phase: str) -> Evaluation:
+        """Evaluate the current policy on the held-out tasks; into the report and ``train_metrics``."""
+        tasks = self.splits["eval"]
+        if self.evaluator is not None:
+            batch = self.evaluator(tasks, phase)
+        else:
+            metadata = {"phase": phase, "run_id": self.report.run_id}
+            batch = self.rig.collector.collect(tasks, mode="test", metadata=metadata,
+                                               temperature=self.config.eval.temperature, model=self.served_name)
+        by_level: dict[str, list[float]] = {}
+        for task, reward in zip(tasks, batch.rewards, strict=True):
+            by_level.setdefault(str(task.get("level", "all")), []).append(reward)
+        result = Evaluation(phase=phase, n=len(tasks), accuracy=batch.mean_reward,
+                            by_level={k: sum(v) / len(v) for k, v in sorted(by_level.items())},
+                            seconds=batch.seconds, failed=batch.failed)
+        logger.info("%s: held-out accuracy %.1f%% (n=%d) in %.0fs", phase, 100 * result.accuracy, result.n,
+                    result.seconds)
+        self.report.evaluations.append(result)
+        self.rig.store.add_metrics(self.report.run_id, self.config.algorithm, len(self.report.steps),
+                                   {f"eval_accuracy_{phase}": result.accuracy})
+        return result
+
+    def warm_start(self) -> None:
+        """The configured SFT warm start, pushed to the engine and evaluated (nothing when not configured)."""
+        ws = self.config.warm_start
+        if ws is None or self.policy is None:
+            return
+        from spanlab.training.policy import warm_start
+
+        self.report.warm_start = warm_start(self.policy, self.task_set.demonstration, self.splits["train"], ws,
+                                            demos=ws.demos, progress=self.progress)
+        self.held_out("warm_start")
+
+
+def build_algorithm(config: TrainConfig) -> Algorithm:
+    """The configured algorithm with its cross-section checks run (no engine, no torch unless it needs it)."""
+    algorithm = load_algorithm(config.algorithm)(config)
+    if config.warm_start is not None and not algorithm.trains_weights:
+        raise ConfigError(f"warm_start: algorithm {config.algorithm!r} trains no weights; remove warm_start")
+    algorithm.check()
+    return algorithm
+
+
+def check_job(config: TrainConfig) -> Algorithm:
+    """Everything ``spanlab train`` can check before an engine starts: the algorithm's checks, the task
+    splits, the agent and its kwargs, the store's folder. ``spanlab train --check`` runs this only."""
+    from spanlab.jobs.rig import check_writable
+    from spanlab.runner.agent import load_agent
+
+    algorithm = build_algorithm(config)
+    split_tasks(load_task_set(config.dataset.name), config, algorithm.train_tasks())
+    # Built the way rollouts build it (they always pass the served model name), so a bad kwarg fails here.
+    load_agent(config.agent.name, {"model": config.engine.served_model_name or config.engine.model,
+                                   **config.agent.kwargs})
+    check_writable(config.db, config.run_dir)
+    return algorithm
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt if signum == signal.SIGINT else SystemExit(128 + signum)
+
+
+@contextmanager
+def interrupts_stop_the_job() -> Iterator[None]:
+    """Ctrl-C (and SIGTERM) raise in the main thread wherever it is, also inside a rollout batch's event loop.
+
+    ``asyncio.run`` would otherwise turn SIGINT into a cancellation of its main task, which the agents'
+    libraries (anyio cancel scopes, a task that counts a cancelled agent as ended by the store) can absorb,
+    and the run went on. Raised this way, the interrupt leaves the loop at once; ``asyncio.run`` cancels the
+    in-flight rollouts and the job's ExitStack stops the gateway and the engine and closes the store.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def run_job(config: TrainConfig, *, console: Console | None = None) -> TrainReport:
+    """Run the whole job ``config`` describes; returns (and writes) its report."""
+    console = console or Console(stderr=True)
+    algorithm = check_job(config)
+    report = TrainReport(run_name=config.run_name, algorithm=config.algorithm, model=config.engine.model,
+                         db=str(config.db))
+    with interrupts_stop_the_job(), ExitStack() as stack:
+        task_set = load_task_set(config.dataset.name)
+        splits = split_tasks(task_set, config, algorithm.train_tasks())
+        rig = open_rig(stack, config, console)
+        job = Job(config, rig, task_set, splits, report, progress_bar(console), stack)
+        if algorithm.trains_weights:
+            from spanlab.training.policy import open_policy
+
+            job.policy = open_policy(stack, model_name=config.engine.model, root_url=rig.root_url, served=rig.served,
+                                     store=rig.store, run_dir=config.run_dir, lora=algorithm.policy_lora(),
+                                     torch_threads=config.torch_threads)
+        algorithm.prepare(job)
+        job.held_out("base")
+        stack.enter_context(job.progress)
+        job.warm_start()
+        algorithm.run(job)
+        if report.steps:
+            job.held_out("final")
+        job.progress.stop()
+        algorithm.summarize(job)
+        report.seconds = time.monotonic() - job.started
+        report.write(config.run_dir / "report.json")
+    return report

@@ -1,0 +1,95 @@
+"""What every training job stands on: the span store, the engine, the recording gateway, a rollout collector.
+
+Algorithms differ in what they do with rollouts, not in how rollouts are made, so every job opens the
+same rig: the store file (cancelling rollouts an interrupted run left queued), vLLM (a running one from
+``engine_url``, or one started here and stopped with the job), the gateway in front of it (TITO when the
+config says so), and a collector that runs the configured agent through that gateway. The rig sees the
+gateway only as :class:`RecordingGateway` (its URL and a flush), through the gateway package's API.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import httpx
+from rich.console import Console
+
+from spanlab.errors import ConfigError
+from spanlab.jobs.config import TrainConfig
+from spanlab.jobs.rollouts import RolloutCollector, cancel_leftovers
+from spanlab.store.base import StoreAPI
+
+
+class RecordingGateway(Protocol):
+    """What a job needs of the gateway: where agents call it, and a way to wait until its spans are stored."""
+
+    @property
+    def url(self) -> str: ...
+
+    def flush(self, timeout: float | None = 30.0) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Rig:
+    store: StoreAPI
+    root_url: str  # the engine, e.g. http://127.0.0.1:8000 (no /v1)
+    served: str  # the model name the engine serves
+    gateway: RecordingGateway
+    collector: RolloutCollector
+
+
+def check_writable(*paths: Path, keep: bool = False) -> None:
+    """The store file's folder and the run folder can be created and written (a real write, as root bypasses
+    permission bits); folders this made are removed again unless ``keep`` (``--check`` leaves no trace)."""
+    for path in paths:
+        folder = path if path.suffix == "" else path.parent
+        made = [p for p in (folder, *folder.parents) if not p.exists()]
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+            if path.suffix and path.exists() and not os.access(path, os.W_OK):
+                raise PermissionError(13, "not writable")
+        except OSError as exc:
+            raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from exc
+        finally:
+            for p in made if not keep else ():
+                with contextlib.suppress(OSError):
+                    p.rmdir()
+
+
+def open_rig(stack: ExitStack, config: TrainConfig, console: Console) -> Rig:
+    """Open everything on ``stack`` (closed in reverse order when the job ends, also on errors and Ctrl-C)."""
+    from spanlab.gateway import GatewayServer
+    from spanlab.store import SpanStore
+
+    check_writable(config.db, config.run_dir, keep=True)
+    store = stack.enter_context(SpanStore(config.db))
+    cancel_leftovers(store)
+    stack.callback(cancel_leftovers, store, "never run: the job stopped early")  # nothing stays queued
+    root_url, served = _engine(stack, config, console)
+    gateway = stack.enter_context(GatewayServer(store, root_url, tito=config.tito))
+    collector = RolloutCollector(store, gateway.url, config.agent.name, dict(config.agent.kwargs),
+                                 concurrency=config.rollouts.concurrency, timeout_s=config.rollouts.timeout_s)
+    return Rig(store, root_url, served, gateway, collector)
+
+
+def _engine(stack: ExitStack, config: TrainConfig, console: Console) -> tuple[str, str]:
+    """(root URL, served model name): the configured running vLLM, or one started here."""
+    if config.engine_url:
+        root = config.engine_url.rstrip("/").removesuffix("/v1")
+        try:
+            return root, httpx.get(f"{root}/v1/models", timeout=30).json()["data"][0]["id"]
+        except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
+            raise ConfigError(f"engine_url: no vLLM answers at {root}/v1/models: {exc}") from exc
+    from spanlab.engine.server import VLLMServer
+
+    console.log(f"starting vLLM for {config.engine.model} (about a minute on CPU)")
+    server = stack.enter_context(VLLMServer(config.engine))
+    return server.root_url, server.model

@@ -1,0 +1,27 @@
+"""Settings of the shared trainers (LoRA, supervised fine-tuning), kept apart so configs never import torch."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class LoraConfig(BaseModel):
+    """LoRA adapters on the attention and MLP projections (the modules vLLM's LoRA serving supports)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rank: int = Field(default=8, ge=1)
+    alpha: float = Field(default=16.0, gt=0)
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class SFTConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    lr: float = Field(default=1e-4, gt=0)
+    epochs: int = Field(default=1, ge=1)
+    batch_size: int = Field(default=4, ge=1)
+    max_len: int = Field(default=1024, ge=16, description="longer conversations are skipped, with a warning")
+    weight_decay: float = Field(default=0.0, ge=0)
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    seed: int = 0

@@ -1,0 +1,75 @@
+"""``spanlab train`` refuses bad input before anything starts: one clear error naming the key, no traceback.
+
+Every case runs the real CLI in-process with ``--check`` (cheap: no engine, no torch for GRPO's checks).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from spanlab.cli import app
+from spanlab.errors import ConfigError
+from spanlab.jobs.config import parse_train_config
+
+BASE = "algorithm: grpo\nagent: {name: calc, kwargs: {max_tokens: 32}}\ndataset: {name: calc, levels: [1]}\n"
+
+
+def _check(tmp_path: Path, text: str | bytes, *args: str) -> tuple[int, str]:
+    path = tmp_path / "train.yaml"
+    if isinstance(text, str):
+        db = "" if "db:" in text else f"db: {tmp_path}/run.duckdb\n"
+        text = (text + db + f"out_dir: {tmp_path}/runs\n").encode()
+    path.write_bytes(text)
+    result = CliRunner().invoke(app, ["train", str(path), "--check", *args])
+    return result.exit_code, result.output
+
+
+BAD = {
+    "non-UTF-8": (b"algorithm: grpo\nrun_name: \xff\xfe\n", (), "not UTF-8"),
+    "unwritable db": (BASE + "db: /proc/spanlab/run.duckdb\n", (), "cannot write /proc/spanlab/run.duckdb"),
+    "engine_url": (BASE + "engine_url: not-a-url\n", (), "engine_url.*not an http"),
+    "unknown level": ("agent: {name: calc}\ndataset: {name: calc, levels: [7]}\n", (), "dataset.*levels must be"),
+    "huge steps": (BASE + "grpo: {steps: 1000000000000}\n", (), r"grpo\.steps"),
+    "old loop section": (BASE + "loop: {steps: 3}\n", (), r"loop: was split up.*grpo\.steps"),
+    "unknown agent": ("agent: {name: nope}\n", (), "agent 'nope' is not registered"),
+    "unknown agent kwarg": ("agent: {name: calc, kwargs: {bogus: 1}}\n", (), "bad kwargs.*bogus"),
+    "duplicate key": (BASE + "run_name: a\nrun_name: b\n", (), "duplicate key 'run_name'"),
+    "empty train_levels": (BASE.replace("levels: [1]", "levels: [1], train_levels: []"), (),
+                           r"dataset\.train_levels"),
+    "infinite timeout": (BASE + "rollouts: {timeout_s: .inf}\n", (), r"rollouts\.timeout_s"),
+    "run_name escapes out_dir": (BASE + "run_name: ../../..\n", (), r"run_name.*plain folder name"),
+    "negative --steps": (BASE, ("--steps", "-1"), r"grpo\.steps"),
+    "another algorithm's section": (BASE.replace("grpo", "sft") + "grpo: {lr: 0.1}\n", (),
+                                    "grpo: a section for algorithm 'grpo', but this config runs 'sft'"),
+    "unknown algorithm": ("algorithm: ppo\n", (), "unknown algorithm 'ppo'; known: apo, grpo, sft"),
+    "moved sft key": ("algorithm: sft\nsft: {temperature: 1.0}\n", (), "sft.temperature: moved to rollouts"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD), ids=list(BAD))
+def test_bad_input_is_one_clear_error_before_anything_starts(tmp_path: Path, case: str) -> None:
+    text, args, message = BAD[case]
+    code, output = _check(tmp_path, text, *args)
+    assert code == 2, output
+    assert "Traceback" not in output and output.startswith("error:"), output
+    assert re.search(message, " ".join(output.split())), output
+
+
+def test_check_prints_the_resolved_settings_of_the_chosen_algorithm_only(tmp_path: Path) -> None:
+    code, output = _check(tmp_path, BASE + "grpo: {steps: 2}\n", "--steps", "3")
+    assert not (tmp_path / "runs").exists()  # checked by writing there, then removed: --check leaves no trace
+    assert code == 0, output
+    assert "grpo:\n  lr: 1.0e-05" in output and "  steps: 3\n" in output
+    assert "sft:" not in output and "apo:" not in output
+    assert "nothing started" in output
+
+
+def test_lora_serving_is_turned_on_for_an_adapter_policy() -> None:
+    config = parse_train_config({"grpo": {"lora": {"rank": 4}}})
+    assert config.engine.enable_lora and config.engine.dev_routes
+    with pytest.raises(ConfigError, match=r"grpo: .*group_size must be >= 2"):
+        parse_train_config({"grpo": {"group_size": 1}})
