@@ -27,7 +27,7 @@ def test_plot_writes_a_png_of_the_latest_run(tmp_path: Path) -> None:
 
 def test_plot_reads_the_metrics_through_either_store(tmp_path: Path, any_store) -> None:
     pytest.importorskip("matplotlib")
-    from spanlab.algos.plot import latest_run_id, plot_run
+    from spanlab.jobs.plot import latest_run_id, plot_run
 
     any_store.add_metrics("old", "sft", 0, {"reward_mean": 0.1})
     for step, r in enumerate([0.5, 0.6]):
