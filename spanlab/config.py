@@ -64,12 +64,39 @@ class RunConfig(_Config):
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """A YAML loader that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
+
+
+def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+        if key in seen:
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
+    """A config file's mapping: UTF-8, valid YAML, no key twice; every problem a one-line ConfigError."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file {p} does not exist")
     try:
-        data = yaml.safe_load(p.read_text())
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from exc
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {p}: {exc.strerror or exc}") from exc
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        where = f" (line {exc.problem_mark.line + 1})" if exc.problem_mark else ""
+        raise ConfigError(f"{p} is not valid YAML: {exc.problem or exc.context}{where}") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"{p} is not valid YAML: {exc}") from exc
     if not isinstance(data, dict):

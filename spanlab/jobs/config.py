@@ -15,10 +15,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
-from spanlab.config import AgentConfig, parse
+from spanlab.config import AgentConfig, load_yaml, parse
 from spanlab.engine.config import EngineConfig
 from spanlab.errors import ConfigError
 from spanlab.jobs.algorithm import Algorithm, AlgorithmConfig
@@ -181,39 +180,6 @@ def parse_train_config(data: dict[str, Any], source: str = "config", *, steps: i
     return parse(train_config_model(name, algorithm), data, source=source)
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """A YAML loader that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
-
-
-def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
-        if key in seen:
-            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
-
-
 def load_train_config(path: str | Path, *, steps: int | None = None) -> TrainConfig:
     """Read and validate a train config file; every problem is a ConfigError of one line or a short list."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{p} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from exc
-    except OSError as exc:
-        raise ConfigError(f"cannot read config {p}: {exc.strerror or exc}") from exc
-    try:
-        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
-    except yaml.MarkedYAMLError as exc:
-        where = f" (line {exc.problem_mark.line + 1})" if exc.problem_mark else ""
-        raise ConfigError(f"{p} is not valid YAML: {exc.problem or exc.context}{where}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{p} is not valid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"{p} must hold a mapping of sections, not {type(data).__name__}")
-    return parse_train_config(data, str(p), steps=steps)
+    return parse_train_config(load_yaml(path), str(path), steps=steps)

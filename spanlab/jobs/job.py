@@ -146,19 +146,21 @@ def build_algorithm(config: TrainConfig) -> Algorithm:
     return algorithm
 
 
-def check_job(config: TrainConfig) -> Algorithm:
+def check_job(config: TrainConfig) -> tuple[Algorithm, TaskSet, dict[str, Tasks]]:
     """Everything ``spanlab train`` can check before an engine starts: the algorithm's checks, the task
-    splits, the agent and its kwargs, the store's folder. ``spanlab train --check`` runs this only."""
+    splits, the agent and its kwargs, the store's folder. ``spanlab train --check`` runs this only; a run
+    goes on with the algorithm, task set and splits it built."""
     from spanlab.jobs.rig import check_writable
     from spanlab.runner.agent import load_agent
 
     algorithm = build_algorithm(config)
-    split_tasks(load_task_set(config.dataset.name), config, algorithm.train_tasks())
+    task_set = load_task_set(config.dataset.name)
+    splits = split_tasks(task_set, config, algorithm.train_tasks())
     # Built the way rollouts build it (they always pass the served model name), so a bad kwarg fails here.
     load_agent(config.agent.name, {"model": config.engine.served_model_name or config.engine.model,
                                    **config.agent.kwargs})
     check_writable(config.db, config.run_dir)
-    return algorithm
+    return algorithm, task_set, splits
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -188,12 +190,10 @@ def interrupts_stop_the_job() -> Iterator[None]:
 def run_job(config: TrainConfig, *, console: Console | None = None) -> TrainReport:
     """Run the whole job ``config`` describes; returns (and writes) its report."""
     console = console or Console(stderr=True)
-    algorithm = check_job(config)
+    algorithm, task_set, splits = check_job(config)
     report = TrainReport(run_name=config.run_name, algorithm=config.algorithm, model=config.engine.model,
                          db=str(config.db))
     with interrupts_stop_the_job(), ExitStack() as stack:
-        task_set = load_task_set(config.dataset.name)
-        splits = split_tasks(task_set, config, algorithm.train_tasks())
         rig = open_rig(stack, config, console)
         job = Job(config, rig, task_set, splits, report, progress_bar(console), stack)
         if algorithm.trains_weights:
