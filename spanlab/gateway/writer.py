@@ -92,9 +92,7 @@ class SpanWriter:
         except Exception:
             logger.critical("building the spans of a call failed; that call is NOT recorded", exc_info=True)
             return False
-        given_up = self.given_up
-        self._write_batch(spans, deadline=time.monotonic() + timeout_s)
-        return self.given_up == given_up
+        return self._write_batch(spans, deadline=time.monotonic() + timeout_s)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything submitted before this call is stored (or given up); False on timeout."""
@@ -152,7 +150,9 @@ class SpanWriter:
             self._done += len(jobs)
             self._cond.notify_all()
 
-    def _write_batch(self, batch: list[Span], deadline: float | None = None) -> None:
+    def _write_batch(self, batch: list[Span], deadline: float | None = None) -> bool:
+        """Store ``batch``, retrying store failures until ``deadline`` (or the close deadline); False if any
+        span was given up."""
         delay = self.retry_initial_s
         while True:
             try:
@@ -160,16 +160,14 @@ class SpanWriter:
             except (ValueError, KeyError) as exc:  # InvalidSpanError / NotFoundError: retrying won't help
                 if len(batch) > 1:
                     logger.error("store rejected a batch of %d spans (%s); writing them one by one", len(batch), exc)
-                    for span in batch:
-                        self._write_batch([span], deadline)
-                    return
+                    return all([self._write_batch([span], deadline) for span in batch])
                 self._give_up(batch, exc)
-                return
+                return False
             except Exception as exc:  # any other store failure is retried, never dropped
                 self.write_failures += 1
                 if time.monotonic() >= min(self._close_deadline, deadline or float("inf")):
                     self._give_up(batch, exc)
-                    return
+                    return False
                 logger.error(
                     "store write of %d span(s) failed (%s: %s); retrying in %.2fs",
                     len(batch),
@@ -182,7 +180,7 @@ class SpanWriter:
                 delay = min(delay * 2, self.retry_max_s)
                 continue
             self.written += len(batch)
-            return
+            return True
 
     def _give_up(self, batch: list[Span], exc: BaseException) -> None:
         ids = ", ".join(s.span_id for s in batch)
