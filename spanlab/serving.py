@@ -14,6 +14,9 @@ from typing import Any
 
 import uvicorn
 
+# The names a server bound to loopback answers to; a bind to anything else is reachable from other machines.
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
+
 
 class ThreadedServer:
     def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int = 0, name: str = "server") -> None:

@@ -39,15 +39,15 @@ ResourceKind = Literal["prompt_template", "model_checkpoint", "lora_adapter", "l
 TERMINAL_ROLLOUT_STATUSES: frozenset[str] = frozenset({"failed", "succeeded", "cancelled"})
 ACTIVE_ATTEMPT_STATUSES: frozenset[str] = frozenset({"preparing", "running"})
 
-MAX_TOKEN_ID = 2**31 - 1  # stored as INTEGER (int32)
 # Every number of the model is bounded to what its DuckDB column holds and to what makes sense: a value the
 # column cannot hold (2**31 in an INTEGER) would be accepted here and fail only when the store writes its
 # tables, so one bad record could stop every later write. Refused at construction instead.
 MAX_INT32 = 2**31 - 1
+MAX_TOKEN_ID = MAX_INT32  # stored as INTEGER (int32)
 MAX_ATTEMPTS = 1000  # retries of one rollout; more is a bug in the caller, not a policy
 MAX_TIMEOUT_S = 366 * 24 * 3600.0  # a year: longer is "no limit", which None says
 Int32 = Annotated[int, Field(ge=0, le=MAX_INT32)]
-Count = Annotated[int, Field(ge=0, le=MAX_INT32)]
+Count = Int32  # token counts: the same bound, named for what they are
 Seconds = Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)]
 Timestamp = Annotated[float, Field(ge=0, allow_inf_nan=False, description="Unix epoch seconds")]
 

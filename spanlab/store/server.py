@@ -31,6 +31,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel
 
 from spanlab.errors import ConfigError, InvalidSpanError, NotFoundError, QueryError, StoreError
+from spanlab.serving import LOOPBACK_NAMES
 from spanlab.store.arrow import spans_to_arrow
 from spanlab.store.base import Metric, RolloutSummary
 from spanlab.store.duckdb_store import SpanStore
@@ -63,7 +64,6 @@ DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
 # The most specific class first: QueryBusyError is a QueryError.
 _STATUS: dict[type[Exception], int] = {InvalidSpanError: 422, NotFoundError: 404, QueryBusyError: 503,
                                        QueryError: 400, StoreError: 503}
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
 def create_store_app(store: SpanStore, *, token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
@@ -253,7 +253,7 @@ def check_bind(host: str, token: str | None, *, insecure_no_token: bool = False,
                flag: str = "--insecure-no-token") -> None:
     """Refuse to serve the store beyond loopback without a token: anyone who reaches the port could then
     read, cancel and rewrite every rollout. ``insecure_no_token`` (``flag`` in the error) is the explicit way."""
-    if host in LOOPBACK_HOSTS or token:
+    if host in LOOPBACK_NAMES or token:
         return
     if not insecure_no_token:
         raise ConfigError(

@@ -21,6 +21,7 @@ _READ_NODES = frozenset({"SELECT_NODE", "SET_OPERATION_NODE", "RECURSIVE_CTE_NOD
 # Table functions that are SELECTs by syntax but act on the database file.
 _FORBIDDEN_FUNCTIONS = frozenset({"checkpoint", "force_checkpoint"})
 
+
 def check_select(conn: duckdb.DuckDBPyConnection, sql: str) -> str:
     """The one SELECT statement of ``sql`` (its text), or a ``QueryError`` naming what is not allowed."""
     try:

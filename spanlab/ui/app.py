@@ -29,6 +29,7 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
 
 from spanlab.errors import NotFoundError, QueryError, SpanlabError, StoreLockedError
+from spanlab.serving import LOOPBACK_NAMES
 from spanlab.store.sql import SURFACE_MAX_BYTES, SURFACE_TIMEOUT_S
 from spanlab.store.sql_pool import QueryBusyError, SqlPool
 from spanlab.ui import queries
@@ -176,7 +177,7 @@ def serve_ui(db: Path, *, host: str = "127.0.0.1", port: int = 8600, tokenizer_d
             pass
     except StoreLockedError as exc:
         logger.warning("%s", exc)
-    if host not in ("127.0.0.1", "localhost", "::1"):
+    if host not in LOOPBACK_NAMES:
         logger.warning("serving the UI on %s: anyone who can reach it can read the store (there is no login)", host)
     app = create_app(db, default_loader(tokenizer_dir), preload=True, hosts=allowed_hosts(host, extra_hosts))
     logger.info("spanlab UI for %s at http://%s:%d (Ctrl-C stops it)", db, host, port)

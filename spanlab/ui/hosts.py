@@ -16,8 +16,9 @@ from collections.abc import Collection
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from spanlab.serving import LOOPBACK_NAMES
+
 logger = logging.getLogger(__name__)
-LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 WILDCARD_BINDS = frozenset({"0.0.0.0", "::", ""})
 
 
