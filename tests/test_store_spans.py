@@ -253,3 +253,41 @@ def test_uncompressed_store_round_trips(tmp_path) -> None:
         store.add_spans(spans)
         got = store.spans_table(columns=["prompt_token_ids"])["prompt_token_ids"].to_pylist()
     assert got == [s.llm.prompt_token_ids for s in spans]
+
+
+def test_span_batches_queued_together_are_one_insert_with_each_callers_own_result(store: SpanStore, started) -> None:
+    """Batches waiting for the writer at once run as one INSERT (spans.Insert.run_many); each caller still
+    gets the span IDs new from its own batch, a span two callers both send counts once (for the first),
+    and sequence numbers follow the queue order as if the batches had run one by one."""
+    import threading
+
+    from spanlab.store import spans
+    from spanlab.store.arrow import spans_to_arrow
+
+    rollout, attempt = started
+    a = [llm_span(rollout, attempt, seed=i) for i in range(3)]
+    b = [a[2], *(llm_span(rollout, attempt, seed=10 + i) for i in range(2))]  # a[2] again
+    gate, running, calls = threading.Event(), threading.Event(), []
+    tbl_a, tbl_b = spans_to_arrow(a), spans_to_arrow(b)
+    original = spans.Insert.run_many
+
+    def counted(cls, cur, writes):
+        calls.append(len(writes))
+        return original.__func__(cls, cur, writes)
+
+    spans.Insert.run_many = classmethod(counted)
+    try:
+        # hold the writer inside a group of its own while both batches queue
+        blocker = store._writer.submit(lambda cur: (running.set(), gate.wait(5)))
+        assert running.wait(5)
+        fut_a = store._writer.submit(spans.Insert(tbl_a))
+        fut_b = store._writer.submit(spans.Insert(tbl_b))
+        gate.set()
+        blocker.result(5)
+        got_a, got_b = fut_a.result(5), fut_b.result(5)
+    finally:
+        spans.Insert.run_many = original
+    assert calls == [2]
+    assert got_a == [s.span_id for s in a] and got_b == [s.span_id for s in b[1:]]
+    seqs = {s.span_id: s.sequence_id for s in store.iter_spans(attempt_ids=[attempt.attempt_id])}
+    assert [seqs[s.span_id] for s in [*a, *b[1:]]] == [0, 1, 2, 3, 4]

@@ -204,7 +204,7 @@ class SpanStore(StoreAPI):
         """``add_span_table`` that returns the span_ids it stored (the rest were stored already).
         ``validated=True``: ``tbl`` has the span schema and passed the span rules (built from ``Span``s)."""
         tbl = self._checked(tbl, validated)
-        return self._writer.call(lambda cur: spans.insert(cur, tbl)) if tbl.num_rows else []
+        return self._writer.call(spans.Insert(tbl)) if tbl.num_rows else []
 
     def _checked(self, tbl: pa.Table, validated: bool) -> pa.Table:
         if not validated:

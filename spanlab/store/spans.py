@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 
 from spanlab.errors import InvalidSpanError
 from spanlab.store.schema import JSON_SPAN_COLUMNS
+from spanlab.store.writer import Batchable
 
 ORDER = ("rollout_id", "attempt_id", "sequence_id")
 _IN = "IN (SELECT unnest(?::VARCHAR[]))"
@@ -50,8 +51,33 @@ def _lengths(col: pa.ChunkedArray) -> np.ndarray:
     return pc.fill_null(pc.list_value_length(col), 0).to_numpy()
 
 
+class Insert(Batchable):
+    """One caller's span batch for the writer; batches queued together are inserted as one table."""
+
+    def __init__(self, tbl: pa.Table) -> None:
+        self.tbl = tbl
+
+    @classmethod
+    def run_many(cls, cur: duckdb.DuckDBPyConnection, writes: list[Insert]) -> list[list[str]]:
+        """One :func:`insert` of every batch; each gets the span_ids stored from its own rows."""
+        tbl = pa.concat_tables([w.tbl for w in writes])
+        kept, ids, start = set(_insert_rows(cur, tbl)), tbl["span_id"].to_pylist(), 0
+        out = []
+        for w in writes:
+            end = start + w.tbl.num_rows
+            out.append([ids[i] for i in range(start, end) if i in kept])
+            start = end
+        return out
+
+
 def insert(cur: duckdb.DuckDBPyConnection, tbl: pa.Table) -> list[str]:
     """Insert the rows of ``tbl`` not stored yet; returns their span_ids."""
+    ids = tbl["span_id"].to_pylist()
+    return [ids[i] for i in _insert_rows(cur, tbl)]
+
+
+def _insert_rows(cur: duckdb.DuckDBPyConnection, tbl: pa.Table) -> list[int]:
+    """Insert the rows of ``tbl`` not stored yet; returns their row numbers."""
     span_ids = tbl["span_id"].to_pylist()
     attempt_ids = tbl["attempt_id"].to_pylist()
     rollout_ids = tbl["rollout_id"].to_pylist()
@@ -99,7 +125,7 @@ def insert(cur: duckdb.DuckDBPyConnection, tbl: pa.Table) -> list[str]:
     idx = tbl.schema.get_field_index("sequence_id")
     tbl = tbl.set_column(idx, tbl.schema.field(idx), pa.array(seqs, pa.int32()))
     cur.from_arrow(tbl).insert_into("spans")  # columns by position: SPAN_ARROW_SCHEMA follows the table (tested)
-    return [span_ids[i] for i in keep]
+    return keep
 
 
 def select(lists: dict[str, Sequence[str] | None], cols: Sequence[str]) -> tuple[str, list[Any]]:

@@ -7,6 +7,10 @@ free (and what arrives within ``group_wait_s``) in one transaction, COMMITs, and
 caller's future. So a write that returns is committed, and writers that arrive together share a commit.
 One thread also makes the queue atomic without locks: two dequeues never run at the same time.
 
+Span batches that queue up together (concurrent gateway calls, server requests) run as one INSERT, not one
+each: a statement costs milliseconds whatever its size, so a commit shared by thirty calls that still ran
+thirty inserts would save little (:class:`Batchable`).
+
 A request must be safe to run twice and change nothing outside the database: if one request of a group
 fails, the group is rolled back and each request runs again alone, so the error reaches only the caller
 that caused it.
@@ -20,6 +24,7 @@ import logging
 import queue
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
@@ -31,6 +36,36 @@ from spanlab.errors import InvalidSpanError, StoreError
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 Write = Callable[[duckdb.DuckDBPyConnection], Any]
+
+
+class Batchable(ABC):
+    """A write that runs together with the writes of its own class queued right after it (one statement for
+    all of them); each caller still gets its own result."""
+
+    @classmethod
+    @abstractmethod
+    def run_many(cls, conn: duckdb.DuckDBPyConnection, writes: list[Any]) -> list[Any]:
+        """Run ``writes`` (all of this class, in queue order); one result per write."""
+
+    def __call__(self, conn: duckdb.DuckDBPyConnection) -> Any:
+        return self.run_many(conn, [self])[0]
+
+
+def _run_all(conn: duckdb.DuckDBPyConnection, fns: list[Write]) -> list[Any]:
+    """Every write in order, runs of the same :class:`Batchable` class as one ``run_many``."""
+    results: list[Any] = []
+    i = 0
+    while i < len(fns):
+        kind = type(fns[i])
+        j = i + 1
+        if issubclass(kind, Batchable):
+            while j < len(fns) and type(fns[j]) is kind:
+                j += 1
+            results.extend(kind.run_many(conn, fns[i:j]) if j - i > 1 else [fns[i](conn)])
+        else:
+            results.append(fns[i](conn))
+        i = j
+    return results
 
 
 class Writer:
@@ -117,7 +152,7 @@ class Writer:
         conn = self._conn
         try:
             conn.execute("BEGIN TRANSACTION")
-            results = [fn(conn) for fn in fns]
+            results = _run_all(conn, fns)
             conn.execute("COMMIT")
             return results
         except BaseException as exc:
