@@ -11,10 +11,11 @@ from collections.abc import Collection, Sequence
 SPLITS = ("train", "val", "test")
 
 
-def check_task_args(split: str, n: int, levels: Sequence[int], known_levels: Collection[int]) -> None:
-    """Raise ``ValueError`` naming the bad argument of a ``make_tasks`` call."""
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+def check_task_args(split: str, n: int, levels: Sequence[int], known_levels: Collection[int],
+                    splits: Sequence[str] = SPLITS) -> None:
+    """Raise ``ValueError`` naming the bad argument of a ``make_tasks`` call (``splits``: the set's own)."""
+    if split not in splits:
+        raise ValueError(f"split must be one of {tuple(splits)}, got {split!r}")
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
     if not levels or any(lv not in known_levels for lv in levels):

@@ -46,6 +46,8 @@ class DatasetConfig(_Section):
     levels: tuple[int, ...] = Field(default=(1, 2, 3), min_length=1)
     train_levels: tuple[int, ...] | None = Field(default=None, min_length=1,
                                                  description="levels RL trains on; default `levels`")
+    kwargs: dict[str, Any] = Field(default_factory=dict,
+                                   description="the task set's own options, e.g. calc's phrasings: all")
 
     @model_validator(mode="after")
     def _train_levels_in_levels(self) -> DatasetConfig:
@@ -57,8 +59,11 @@ class DatasetConfig(_Section):
 class EvalConfig(_Section):
     """Held-out accuracy, measured by the framework through the same agent/gateway path for every algorithm."""
 
-    split: str = Field(default="test", pattern="^(val|test)$")
-    tasks: int = Field(default=60, ge=1, le=100_000, description="held-out tasks per evaluation")
+    split: str = Field(default="test", pattern="^(val|test)$", description="the headline split, held out by question")
+    extra_splits: tuple[str, ...] = Field(
+        default=(), description="more held-out splits the task set offers, evaluated beside it "
+        "(calc: family = unseen phrasings, depth = one more operation than any training problem)")
+    tasks: int = Field(default=60, ge=1, le=100_000, description="held-out tasks per evaluation and split")
     temperature: float = Field(default=0.0, ge=0, le=10)
 
 

@@ -38,20 +38,31 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 Tasks = list[dict[str, Any]]
-Evaluator = Callable[[Tasks, str], RolloutBatch]  # (held-out tasks, phase) -> one reward per task
+Evaluator = Callable[[Tasks, str, str], RolloutBatch]  # (held-out tasks, phase, split) -> one reward per task
 
 
 def split_tasks(task_set: TaskSet, config: TrainConfig, n_train: int) -> dict[str, Tasks]:
-    """``train`` (demos), ``rl`` (the train tasks of ``train_levels``) and ``eval`` (held out) task lists."""
-    data = config.dataset
+    """``train`` (demos), ``rl`` (the train tasks of ``train_levels``), ``eval`` (held out by question) and
+    ``eval:<split>`` for each of ``eval.extra_splits`` (held out by what the task set says, e.g. phrasing)."""
+    data, ev = config.dataset, config.eval
     n_train = max(n_train, config.warm_start.demos if config.warm_start else 0, 1)
-    try:
-        train = task_set.make_tasks("train", n=n_train * 2, seed=data.seed, levels=data.levels)
-        held_out = task_set.make_tasks(config.eval.split, n=config.eval.tasks, seed=data.seed, levels=data.levels)
-    except ValueError as exc:
-        raise ConfigError(f"dataset: task set {data.name!r}: {exc}") from exc
+
+    def make(split: str, n: int, key: str) -> Tasks:
+        try:
+            return task_set.make_tasks(split, n=n, seed=data.seed, levels=data.levels, **data.kwargs)
+        except TypeError as exc:  # an option the task set does not take
+            raise ConfigError(f"dataset.kwargs: task set {data.name!r}: {exc}") from exc
+        except ValueError as exc:
+            raise ConfigError(f"{key}: task set {data.name!r}: {exc}") from exc
+
+    train = make("train", n_train * 2, "dataset")
+    splits = {"train": train, "eval": make(ev.split, ev.tasks, "dataset")}
+    for split in ev.extra_splits:
+        if split in ("train", ev.split) or f"eval:{split}" in splits:
+            raise ConfigError(f"eval.extra_splits: {split!r} is the train split, the headline split or listed twice")
+        splits[f"eval:{split}"] = make(split, ev.tasks, "eval.extra_splits")
     rl_levels = set(data.train_levels or data.levels)
-    return {"train": train, "rl": [t for t in train if t.get("level") in rl_levels] or train, "eval": held_out}
+    return {**splits, "rl": [t for t in train if t.get("level") in rl_levels] or train}
 
 
 def progress_bar(console: Console) -> Progress:
@@ -104,25 +115,34 @@ class Job:
         self.report.steps.append(metrics)
 
     def held_out(self, phase: str) -> Evaluation:
-        """Evaluate the current policy on the held-out tasks; into the report and ``train_metrics``."""
-        tasks = self.splits["eval"]
+        """Evaluate the current policy on every held-out split; into the report and ``train_metrics``.
+
+        Returns the headline split's result (``eval.split``); the extra splits are reported beside it."""
+        headline = self._evaluate(phase, self.config.eval.split, self.splits["eval"])
+        for key, tasks in self.splits.items():
+            if key.startswith("eval:"):
+                self._evaluate(phase, key.removeprefix("eval:"), tasks)
+        return headline
+
+    def _evaluate(self, phase: str, split: str, tasks: Tasks) -> Evaluation:
         if self.evaluator is not None:
-            batch = self.evaluator(tasks, phase)
+            batch = self.evaluator(tasks, phase, split)
         else:
-            metadata = {"phase": phase, "run_id": self.report.run_id}
+            metadata = {"phase": phase, "split": split, "run_id": self.report.run_id}
             batch = self.rig.collector.collect(tasks, mode="test", metadata=metadata,
                                                temperature=self.config.eval.temperature, model=self.served_name)
         by_level: dict[str, list[float]] = {}
         for task, reward in zip(tasks, batch.rewards, strict=True):
             by_level.setdefault(str(task.get("level", "all")), []).append(reward)
-        result = Evaluation(phase=phase, n=len(tasks), accuracy=batch.mean_reward,
+        result = Evaluation(phase=phase, split=split, n=len(tasks), accuracy=batch.mean_reward,
                             by_level={k: sum(v) / len(v) for k, v in sorted(by_level.items())},
                             seconds=batch.seconds, failed=batch.failed)
-        logger.info("%s: held-out accuracy %.1f%% (n=%d) in %.0fs", phase, 100 * result.accuracy, result.n,
-                    result.seconds)
+        logger.info("%s: held-out accuracy on %s %.1f%% (n=%d) in %.0fs", phase, split, 100 * result.accuracy,
+                    result.n, result.seconds)
         self.report.evaluations.append(result)
+        key = f"eval_accuracy_{phase}" if split == self.config.eval.split else f"eval_accuracy_{phase}_{split}"
         self.rig.store.add_metrics(self.report.run_id, self.config.algorithm, len(self.report.steps),
-                                   {f"eval_accuracy_{phase}": result.accuracy})
+                                   {key: result.accuracy})
         return result
 
     def warm_start(self) -> None:

@@ -13,6 +13,7 @@ from rich.table import Table
 
 class Evaluation(BaseModel):
     phase: str  # base | warm_start | final
+    split: str = "test"  # the held-out split: eval.split (by question) or one of eval.extra_splits
     n: int
     accuracy: float
     by_level: dict[str, float] = Field(default_factory=dict)
@@ -37,13 +38,18 @@ class TrainReport(BaseModel):
     def table(self) -> Table:
         """Held-out accuracy before and after, the figure a user runs the job for."""
         table = Table(title=f"{self.run_name}: held-out accuracy ({self.model})")
-        for col in ("phase", "n", "accuracy", "by level", "eval s"):
+        for col in ("phase", "split", "n", "accuracy", "by level", "eval s"):
             table.add_column(col)
         for ev in self.evaluations:
             levels = "  ".join(f"L{k} {100 * v:.0f}%" for k, v in ev.by_level.items())
-            table.add_row(ev.phase, str(ev.n), f"{100 * ev.accuracy:.1f}%", levels, f"{ev.seconds:.0f}")
+            table.add_row(ev.phase, ev.split, str(ev.n), f"{100 * ev.accuracy:.1f}%", levels, f"{ev.seconds:.0f}")
         return table
 
     def summary(self) -> dict[str, Any]:
-        acc = {ev.phase: ev.accuracy for ev in self.evaluations}
-        return {"run_id": self.run_id, "accuracy": acc, "steps": len(self.steps), "seconds": round(self.seconds)}
+        headline = self.evaluations[0].split if self.evaluations else "test"
+        acc = {ev.phase: ev.accuracy for ev in self.evaluations if ev.split == headline}
+        by_split: dict[str, dict[str, float]] = {}
+        for ev in self.evaluations:
+            by_split.setdefault(ev.split, {})[ev.phase] = ev.accuracy
+        return {"run_id": self.run_id, "accuracy": acc, "accuracy_by_split": by_split, "steps": len(self.steps),
+                "seconds": round(self.seconds)}

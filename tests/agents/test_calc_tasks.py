@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
 
 from spanlab.agents.calc.mcp_server import evaluate
-from spanlab.agents.calc.tasks import SPLITS, make_tasks, split_of
+from spanlab.agents.calc.phrasings import HELD_OUT, TRAIN
+from spanlab.agents.calc.tasks import KINDS, LEVELS, make_tasks, split_of
 
 
 def test_same_seed_same_tasks_other_seed_other_tasks() -> None:
@@ -48,7 +50,8 @@ def test_levels(level: int) -> None:
 
 
 def test_splits_never_share_a_question_whatever_the_seed() -> None:
-    questions = {s: {t["question"] for seed in (0, 1, 2) for t in make_tasks(s, 150, seed=seed)} for s in SPLITS}
+    by_question = ("train", "val", "test")
+    questions = {s: {t["question"] for seed in (0, 1, 2) for t in make_tasks(s, 150, seed=seed)} for s in by_question}
     assert not questions["train"] & questions["val"]
     assert not questions["train"] & questions["test"]
     assert not questions["val"] & questions["test"]
@@ -59,5 +62,49 @@ def test_bad_arguments_are_rejected() -> None:
     with pytest.raises(ValueError, match="split"):
         make_tasks("dev", 3)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="levels"):
-        make_tasks("train", 3, levels=[4])
+        make_tasks("train", 3, levels=[9])
+    with pytest.raises(ValueError, match="phrasings"):
+        make_tasks("train", 3, phrasings="some")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="no depth split beyond level 5"):
+        make_tasks("depth", 3, levels=[5])
     assert make_tasks("train", 0) == []
+
+
+def test_original_phrasings_are_the_tutorials_questions() -> None:
+    """Pinned before phrasing families existed: the main job's tasks did not change with them."""
+    tasks = [make_tasks(s, 90, 0, (1, 2, 3)) for s in ("train", "val", "test")]
+    plain = [[{k: v for k, v in t.items() if k != "family"} for t in ts] for ts in tasks]
+    digest = hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()
+    assert digest == "56b254c17a6e6b1a19ff585d5678559fcfd943c230e7950681db0766b3cc7a17"
+    assert {t["family"].rsplit("/", 1)[1] for ts in tasks for t in ts} == {"0"}
+
+
+def test_family_split_uses_only_templates_no_other_split_uses() -> None:
+    used = {t["family"] for s in ("train", "val", "test") for seed in (0, 1)
+            for t in make_tasks(s, 300 if s == "train" else 60, seed=seed, phrasings="all")}
+    family = make_tasks("family", 200, seed=0)
+    assert all("/held-out/" in t["family"] for t in family) and not used & {t["family"] for t in family}
+    assert len({t["family"] for t in family}) == sum(len(HELD_OUT[k]) for lv in LEVELS for k in KINDS[lv])
+    kinds_trained = {f.split("/")[0] for f in used}
+    assert {t["family"].split("/")[0] for t in family} <= kinds_trained, "the same problem kinds, new wording"
+    train_questions = {t["question"] for t in make_tasks("train", 2000, seed=0, phrasings="all")}
+    assert not train_questions & {t["question"] for t in family}
+    for t in family:
+        assert evaluate(t["expression"]) == str(t["answer"])
+
+
+def test_all_phrasings_use_every_training_template_and_keep_the_question_splits() -> None:
+    tasks = make_tasks("train", 600, seed=0, phrasings="all")
+    templates = {f"{k}/{i}" for lv in LEVELS for k in KINDS[lv] for i in range(len(TRAIN[k]))}
+    assert {t["family"] for t in tasks} == templates
+    assert all(split_of(t["question"]) == "train" for t in tasks)
+
+
+@pytest.mark.parametrize(("levels", "depth_level", "ops"), [((1, 2, 3), 4, 3), ((3, 4), 5, 4)])
+def test_depth_split_has_one_more_operation_than_any_asked_level(levels: tuple[int, ...], depth_level: int,
+                                                                ops: int) -> None:
+    tasks = make_tasks("depth", 80, seed=0, levels=levels)
+    assert {t["level"] for t in tasks} == {depth_level}
+    assert {sum(t["expression"].count(op) for op in "+-*/") for t in tasks} == {ops}
+    for t in tasks:
+        assert evaluate(t["expression"]) == str(t["answer"]) and 0 <= t["answer"] < 10_000, t

@@ -47,6 +47,15 @@ BAD = {
                                     "grpo: a section for algorithm 'grpo', but this config runs 'sft'"),
     "unknown algorithm": ("algorithm: ppo\n", (), "unknown algorithm 'ppo'; known: apo, grpo, sft"),
     "moved sft key": ("algorithm: sft\nsft: {temperature: 1.0}\n", (), "sft.temperature: moved to rollouts"),
+    "unknown extra split": (BASE + "eval: {extra_splits: [nope]}\n", (),
+                            r"eval\.extra_splits: task set 'calc': split must be one of"),
+    "headline split twice": (BASE + "eval: {extra_splits: [test]}\n", (), r"eval\.extra_splits: 'test' is"),
+    "no deeper level": (BASE.replace("levels: [1]", "levels: [5]") + "eval: {extra_splits: [depth]}\n", (),
+                        r"eval\.extra_splits: .*no depth split beyond level 5"),
+    "unknown dataset kwarg": (BASE.replace("levels: [1]", "levels: [1], kwargs: {wording: x}"), (),
+                              r"dataset\.kwargs: .*wording"),
+    "bad phrasings": (BASE.replace("levels: [1]", "levels: [1], kwargs: {phrasings: some}"), (),
+                      r"dataset: .*phrasings must be 'original' or 'all'"),
 }
 
 

@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from spanlab.store import SpanStore
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -63,12 +65,18 @@ def test_the_entry_point_makes_the_algorithm_a_name_in_yaml(plugin_path: Path, t
 @pytest.mark.slow
 def test_the_plugin_runs_end_to_end_with_the_framework_evaluations(plugin_path: Path, tmp_path: Path,
                                                                    vllm_server: Any) -> None:
-    config = _config(tmp_path, engine_url=vllm_server.root_url)
+    config = _config(tmp_path, engine_url=vllm_server.root_url,
+                     eval={"tasks": 2, "extra_splits": ["family", "depth"]})
     done = _train(plugin_path, config, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "runs" / "bon" / "report.json").read_text())
     assert report["algorithm"] == "best_of_n"
-    assert [e["phase"] for e in report["evaluations"]] == ["base", "final"]
+    assert [(e["phase"], e["split"]) for e in report["evaluations"]] == [
+        (phase, split) for phase in ("base", "final") for split in ("test", "family", "depth")]
     assert all(e["n"] == 2 for e in report["evaluations"])
+    assert [e["by_level"].keys() for e in report["evaluations"]][2] == {"2"}, "depth: one level above levels [1]"
+    with SpanStore(tmp_path / "bon.duckdb") as store:
+        metrics = {m.name for m in store.metrics(report["run_id"])}
+    assert {"eval_accuracy_base", "eval_accuracy_final_family", "eval_accuracy_base_depth"} <= metrics
     (step,) = report["steps"]
     assert 0.0 <= step["reward_mean"] <= step["best_of_n"] <= 1.0

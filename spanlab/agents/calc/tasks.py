@@ -1,15 +1,19 @@
 """Arithmetic word problems for the calculator agent, generated from a seed.
 
-Three levels: 1 = a bare operation ("What is 47 + 38?", with + - *), 2 = a one-step word problem
-(+ - * or an exact division), 3 = a two-step word problem (two operations, solvable with one
-calculator expression such as ``23 + 4 * 6`` or two calls). Each task also carries the expression
-that solves it, which the demonstrations (``demos.py``) use as the calculator call.
+Levels: 1 = a bare operation ("What is 47 + 38?", with + - *), 2 = a one-step word problem (+ - * or
+an exact division), 3 = two operations (solvable with one calculator expression such as
+``23 + 4 * 6``), 4 and 5 = three and four operations. Each task carries the expression that solves
+it, which the demonstrations (``demos.py``) use as the calculator call. Wordings live in
+``phrasings.py``: ``phrasings="original"`` words every problem as the tutorial always did (one
+template per kind), ``"all"`` draws from every training template of the kind.
 
-Splits are disjoint by construction: a question belongs to ``train``/``val``/``test`` by a stable
+Splits. ``train``/``val``/``test`` are held out *by question*: a question belongs to one by a stable
 hash of its text (80/10/10), whatever seed generated it, so no seed can leak a test question into
-training. ``make_tasks`` draws questions from a seeded stream and keeps those of the asked split,
-so it is deterministic for ``(split, n, seed, levels)``, and a larger ``n`` extends a smaller one.
-All numbers stay small (answers below 10,000), so every answer is a plain int.
+training. Two more splits are held out by what a question is like, which a model cannot pass by
+memorizing templates: ``family`` words the asked levels' problems with templates no other split uses,
+and ``depth`` asks problems one level deeper than any asked level (one more operation than any training
+problem). ``make_tasks`` draws questions from a seeded stream and keeps those of the asked split, so it
+is deterministic for its arguments, and a larger ``n`` extends a smaller one. Answers stay below 10,000.
 """
 
 from __future__ import annotations
@@ -19,12 +23,15 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Literal, TypedDict
 
+from spanlab.agents.calc.phrasings import HELD_OUT, TRAIN
 from spanlab.agents.task_args import check_task_args
 
-Split = Literal["train", "val", "test"]
-SPLITS: tuple[Split, ...] = ("train", "val", "test")
-LEVELS = (1, 2, 3)
-_SPLIT_BUCKETS: dict[Split, range] = {"train": range(0, 80), "val": range(80, 90), "test": range(90, 100)}
+Split = Literal["train", "val", "test", "family", "depth"]
+SPLITS: tuple[Split, ...] = ("train", "val", "test", "family", "depth")
+Phrasings = Literal["original", "all"]
+LEVELS = (1, 2, 3)  # the default levels; 4 and 5 exist for deeper training and the depth split
+ALL_LEVELS = (1, 2, 3, 4, 5)
+_SPLIT_BUCKETS: dict[str, range] = {"train": range(0, 80), "val": range(80, 90), "test": range(90, 100)}
 _MAX_DRAWS_PER_TASK = 400
 
 NAMES = ("Sam", "Ana", "Lee", "Maya", "Omar", "Lina", "Tom", "Zoe", "Ravi", "Ivy", "Ben", "Nora")
@@ -39,87 +46,147 @@ class CalcTask(TypedDict):
     level: int
     split: str
     expression: str  # a calculator expression whose value is the answer
+    family: str  # the phrasing template: "<kind>/<index>" (index into TRAIN[kind], or "held-out/<i>")
 
 
-Problem = tuple[str, str, int]  # question, expression, answer
+Slots = dict[str, int | str]
+Drawn = tuple[Slots, str, int]  # slots for the template, the expression, the answer
+Draw = Callable[[random.Random, Slots], Drawn]
 
 
-def split_of(question: str) -> Split:
-    """The split a question belongs to, from a hash of its text (never from the seed)."""
+def split_of(question: str) -> Literal["train", "val", "test"]:
+    """The question-held-out split a question belongs to, from a hash of its text (never from the seed)."""
     bucket = int.from_bytes(hashlib.sha256(question.encode()).digest()[:8], "big") % 100
-    return next(s for s, r in _SPLIT_BUCKETS.items() if bucket in r)
+    return next(s for s, r in _SPLIT_BUCKETS.items() if bucket in r)  # type: ignore[return-value]
 
 
-def _level1(rng: random.Random) -> Problem:
-    op = rng.choice("+-*")
-    if op == "*":
-        a, b = rng.randint(2, 20), rng.randint(2, 20)
-        return f"What is {a} * {b}?", f"{a} * {b}", a * b
+# --- the problems: numbers, expression, answer. The draw order of levels 1-3 is the tutorial's since its
+# first version, so "original" phrasings give the same questions for the same seed.
+def _l1_add(rng: random.Random, s: Slots) -> Drawn:
     a, b = rng.randint(2, 99), rng.randint(2, 99)
-    if op == "-":
-        a, b = max(a, b), min(a, b)
-        return f"What is {a} - {b}?", f"{a} - {b}", a - b
-    return f"What is {a} + {b}?", f"{a} + {b}", a + b
+    return {"a": a, "b": b}, f"{a} + {b}", a + b
 
 
-def _level2(rng: random.Random) -> Problem:
-    name, item, box = rng.choice(NAMES), rng.choice(ITEMS), rng.choice(CONTAINERS)
-    kind = rng.choice(("add", "sub", "mul", "div"))
-    if kind == "add":
-        a, b = rng.randint(5, 90), rng.randint(5, 90)
-        return f"{name} has {a} {item} and gets {b} more. How many {item} does {name} have now?", f"{a} + {b}", a + b
-    if kind == "sub":
-        a = rng.randint(20, 99)
-        b = rng.randint(2, a - 1)
-        return f"{name} has {a} {item} and gives away {b}. How many {item} are left?", f"{a} - {b}", a - b
+def _l1_sub(rng: random.Random, s: Slots) -> Drawn:
+    a, b = rng.randint(2, 99), rng.randint(2, 99)
+    a, b = max(a, b), min(a, b)
+    return {"a": a, "b": b}, f"{a} - {b}", a - b
+
+
+def _l1_mul(rng: random.Random, s: Slots) -> Drawn:
+    a, b = rng.randint(2, 20), rng.randint(2, 20)
+    return {"a": a, "b": b}, f"{a} * {b}", a * b
+
+
+def _l2_add(rng: random.Random, s: Slots) -> Drawn:
+    a, b = rng.randint(5, 90), rng.randint(5, 90)
+    return {"a": a, "b": b}, f"{a} + {b}", a + b
+
+
+def _l2_sub(rng: random.Random, s: Slots) -> Drawn:
+    a = rng.randint(20, 99)
+    b = rng.randint(2, a - 1)
+    return {"a": a, "b": b}, f"{a} - {b}", a - b
+
+
+def _l2_mul(rng: random.Random, s: Slots) -> Drawn:
     a, b = rng.randint(2, 12), rng.randint(2, 15)
-    if kind == "mul":
-        return f"There are {a} {box} with {b} {item} in each. How many {item} are there?", f"{a} * {b}", a * b
-    return (
-        f"{name} shares {a * b} {item} equally among {a} friends. How many {item} does each friend get?",
-        f"{a * b} / {a}",
-        b,
-    )
+    return {"a": a, "b": b}, f"{a} * {b}", a * b
 
 
-def _level3(rng: random.Random) -> Problem:
-    name, item, box = rng.choice(NAMES), rng.choice(ITEMS), rng.choice(CONTAINERS)
-    kind = rng.choice(("add_mul", "mul_sub", "sub_sub", "sum_mul"))
-    if kind == "add_mul":
-        a, b, c = rng.randint(5, 60), rng.randint(2, 9), rng.randint(2, 12)
-        return (
-            f"{name} has {a} {item} and buys {b} {box} with {c} {item} in each. How many {item} does {name} have now?",
-            f"{a} + {b} * {c}",
-            a + b * c,
-        )
-    if kind == "mul_sub":
-        b, c = rng.randint(2, 9), rng.randint(3, 12)
-        a = rng.randint(1, b * c - 1)
-        return (
-            f"{name} has {b} {box} with {c} {item} in each and gives away {a} {item}. How many {item} are left?",
-            f"{b} * {c} - {a}",
-            b * c - a,
-        )
-    if kind == "sub_sub":
-        a = rng.randint(30, 99)
-        b = rng.randint(2, a // 2)
-        c = rng.randint(1, a - b - 1)
-        return (
-            f"{name} has {a} {item}, gives {b} to a friend and then loses {c}. How many {item} are left?",
-            f"{a} - {b} - {c}",
-            a - b - c,
-        )
+def _l2_div(rng: random.Random, s: Slots) -> Drawn:
+    a, b = rng.randint(2, 12), rng.randint(2, 15)
+    return {"a": a, "b": b, "ab": a * b}, f"{a * b} / {a}", b
+
+
+def _l3_add_mul(rng: random.Random, s: Slots) -> Drawn:
+    a, b, c = rng.randint(5, 60), rng.randint(2, 9), rng.randint(2, 12)
+    return {"a": a, "b": b, "c": c}, f"{a} + {b} * {c}", a + b * c
+
+
+def _l3_mul_sub(rng: random.Random, s: Slots) -> Drawn:
+    b, c = rng.randint(2, 9), rng.randint(3, 12)
+    a = rng.randint(1, b * c - 1)
+    return {"a": a, "b": b, "c": c}, f"{b} * {c} - {a}", b * c - a
+
+
+def _l3_sub_sub(rng: random.Random, s: Slots) -> Drawn:
+    a = rng.randint(30, 99)
+    b = rng.randint(2, a // 2)
+    c = rng.randint(1, a - b - 1)
+    return {"a": a, "b": b, "c": c}, f"{a} - {b} - {c}", a - b - c
+
+
+def _l3_sum_mul(rng: random.Random, s: Slots) -> Drawn:
     a, b, c = rng.randint(2, 12), rng.randint(2, 9), rng.randint(2, 9)
-    other = rng.choice([n for n in NAMES if n != name])
-    return (
-        f"One pack of {item} costs {a} dollars. {name} buys {b} packs and {other} buys {c} packs. How many "
-        f"dollars do they pay in total?",
-        f"({b} + {c}) * {a}",
-        (b + c) * a,
-    )
+    other = rng.choice([n for n in NAMES if n != s["name"]])
+    return {"a": a, "b": b, "c": c, "other": other}, f"({b} + {c}) * {a}", (b + c) * a
 
 
-GENERATORS: dict[int, Callable[[random.Random], Problem]] = {1: _level1, 2: _level2, 3: _level3}
+def _l4_add_mul_sub(rng: random.Random, s: Slots) -> Drawn:
+    a, b, c = rng.randint(5, 60), rng.randint(2, 9), rng.randint(2, 12)
+    d = rng.randint(1, a + b * c - 1)
+    return {"a": a, "b": b, "c": c, "d": d}, f"{a} + {b} * {c} - {d}", a + b * c - d
+
+
+def _l4_mul_add_mul(rng: random.Random, s: Slots) -> Drawn:
+    b, c, d, e = rng.randint(2, 9), rng.randint(2, 12), rng.randint(2, 9), rng.randint(2, 12)
+    return {"b": b, "c": c, "d": d, "e": e}, f"{b} * {c} + {d} * {e}", b * c + d * e
+
+
+def _l4_sum_mul_sub(rng: random.Random, s: Slots) -> Drawn:
+    a, b, c = rng.randint(2, 12), rng.randint(2, 9), rng.randint(2, 9)
+    d = rng.randint(1, (b + c) * a - 1)
+    return {"a": a, "b": b, "c": c, "d": d}, f"({b} + {c}) * {a} - {d}", (b + c) * a - d
+
+
+def _l4_sub_sub_sub(rng: random.Random, s: Slots) -> Drawn:
+    a = rng.randint(40, 99)
+    b = rng.randint(2, a // 3)
+    c = rng.randint(1, a // 3)
+    d = rng.randint(1, a - b - c - 1)
+    return {"a": a, "b": b, "c": c, "d": d}, f"{a} - {b} - {c} - {d}", a - b - c - d
+
+
+def _l5_mul_add_mul_sub(rng: random.Random, s: Slots) -> Drawn:
+    slots, expression, total = _l4_mul_add_mul(rng, s)
+    a = rng.randint(1, total - 1)
+    return {**slots, "a": a}, f"{expression} - {a}", total - a
+
+
+def _l5_add_mul_sub_sub(rng: random.Random, s: Slots) -> Drawn:
+    slots, expression, total = _l4_add_mul_sub(rng, s)
+    e = rng.randint(1, max(1, total - 1))
+    return {**slots, "e": e}, f"{expression} - {e}", total - e
+
+
+KINDS: dict[int, dict[str, Draw]] = {
+    1: {"l1_add": _l1_add, "l1_sub": _l1_sub, "l1_mul": _l1_mul},
+    2: {"l2_add": _l2_add, "l2_sub": _l2_sub, "l2_mul": _l2_mul, "l2_div": _l2_div},
+    3: {"l3_add_mul": _l3_add_mul, "l3_mul_sub": _l3_mul_sub, "l3_sub_sub": _l3_sub_sub, "l3_sum_mul": _l3_sum_mul},
+    4: {"l4_add_mul_sub": _l4_add_mul_sub, "l4_mul_add_mul": _l4_mul_add_mul, "l4_sum_mul_sub": _l4_sum_mul_sub,
+        "l4_sub_sub_sub": _l4_sub_sub_sub},
+    5: {"l5_mul_add_mul_sub": _l5_mul_add_mul_sub, "l5_add_mul_sub_sub": _l5_add_mul_sub_sub},
+}
+
+
+def _people(rng: random.Random) -> Slots:
+    name, item, box = rng.choice(NAMES), rng.choice(ITEMS), rng.choice(CONTAINERS)
+    # "other" is the next name, not a draw: a draw here would change the tutorial's question stream.
+    return {"name": name, "item": item, "box": box, "other": NAMES[(NAMES.index(name) + 1) % len(NAMES)]}
+
+
+def _draw(rng: random.Random, level: int, split: Split, phrasings: Phrasings) -> tuple[str, str, int, str]:
+    """One problem of ``level`` worded for ``split``: question, expression, answer, family."""
+    slots = _people(rng) if level > 1 else {}
+    kind = rng.choice(tuple(KINDS[level]))
+    numbers, expression, answer = KINDS[level][kind](rng, slots)
+    slots = {**slots, **numbers}
+    if split == "family":
+        index = rng.randrange(len(HELD_OUT[kind]))
+        return HELD_OUT[kind][index].format(**slots), expression, answer, f"{kind}/held-out/{index}"
+    index = 0 if phrasings == "original" and split != "depth" else rng.randrange(len(TRAIN[kind]))
+    return TRAIN[kind][index].format(**slots), expression, answer, f"{kind}/{index}"
 
 
 def task_id(question: str) -> str:
@@ -127,29 +194,34 @@ def task_id(question: str) -> str:
     return "calc-" + hashlib.sha256(question.encode()).hexdigest()[:12]
 
 
-def make_tasks(split: Split, n: int, seed: int = 0, levels: Sequence[int] = LEVELS) -> list[CalcTask]:
-    """``n`` distinct tasks of ``split``, levels interleaved round-robin (``n // len(levels)`` or one more each)."""
-    check_task_args(split, n, levels, GENERATORS)
-    rngs = {lv: random.Random(f"spanlab-calc:{seed}:{lv}") for lv in levels}
+def make_tasks(
+    split: Split, n: int, seed: int = 0, levels: Sequence[int] = LEVELS, phrasings: Phrasings = "original"
+) -> list[CalcTask]:
+    """``n`` distinct tasks of ``split``, levels interleaved round-robin (``n // len(levels)`` or one more each).
+
+    ``depth`` asks level ``max(levels) + 1`` whatever ``levels`` holds; ``family`` asks ``levels``.
+    """
+    check_task_args(split, n, levels, KINDS, splits=SPLITS)
+    if phrasings not in ("original", "all"):
+        raise ValueError(f"phrasings must be 'original' or 'all', got {phrasings!r}")
+    if split == "depth":
+        if max(levels) + 1 not in KINDS:
+            raise ValueError(f"no depth split beyond level {max(levels)} (levels go up to {max(KINDS)})")
+        levels = (max(levels) + 1,)
+    stream = "depth" if split == "depth" else "family" if split == "family" else ""
+    rngs = {lv: random.Random(f"spanlab-calc:{seed}:{lv}{stream}") for lv in levels}
     seen: set[str] = set()
     tasks: list[CalcTask] = []
     for i in range(n):
         level = levels[i % len(levels)]
         for _ in range(_MAX_DRAWS_PER_TASK):
-            question, expression, answer = GENERATORS[level](rngs[level])
-            if question not in seen and split_of(question) == split:
+            question, expression, answer, family = _draw(rngs[level], level, split, phrasings)
+            held_out_by_question = split in _SPLIT_BUCKETS
+            if question not in seen and (not held_out_by_question or split_of(question) == split):
                 break
         else:
             raise ValueError(f"cannot draw {n} distinct level-{level} {split} tasks (question space exhausted)")
         seen.add(question)
-        tasks.append(
-            CalcTask(
-                task_id=task_id(question),
-                question=question,
-                answer=answer,
-                level=level,
-                split=split,
-                expression=expression,
-            )
-        )
+        tasks.append(CalcTask(task_id=task_id(question), question=question, answer=answer, level=level,
+                              split=split, expression=expression, family=family))
     return tasks

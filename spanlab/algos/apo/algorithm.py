@@ -81,7 +81,7 @@ class APO(Algorithm[APOConfig]):
         for metrics in self.search.rounds:
             job.log_step(metrics)
 
-    def _evaluate(self, tasks: list[dict[str, Any]], phase: str) -> RolloutBatch:
+    def _evaluate(self, tasks: list[dict[str, Any]], phase: str, split: str) -> RolloutBatch:
         """The current best prompt on the held-out tasks, through the cache; not charged to the search budget."""
         from spanlab.jobs.rollouts import RolloutBatch
 
@@ -90,12 +90,13 @@ class APO(Algorithm[APOConfig]):
         ran, failed, seconds = runner.ran, runner.failed, runner.seconds
         results = runner.score([(int(self.best.version or 0), t) for t in tasks], mode="test",
                                metadata={"run_id": self.run_id, "algorithm": "apo", "purpose": "test",
-                                         "phase": phase})
+                                         "phase": phase, "split": split})
         self.held_out_rollouts += runner.ran - ran
         runner.max_rollouts = None if budget is None else budget + runner.ran - ran
-        self.held_out[phase] = [r for _, r in results]
-        return RolloutBatch([rid for rid, _ in results], self.held_out[phase], runner.seconds - seconds,
-                            runner.failed - failed)
+        rewards = [r for _, r in results]
+        if split == self.config.eval.split:  # the paired before/after difference is the headline split's
+            self.held_out[phase] = rewards
+        return RolloutBatch([rid for rid, _ in results], rewards, runner.seconds - seconds, runner.failed - failed)
 
     def summarize(self, job: Job) -> None:
         """The paired test difference with bootstrap intervals, the budget, and the lineage (``apo.json``)."""

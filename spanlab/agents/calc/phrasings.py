@@ -1,0 +1,159 @@
+"""How each kind of calc problem is worded: several phrasing families per kind, some held out.
+
+A *phrasing family* is one template. Each kind's first template is the wording the tutorial always
+used (``phrasings: original`` trains on it alone, which is what the main job did); the rest of
+``TRAIN`` are other wordings a training set may use (``phrasings: all``). ``HELD_OUT`` templates are
+never used for training or for the question-held-out splits: they make the ``family`` split, which
+asks whether an agent learned the arithmetic or the sentence. Levels 4 and 5 (three and four
+operations) are never trained by the default levels; they make the ``depth`` split.
+
+Slots: ``name``/``other`` (two different people), ``item`` (plural), ``box`` (plural container),
+numbers ``a`` ... ``e`` and ``ab`` (``a * b``, for divisions).
+"""
+
+from __future__ import annotations
+
+TRAIN: dict[str, tuple[str, ...]] = {
+    # Level 1: a bare operation.
+    "l1_add": (
+        "What is {a} + {b}?",
+        "Compute {a} plus {b}.",
+        "What do you get when you add {a} and {b}?",
+        "Calculate {a} + {b}.",
+    ),
+    "l1_sub": (
+        "What is {a} - {b}?",
+        "Compute {a} minus {b}.",
+        "Subtract {b} from {a}.",
+        "What is {a} take away {b}?",
+    ),
+    "l1_mul": (
+        "What is {a} * {b}?",
+        "Compute {a} times {b}.",
+        "Multiply {a} by {b}.",
+        "What is the product of {a} and {b}?",
+    ),
+    # Level 2: one-step word problems.
+    "l2_add": (
+        "{name} has {a} {item} and gets {b} more. How many {item} does {name} have now?",
+        "{name} had {a} {item}. {other} gave {name} {b} more. How many {item} does {name} have?",
+        "{name} collected {a} {item} on Monday and {b} {item} on Tuesday. How many {item} did {name} collect in total?",
+    ),
+    "l2_sub": (
+        "{name} has {a} {item} and gives away {b}. How many {item} are left?",
+        "{name} had {a} {item} and lost {b} of them. How many {item} does {name} have left?",
+        "A shop had {a} {item} and sold {b}. How many {item} remain?",
+    ),
+    "l2_mul": (
+        "There are {a} {box} with {b} {item} in each. How many {item} are there?",
+        "{name} has {a} {box}, and each holds {b} {item}. How many {item} does {name} have?",
+        "Each of {a} {box} contains {b} {item}. What is the total number of {item}?",
+    ),
+    "l2_div": (
+        "{name} shares {ab} {item} equally among {a} friends. How many {item} does each friend get?",
+        "{ab} {item} are split evenly into {a} {box}. How many {item} go in each?",
+        "If {a} friends share {ab} {item} equally, how many {item} does each one get?",
+    ),
+    # Level 3: two operations.
+    "l3_add_mul": (
+        "{name} has {a} {item} and buys {b} {box} with {c} {item} in each. How many {item} does {name} have now?",
+        "{name} already has {a} {item}. Then {name} buys {b} {box} that hold {c} {item} each. How many {item} "
+        "does {name} have in total?",
+        "A teacher has {a} {item} on the desk and {b} {box} of {c} {item} each in the cupboard. How many {item} "
+        "are there altogether?",
+    ),
+    "l3_mul_sub": (
+        "{name} has {b} {box} with {c} {item} in each and gives away {a} {item}. How many {item} are left?",
+        "There are {b} {box} with {c} {item} each. {a} {item} are taken out. How many {item} remain?",
+        "{name} buys {b} {box} of {c} {item} and then uses {a} of them. How many {item} are left?",
+    ),
+    "l3_sub_sub": (
+        "{name} has {a} {item}, gives {b} to a friend and then loses {c}. How many {item} are left?",
+        "{name} started with {a} {item}, sold {b} and then gave {c} to {other}. How many {item} does {name} "
+        "have now?",
+        "A jar held {a} {item}. {b} were taken out in the morning and {c} in the evening. How many {item} are "
+        "left in the jar?",
+    ),
+    "l3_sum_mul": (
+        "One pack of {item} costs {a} dollars. {name} buys {b} packs and {other} buys {c} packs. How many "
+        "dollars do they pay in total?",
+        "Each pack of {item} costs {a} dollars. {name} buys {b} packs and {other} buys {c}. How many dollars do "
+        "they spend together?",
+        "{name} and {other} buy {b} and {c} packs of {item}. A pack costs {a} dollars. How many dollars do they "
+        "spend altogether?",
+    ),
+    # Level 4: three operations (the depth split under the default levels).
+    "l4_add_mul_sub": (
+        "{name} has {a} {item}, buys {b} {box} with {c} {item} in each, then gives {d} to {other}. How many "
+        "{item} does {name} have now?",
+        "Starting with {a} {item}, {name} adds {b} {box} of {c} {item} each and then loses {d}. How many {item} "
+        "are left?",
+    ),
+    "l4_mul_add_mul": (
+        "{name} has {b} {box} with {c} {item} each and {d} {box} with {e} {item} each. How many {item} does "
+        "{name} have?",
+        "There are {b} {box} holding {c} {item} apiece and {d} more {box} holding {e} apiece. How many {item} "
+        "are there in all?",
+    ),
+    "l4_sum_mul_sub": (
+        "One pack of {item} costs {a} dollars. {name} buys {b} packs and {other} buys {c} packs. A coupon takes "
+        "{d} dollars off. How many dollars do they pay?",
+        "{name} buys {b} packs of {item} and {other} buys {c}; each pack is {a} dollars, and they get {d} "
+        "dollars back. What do they pay in dollars?",
+    ),
+    "l4_sub_sub_sub": (
+        "{name} has {a} {item}, gives {b} to {other}, loses {c} and sells {d}. How many {item} are left?",
+        "A box held {a} {item}. {b} were used on Monday, {c} on Tuesday and {d} on Wednesday. How many {item} "
+        "are left?",
+    ),
+    # Level 5: four operations.
+    "l5_mul_add_mul_sub": (
+        "{name} has {b} {box} with {c} {item} each and {d} {box} with {e} {item} each, and gives {a} {item} to "
+        "{other}. How many {item} does {name} have left?",
+    ),
+    "l5_add_mul_sub_sub": (
+        "{name} has {a} {item}, buys {b} {box} with {c} {item} in each, gives {d} to {other} and loses {e}. "
+        "How many {item} are left?",
+    ),
+}
+
+HELD_OUT: dict[str, tuple[str, ...]] = {
+    "l1_add": ("{a} + {b} = ?", "Find the sum of {a} and {b}."),
+    "l1_sub": ("{a} - {b} = ?", "How much is {b} less than {a}?"),
+    "l1_mul": ("{a} x {b} = ?", "How much is {a} multiplied by {b}?"),
+    "l2_add": (
+        "{name} starts with {a} {item}; {other} hands over another {b}. How many {item} does {name} hold now?",
+        "If you have {a} {item} and someone gives you {b} more, how many {item} do you have?",
+    ),
+    "l2_sub": (
+        "Of {a} {item}, {b} were used up. How many {item} are still there?",
+        "{name} owned {a} {item} and handed {b} of them to {other}. How many {item} does {name} keep?",
+    ),
+    "l2_mul": (
+        "What is the number of {item} in {a} {box} if every one holds {b}?",
+        "{name} fills {a} {box} with {b} {item} apiece. How many {item} is that altogether?",
+    ),
+    "l2_div": (
+        "How many {item} does each of {a} children receive when {ab} {item} are handed out equally?",
+        "{name} packs {ab} {item} into {a} {box}, the same number in each. How many {item} are in one?",
+    ),
+    "l3_add_mul": (
+        "Starting with {a} {item}, {name} adds {b} {box} of {c} {item} each. What is the total number of {item}?",
+        "How many {item} does {name} end up with after getting {b} {box} holding {c} {item} apiece on top of "
+        "{a}?",
+    ),
+    "l3_mul_sub": (
+        "After removing {a} {item} from {b} {box} holding {c} each, how many {item} are still there?",
+        "{name} keeps {b} {box} of {c} {item} but hands {a} {item} to {other}. How many {item} does {name} "
+        "have left?",
+    ),
+    "l3_sub_sub": (
+        "From {a} {item}, first {b} and then another {c} are removed. How many {item} remain?",
+        "How many {item} are left if {name} had {a}, lost {b}, and later lost {c} more?",
+    ),
+    "l3_sum_mul": (
+        "At {a} dollars a pack, how many dollars are {b} packs of {item} for {name} plus {c} packs for {other}?",
+        "{name} gets {b} packs of {item} and {other} gets {c} packs; every pack is {a} dollars. What is the total "
+        "bill in dollars?",
+    ),
+}
