@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -61,6 +62,9 @@ class APOConfig(_Section):
 
     prompt: Path | None = Field(default=None, description="starting POML file; null: the task set's default_template")
     resource: str = Field(default="prompt", description="resource name the agent reads the template from")
+    search: Literal["beam", "gepa"] = Field(
+        default="beam", description="beam: beam search with textual gradients; gepa: GEPA's reflective Pareto "
+        "search (the `apo` extra), rounds * branch_factor proposals")
     required_variables: tuple[str, ...] | None = Field(
         default=None, description="variables every candidate must keep; null: the task set's REQUIRED_VARIABLES"
     )
