@@ -1,4 +1,5 @@
-"""APO through GEPA with real rollouts: vLLM (SmolLM2) -> gateway -> store, GEPA's search, a scripted reflection LM.
+"""APO through GEPA with real rollouts: vLLM (SmolLM2) -> gateway -> store, GEPA's search, a scripted reflection LM,
+then demonstrations mined from the recorded rollouts.
 
 The reflection model is ``ScriptedOptimizerServer`` (real HTTP, OpenAI protocol) replaying the edit model's
 answers of ``tutorials/rooms/scripted.json``: a JavaScript expression (must be rejected before any rollout),
@@ -32,7 +33,8 @@ def _config(tmp_path: Path, engine_url: str, optimizer_url: str) -> Any:
         "dataset": {"name": "rooms", "seed": 0, "levels": [1, 2]},
         "rollouts": {"concurrency": 8}, "eval": {"tasks": 2, "temperature": 0.0},
         "apo": {"search": "gepa", "rounds": 1, "branch_factor": 3, "gradient_tasks": 2, "critique_examples": 1,
-                "val_tasks": 3, "optimizer": {"base_url": optimizer_url, "edit_model": "editor"}},
+                "val_tasks": 3, "optimizer": {"base_url": optimizer_url, "edit_model": "editor"},
+                "demos": {"k": 1, "candidates": 2, "min_reward": 0.01, "pool_tasks": 2}},
     })
 
 
@@ -55,7 +57,8 @@ def test_gepa_search_end_to_end_on_recorded_rollouts(tmp_path: Path, vllm_server
 
     # Three proposals; the JavaScript expression and the missing variable never reached a rollout.
     statuses = [(c["id"], c["status"], c["version"]) for c in data["candidates"]]
-    assert statuses[0] == ("c0", "root", 1) and len(statuses) == 4
+    search, demos = data["candidates"][:4], data["candidates"][4:]
+    assert statuses[0] == ("c0", "root", 1) and len(search) == 4
     assert statuses[1] == ("c1", "rejected", None) and "JavaScript" in data["candidates"][1]["problems"][0]
     assert statuses[2][1] in ("scored", "not_accepted") and statuses[2][2] == 2
     assert statuses[3] == ("c3", "rejected", None) and "{{request}} is missing" in data["candidates"][3]["problems"][0]
@@ -67,9 +70,19 @@ def test_gepa_search_end_to_end_on_recorded_rollouts(tmp_path: Path, vllm_server
     assert "{{ request }}" in text and "Keep these variables exactly once each" in text
     assert "Generated Outputs" in text and "user: " in text and "reward " in text
 
+    # Demonstrations: variants of the search's winner with one recorded train rollout each, scored on val.
+    assert demos and all(c["status"] in ("scored", "duplicate") for c in demos), demos
+    assert {c["parent"] for c in demos} <= {c["id"] for c in search if c["status"] in ("root", "scored")}
+    assert all("Example 1" in c["template"] and c["critique"].startswith("demos: ") for c in demos)
+    assert all(c["val"] is not None for c in demos if c["status"] == "scored")
+
     with SpanStore(tmp_path / "gepa.duckdb") as store:
-        assert [r.version for r in store.list_resources("prompt")] == [1, 2]  # rejected texts are never stored
-        rows = store.query("SELECT resources_version AS v, input->>'$.task_id' AS t FROM rollouts").to_pylist()
-    assert {r["v"] for r in rows} <= {"prompt@1", "prompt@2"} and rows
+        versions = [r.version for r in store.list_resources("prompt")]
+        assert versions[:2] == [1, 2] and len(versions) == 2 + sum(c["status"] == "scored" for c in demos)
+        rows = store.query("SELECT resources_version AS v, input->>'$.task_id' AS t, rollout_id, final_reward AS r, "
+                           "mode FROM rollout_summary").to_pylist()
+        # A demo variant's example is a train task whose recorded rollout earned at least min_reward.
+        demo_task = json.loads(demos[0]["critique"].removeprefix("demos: "))[0]
+        assert any(r["t"] == demo_task and r["mode"] == "train" and (r["r"] or 0) >= 0.01 for r in rows)
     assert len({(r["v"], r["t"]) for r in rows}) == len(rows)  # no (version, task) pair ran twice
     assert data["summary"]["rollouts_total"] == len(rows)

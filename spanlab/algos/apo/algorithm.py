@@ -88,6 +88,10 @@ class APO(Algorithm[APOConfig]):
 
     def run(self, job: Job) -> None:
         self.best = self.search.run(self.root)
+        if self.settings.demos is not None:
+            from spanlab.algos.apo.demos import add_demos
+
+            self.best = add_demos(self.search, self.best, self.settings.demos)
         for metrics in self.search.rounds:
             job.log_step(metrics)
 
