@@ -1,16 +1,18 @@
-"""``algorithm: apo``: automatic prompt optimization of an agent's POML prompt, by beam search with textual gradients.
+"""``algorithm: apo``: automatic prompt optimization of an agent's POML prompt, by beam search or GEPA.
 
 Run: ``spanlab train tutorials/rooms/apo.yaml`` (config section ``apo:``, see ``config.py``). No torch.
 
 Before the framework's base evaluation, the starting prompt is stored as version 1 of the ``prompt``
-resource; the beam search (``search.py``: critiques from real rollouts' spans, edits by an optimizer
-LLM, validation, scoring on val) runs in between; the framework's held-out evaluation then scores the
-starting prompt (base) and the winner (final) on the same ``eval`` tasks, through the same rollout
-cache as the search: every rollout pins the prompt version it ran with (``rollouts.resources_version``)
-and no (version, task) pair runs twice (``rollouts.py``). Reported on top: the paired difference with
-bootstrap intervals, the lineage of every candidate (``run_dir/apo.json``), and the budget (rollouts
-run, cache hits, optimizer calls and tokens, seconds). Left out vs Agent Lightning's APO: async/parallel
-optimizer calls, a separate "apply gradient" prompt per example, and LLM-judge rewards.
+resource. The search runs in between: the beam search with textual gradients (``search.py``: critiques
+from real rollouts' spans, edits by an optimizer LLM, validation, scoring on val) or GEPA
+(``gepa_search.py``, ``apo.search: gepa``: spanlab is GEPA's adapter). The framework's held-out
+evaluation then scores the starting prompt (base) and the winner (final) on the same ``eval`` tasks,
+through the same rollout cache as the search: every rollout pins the prompt version it ran with
+(``rollouts.resources_version``) and no (version, task) pair runs twice (``rollouts.py``). Reported on
+top: the paired difference with bootstrap intervals, the lineage of every candidate
+(``run_dir/apo.json``), and the budget (rollouts run, cache hits, optimizer calls and tokens, seconds).
+Left out vs Agent Lightning's APO: async/parallel optimizer calls, a separate "apply gradient" prompt
+per example, and LLM-judge rewards.
 """
 
 from __future__ import annotations
@@ -44,6 +46,12 @@ class APO(Algorithm[APOConfig]):
     def check(self) -> None:
         if self.config.eval.split != "test":
             raise ConfigError("eval.split: APO selects prompts on val, so its held-out split must be test")
+        if self.settings.search == "gepa":
+            from spanlab.algos.apo.gepa_search import gepa_available
+
+            if not gepa_available():
+                raise ConfigError("apo.search: gepa needs the gepa package: pip install 'spanlab[apo]' "
+                                  "(scripts/setup.sh installs it)")
         _start(self.config)
 
     def train_tasks(self) -> int:
@@ -51,6 +59,7 @@ class APO(Algorithm[APOConfig]):
 
     def prepare(self, job: Job) -> None:
         """Store the starting prompt (the base evaluation runs it) and open the search."""
+        from spanlab.algos.apo.gepa_search import GEPASearch
         from spanlab.algos.apo.optimizer import Optimizer
         from spanlab.algos.apo.rollouts import PromptBank, RolloutRunner
         from spanlab.algos.apo.search import BeamSearch
@@ -65,7 +74,8 @@ class APO(Algorithm[APOConfig]):
                                    default_model=job.served_name)
         job.stack.callback(self.optimizer.close)
         val = job.task_set.make_tasks("val", n=apo.val_tasks, seed=config.dataset.seed, levels=config.dataset.levels)
-        self.search = BeamSearch(apo, self.runner, self.optimizer, bank, required=required,
+        search = GEPASearch if apo.search == "gepa" else BeamSearch
+        self.search = search(apo, self.runner, self.optimizer, bank, required=required,
                                  train=job.splits["train"], val=val, run_id=job.report.run_id)
         self.run_id = job.report.run_id
         self.root = self.best = self.search.root(template)
@@ -78,6 +88,10 @@ class APO(Algorithm[APOConfig]):
 
     def run(self, job: Job) -> None:
         self.best = self.search.run(self.root)
+        if self.settings.demos is not None:
+            from spanlab.algos.apo.demos import add_demos
+
+            self.best = add_demos(self.search, self.best, self.settings.demos)
         for metrics in self.search.rounds:
             job.log_step(metrics)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -53,6 +54,15 @@ class OptimizerConfig(_Section):
         return key
 
 
+class DemosConfig(_Section):
+    """Worked examples from the best recorded train rollouts, added to the winning prompt (``demos.py``)."""
+
+    k: int = Field(default=3, ge=1, le=32, description="examples per variant")
+    candidates: int = Field(default=4, ge=1, le=256, description="variants scored on val")
+    min_reward: float = Field(default=1.0, description="a rollout is an example only at or above this reward")
+    pool_tasks: int = Field(default=8, ge=0, description="train tasks the winner runs on when too few examples")
+
+
 class APOConfig(_Section):
     """Beam search over prompt versions with textual gradients (Agent Lightning's APO, REFERENCE.md §5).
 
@@ -61,6 +71,9 @@ class APOConfig(_Section):
 
     prompt: Path | None = Field(default=None, description="starting POML file; null: the task set's default_template")
     resource: str = Field(default="prompt", description="resource name the agent reads the template from")
+    search: Literal["beam", "gepa"] = Field(
+        default="beam", description="beam: beam search with textual gradients; gepa: GEPA's reflective Pareto "
+        "search (the `apo` extra), rounds * branch_factor proposals")
     required_variables: tuple[str, ...] | None = Field(
         default=None, description="variables every candidate must keep; null: the task set's REQUIRED_VARIABLES"
     )
@@ -71,6 +84,7 @@ class APOConfig(_Section):
     critique_examples: int = Field(default=3, ge=1, description="low- and high-reward rollouts shown (each)")
     val_tasks: int = Field(default=12, ge=1, description="validation tasks every candidate is scored on")
     max_rollouts: int | None = Field(default=None, ge=1, description="budget of new rollouts; null: unlimited")
+    demos: DemosConfig | None = Field(default=None, description="bootstrap few-shot after the search; null: off")
     confidence: float = Field(default=0.95, gt=0, lt=1, description="bootstrap interval level")
     seed: int = Field(default=0, description="gradient batches, bootstrap and optimizer sampling")
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)

@@ -26,7 +26,7 @@ from spanlab.prompts import PromptRenderer, check_template
 
 logger = logging.getLogger(__name__)
 
-Status = Literal["root", "scored", "rejected", "duplicate", "over_budget"]
+Status = Literal["root", "scored", "rejected", "duplicate", "over_budget", "not_accepted"]
 Task = dict[str, Any]
 
 
