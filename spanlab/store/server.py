@@ -193,6 +193,21 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
                                                       columns=columns, batch_size=batch_size, span_ids=span_ids))
         return StreamingResponse(reader_to_chunks(reader), media_type=ARROW_STREAM)
 
+    @app.post("/v1/traces", openapi_extra={"requestBody": {"content": {
+        "application/x-protobuf": {"schema": {}}, "application/json": {"schema": {}}}}})
+    async def otlp_traces(request: Request) -> Response:
+        """OTLP/HTTP traces (protobuf or JSON, gzip or not); GenAI spans become llm_call spans (spanlab/otel)."""
+        from spanlab import otel  # the `otel` extra: imported when an exporter first calls
+
+        try:
+            kind, spans = await run(otel.read_request, await request.body(), request.headers.get("content-type"),
+                                    request.headers.get("content-encoding"), max_body_bytes)
+        except otel.OtlpError as exc:
+            return JSONResponse({"detail": str(exc)}, exc.status_code)
+        if spans:
+            await write_spans(await run(spans_to_arrow, spans), validated=True)
+        return Response(otel.answer(kind), media_type=kind)
+
     @app.post("/resources")
     async def add_resource(req: ResourceRequest) -> Resource:
         return await run(store.add_resource, req.name, req.payload, req.kind)
