@@ -18,15 +18,15 @@ import httpx
 import pytest
 
 pytest.importorskip("opentelemetry.exporter.otlp.proto.http", reason="the `otel` extra is not installed")
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # noqa: E402
-from opentelemetry.sdk.resources import Resource  # noqa: E402
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
-from opentelemetry.trace import Status, StatusCode  # noqa: E402
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Status, StatusCode
 
-from spanlab.store.client import StoreClient  # noqa: E402
-from tests.stores import TOKEN, ServerProcess  # noqa: E402
+from spanlab.store.client import StoreClient
+from tests.stores import TOKEN, ServerProcess
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 INPUT = [
@@ -136,7 +136,7 @@ def test_sdk_exporter_spans_land_on_their_attempt_with_genai_fields(
 def _json_request(attempt_id: str | None, rollout_id: str | None, span_hex: str) -> dict:
     resource = [{"key": k, "value": {"stringValue": v}}
                 for k, v in (("spanlab.rollout_id", rollout_id), ("spanlab.attempt_id", attempt_id)) if v]
-    return {"resourceSpans": [{"resource": {"attributes": resource}, "scopeSpans": [{"scope": {"name": "js"}, "spans": [{
+    span = {
         "traceId": "5b8efff798038103d269b633813fc60c", "spanId": span_hex, "name": "chat m", "kind": 3,
         "startTimeUnixNano": "1764640000000000000", "endTimeUnixNano": "1764640001500000000",
         "attributes": [
@@ -144,7 +144,9 @@ def _json_request(attempt_id: str | None, rollout_id: str | None, span_hex: str)
             {"key": "gen_ai.request.model", "value": {"stringValue": "m"}},
             {"key": "spanlab.response_token_ids", "value": {"arrayValue": {"values": [
                 {"intValue": "5"}, {"intValue": "6"}]}}},
-        ]}]}]}]}
+        ]}
+    scope = {"scope": {"name": "js"}, "spans": [span]}
+    return {"resourceSpans": [{"resource": {"attributes": resource}, "scopeSpans": [scope]}]}
 
 
 def test_otlp_json_is_read_too(server: ServerProcess, client: StoreClient, attempt: tuple[str, str]) -> None:

@@ -142,8 +142,9 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
 def _usage(usage: dict[str, Any] | None) -> dict[str, Any]:
     usage = usage or {}
     prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0}, "output_tokens": completion,
-            "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": prompt + completion}
+    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt + completion}
 
 
 def _logprobs(lp: dict[str, Any] | None) -> list[dict[str, Any]]:

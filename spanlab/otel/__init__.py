@@ -7,7 +7,16 @@ semantic-convention fields). Needs the ``otel`` extra (``opentelemetry-proto``).
 
 from __future__ import annotations
 
-from spanlab.otel.decode import JSON, PROTOBUF, OtlpError, OtlpUnavailableError, answer, gunzip, media_type, parse_traces
+from spanlab.otel.decode import (
+    JSON,
+    PROTOBUF,
+    OtlpError,
+    OtlpUnavailableError,
+    answer,
+    gunzip,
+    media_type,
+    parse_traces,
+)
 from spanlab.otel.mapping import to_spans
 from spanlab.types import Span
 

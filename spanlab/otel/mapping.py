@@ -24,7 +24,8 @@ from spanlab.errors import InvalidSpanError
 from spanlab.otel.genai import consumed, is_llm_call, llm_fields
 from spanlab.types import LLMCall, Reward, Span
 
-ROLLOUT_KEY, ATTEMPT_KEY, AGENT_KEY, REWARD_KEY = "spanlab.rollout_id", "spanlab.attempt_id", "spanlab.agent", "spanlab.reward"
+ROLLOUT_KEY, ATTEMPT_KEY = "spanlab.rollout_id", "spanlab.attempt_id"
+AGENT_KEY, REWARD_KEY = "spanlab.agent", "spanlab.reward"
 _ATTRIBUTION = frozenset({ROLLOUT_KEY, ATTEMPT_KEY, AGENT_KEY, REWARD_KEY, "spanlab.reward_name"})
 _KINDS = {0: "unspecified", 1: "internal", 2: "server", 3: "client", 4: "producer", 5: "consumer"}
 _ERROR = 2  # Status.StatusCode.STATUS_CODE_ERROR

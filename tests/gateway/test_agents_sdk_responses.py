@@ -16,8 +16,15 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, RunResult, RunResultStreaming
-from agents import set_tracing_disabled
+from agents import (
+    Agent,
+    ModelSettings,
+    OpenAIResponsesModel,
+    Runner,
+    RunResult,
+    RunResultStreaming,
+    set_tracing_disabled,
+)
 from openai import AsyncOpenAI
 
 from spanlab.gateway import GatewayServer
@@ -114,7 +121,7 @@ def test_a_responses_conversation_continues_its_tito_buffer(
             second = await Runner.run(agent, [*first.to_input_list(), {"role": "user", "content": "Another one?"}])
             return first, second
 
-    first, second = asyncio.run(run())
+    _, second = asyncio.run(run())
     assert tito_gateway.flush(10)
     s1, s2 = store.iter_spans(attempt_ids=[started[1].attempt_id])
     assert (s1.attributes["tito"]["event"], s2.attributes["tito"]["event"]) == ("start", "extend")

@@ -18,7 +18,8 @@ def test_a_tool_loop_input_becomes_the_chat_conversation() -> None:
         "model": "m", "instructions": "be brief", "tools": [TOOL], "tool_choice": "required", "max_output_tokens": 9,
         "temperature": 0.0, "store": False, "include": ["message.output_text.logprobs"], "top_k": 5,
         "input": [
-            {"role": "user", "content": [{"type": "input_text", "text": "What is "}, {"type": "input_text", "text": "2+3?"}]},
+            {"role": "user", "content": [{"type": "input_text", "text": "What is "},
+                                         {"type": "input_text", "text": "2+3?"}]},
             {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Let me add."}]},
             {"type": "function_call", "call_id": "c1", "name": "add", "arguments": '{"a": 2, "b": 3}'},
             {"type": "function_call_output", "call_id": "c1", "output": "5"},
