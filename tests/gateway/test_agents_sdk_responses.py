@@ -111,6 +111,8 @@ def tito_gateway(store: SpanStore, upstream: Upstream) -> Iterator[GatewayServer
 def test_a_responses_conversation_continues_its_tito_buffer(
     store: SpanStore, tito_gateway: GatewayServer, started: tuple[Rollout, Attempt], upstream: Upstream
 ) -> None:
+    set_tracing_disabled(True)
+
     async def run() -> tuple[RunResult, RunResult]:
         async with _client(tito_gateway, started) as client:
             agent = Agent(name="chat", instructions="Answer in one short sentence.",
