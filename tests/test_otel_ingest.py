@@ -211,3 +211,20 @@ def test_a_missing_extra_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     monkeypatch.setattr(builtins, "__import__", no_proto)
     with pytest.raises(OtlpUnavailableError, match=r"spanlab\[otel\]"):
         read_request(b"", "application/x-protobuf", None, 1 << 20)
+
+
+def test_agent_lightning_tracer_names_are_read(server: ServerProcess, client: StoreClient,
+                                               attempt: tuple[str, str]) -> None:
+    rollout_id, attempt_id = attempt
+    body = _json_request(None, None, "00000000000000bb")
+    resource_spans = body["resourceSpans"][0]
+    resource_spans["resource"]["attributes"] = [
+        {"key": "agentlightning.rollout_id", "value": {"stringValue": rollout_id}},
+        {"key": "agentlightning.attempt_id", "value": {"stringValue": attempt_id}}]
+    span = resource_spans["scopeSpans"][0]["spans"][0]
+    span.update(name="agentlightning.reward", attributes=[
+        {"key": "agentlightning.reward.0.value", "value": {"doubleValue": 0.5}}])
+    assert httpx.post(f"{server.url}/v1/traces", headers=AUTH, json=body).status_code == 200
+    (stored,) = client.iter_spans(attempt_ids=[attempt_id])
+    assert (stored.kind, stored.reward.value, stored.rollout_id) == ("reward", 0.5, rollout_id)
+    assert client.rollout_summaries([rollout_id])[0].final_reward == 0.5

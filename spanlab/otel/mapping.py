@@ -2,9 +2,11 @@
 
 Attribution: ``spanlab.rollout_id`` and ``spanlab.attempt_id`` on the span, else on its resource (a
 process that runs one attempt can set them once on its ``TracerProvider``'s resource; a worker running
-many sets them per span, e.g. on the agent's root span and its children). Without them a span is stored
-unattributed (``rollout_id`` null), as the gateway stores unattributed calls. ``spanlab.agent`` names the
-role of a multi-agent attempt (``attributes.agent``), as the gateway's ``/agent/{role}`` does.
+many sets them per span, e.g. on the agent's root span and its children). Agent Lightning's names
+(``agentlightning.rollout_id``/``attempt_id``, ``agentlightning.reward.0.value``) are read too. Without
+them a span is stored unattributed (``rollout_id`` null), as the gateway stores unattributed calls.
+``spanlab.agent`` names the role of a multi-agent attempt (``attributes.agent``), as the gateway's
+``/agent/{role}`` does.
 
 Kinds: a GenAI call (``gen_ai.operation.name`` chat / text_completion / generate_content, or GenAI request
 attributes without an operation) is an ``llm_call`` (:mod:`.genai`); ``execute_tool`` a ``tool_call``; a
@@ -24,9 +26,14 @@ from spanlab.errors import InvalidSpanError
 from spanlab.otel.genai import consumed, is_llm_call, llm_fields
 from spanlab.types import LLMCall, Reward, Span
 
-ROLLOUT_KEY, ATTEMPT_KEY = "spanlab.rollout_id", "spanlab.attempt_id"
-AGENT_KEY, REWARD_KEY = "spanlab.agent", "spanlab.reward"
-_ATTRIBUTION = frozenset({ROLLOUT_KEY, ATTEMPT_KEY, AGENT_KEY, REWARD_KEY, "spanlab.reward_name"})
+# Each field's keys in order: spanlab's own, then Agent Lightning's (its OTel tracer's resource attributes
+# and reward attributes), so an agent instrumented for Agent Lightning needs no change.
+ROLLOUT_KEYS = ("spanlab.rollout_id", "agentlightning.rollout_id")
+ATTEMPT_KEYS = ("spanlab.attempt_id", "agentlightning.attempt_id")
+AGENT_KEY = "spanlab.agent"
+REWARD_KEYS = ("spanlab.reward", "agentlightning.reward.0.value")
+REWARD_NAME_KEYS = ("spanlab.reward_name", "agentlightning.reward.0.name")
+_ATTRIBUTION = frozenset({*ROLLOUT_KEYS, *ATTEMPT_KEYS, AGENT_KEY, *REWARD_KEYS, *REWARD_NAME_KEYS})
 _KINDS = {0: "unspecified", 1: "internal", 2: "server", 3: "client", 4: "producer", 5: "consumer"}
 _ERROR = 2  # Status.StatusCode.STATUS_CODE_ERROR
 
@@ -49,6 +56,15 @@ def attributes(kvs: Any) -> dict[str, Any]:
     return {kv.key: any_value(kv.value) for kv in kvs}
 
 
+def _first(keys: tuple[str, ...], attrs: dict[str, Any], resource: dict[str, Any]) -> Any:
+    """The span's value of the first key it has, else the resource's (a span can override its process)."""
+    for where in (attrs, resource):
+        for key in keys:
+            if where.get(key) is not None:
+                return where[key]
+    return None
+
+
 def _span_id(trace_id: bytes, span_id: bytes) -> str:
     return f"otel-{trace_id.hex()}-{span_id.hex()}"
 
@@ -60,9 +76,9 @@ def _seconds(nanos: int) -> float | None:
 def to_span(span: Any, resource: dict[str, Any], scope: str) -> Span:
     """One OTLP span (protobuf message) under its resource's attributes."""
     attrs = attributes(span.attributes)
-    rollout_id = attrs.get(ROLLOUT_KEY, resource.get(ROLLOUT_KEY))
-    attempt_id = attrs.get(ATTEMPT_KEY, resource.get(ATTEMPT_KEY))
-    agent = attrs.get(AGENT_KEY, resource.get(AGENT_KEY))
+    rollout_id, attempt_id = _first(ROLLOUT_KEYS, attrs, resource), _first(ATTEMPT_KEYS, attrs, resource)
+    agent = _first((AGENT_KEY,), attrs, resource)
+    reward_value = _first(REWARD_KEYS, attrs, {})
     kept: dict[str, Any] = {k: v for k, v in attrs.items() if not consumed(k) and k not in _ATTRIBUTION}
     kept["otel"] = {
         "trace_id": span.trace_id.hex(), "span_id": span.span_id.hex(), "kind": _KINDS.get(span.kind, span.kind),
@@ -79,8 +95,8 @@ def to_span(span: Any, resource: dict[str, Any], scope: str) -> Span:
         kind, llm = "llm_call", LLMCall(**llm_fields(attrs))
     elif attrs.get("gen_ai.operation.name") == "execute_tool":
         kind = "tool_call"
-    elif isinstance(attrs.get(REWARD_KEY), (int, float)):
-        kind, reward = "reward", Reward(name=str(attrs.get("spanlab.reward_name", "reward")), value=attrs[REWARD_KEY])
+    elif isinstance(reward_value, (int, float)) and not isinstance(reward_value, bool):
+        kind, reward = "reward", Reward(name=str(_first(REWARD_NAME_KEYS, attrs, {}) or "reward"), value=reward_value)
     else:
         kind = "custom"
     return Span(
