@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from spanlab.gateway.protocol import BadRequestError, dumps
+from spanlab.gateway.protocol import BadRequestError
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 # Responses fields with no chat meaning that can be dropped without changing what is sampled.
@@ -112,15 +112,17 @@ def _tool_choice(choice: Any) -> Any:
 
 
 def to_chat(body: dict[str, Any]) -> dict[str, Any]:
-    """The chat request (never streamed: the reply is built whole, then streamed as Responses events)."""
+    """The chat request; a streamed one asks for usage in its last chunk (the response carries it)."""
     for key, why in _REFUSED.items():
         if body.get(key):
             raise BadRequestError(f"`{key}` is not supported: {why}", code="unsupported_parameter")
     chat: dict[str, Any] = {k: v for k, v in body.items()
                             if k not in _DROPPED and k not in _REFUSED and k not in ("input", "instructions")}
     chat["messages"] = _messages(body)
-    for key in ("tools", "tool_choice", "max_output_tokens", "top_logprobs", "stream"):
+    for key in ("tools", "tool_choice", "max_output_tokens", "top_logprobs"):
         chat.pop(key, None)
+    if body.get("stream"):
+        chat["stream_options"] = {"include_usage": True}
     if (tools := _tools(body.get("tools"))) is not None:
         chat["tools"] = tools
     if (choice := _tool_choice(body.get("tool_choice"))) is not None:
@@ -152,11 +154,16 @@ def _logprobs(lp: dict[str, Any] | None) -> list[dict[str, Any]]:
              "top_logprobs": e.get("top_logprobs") or []} for e in ((lp or {}).get("content") or ())]
 
 
+def base_id(chat_id: Any) -> str:
+    """The suffix of a chat completion's ID that names its output items (``msg_``, ``fc_``, ``rs_`` + it)."""
+    return str(chat_id or f"{time.time_ns():x}").removeprefix("chatcmpl-")
+
+
 def to_response(chat: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
     """A chat.completion as the ``response`` object the Responses API returns."""
     choice = (chat.get("choices") or [{}])[0]
     message = choice.get("message") or {}
-    base = str(chat.get("id") or f"{time.time_ns():x}").removeprefix("chatcmpl-")
+    base = base_id(chat.get("id"))
     output: list[dict[str, Any]] = []
     if reasoning := message.get("reasoning") or message.get("reasoning_content"):
         output.append({"type": "reasoning", "id": f"rs_{base}", "summary": [],
@@ -186,42 +193,3 @@ def to_response(chat: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
         response["prompt_token_ids"] = chat["prompt_token_ids"]
         response["output_token_ids"] = choice.get("token_ids")
     return response
-
-
-def sse_events(response: dict[str, Any]) -> bytes:
-    """A finished response as the Responses event stream (created ... completed); the SDKs rebuild the
-    response from these, and the Agents SDK reads the final one from ``response.completed``."""
-    events: list[dict[str, Any]] = []
-    pending = {**response, "status": "in_progress", "output": [], "usage": None, "incomplete_details": None}
-    events += [{"type": "response.created", "response": pending},
-               {"type": "response.in_progress", "response": pending}]
-    for index, item in enumerate(response["output"]):
-        opened = {**item, "status": "in_progress"}
-        if item["type"] == "message":
-            opened["content"] = []
-        elif item["type"] == "function_call":
-            opened["arguments"] = ""
-        events.append({"type": "response.output_item.added", "output_index": index, "item": opened})
-        ref = {"item_id": item["id"], "output_index": index}
-        if item["type"] == "message":
-            for c, part in enumerate(item["content"]):
-                empty = {**part, "text": "", "logprobs": []}
-                events += [
-                    {"type": "response.content_part.added", **ref, "content_index": c, "part": empty},
-                    {"type": "response.output_text.delta", **ref, "content_index": c, "delta": part["text"],
-                     "logprobs": part.get("logprobs") or []},
-                    {"type": "response.output_text.done", **ref, "content_index": c, "text": part["text"],
-                     "logprobs": part.get("logprobs") or []},
-                    {"type": "response.content_part.done", **ref, "content_index": c, "part": part},
-                ]
-        elif item["type"] == "function_call":
-            events += [
-                {"type": "response.function_call_arguments.delta", **ref, "delta": item["arguments"]},
-                {"type": "response.function_call_arguments.done", **ref, "name": item["name"],
-                 "arguments": item["arguments"]},
-            ]
-        events.append({"type": "response.output_item.done", "output_index": index, "item": item})
-    final = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
-    events.append({"type": final, "response": response})
-    return b"".join(b"event: " + e["type"].encode() + b"\ndata: " + dumps({**e, "sequence_number": n}) + b"\n\n"
-                    for n, e in enumerate(events))

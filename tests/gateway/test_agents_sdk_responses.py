@@ -92,8 +92,10 @@ def test_streamed_responses_agent_tool_loop_is_recorded_call_by_call(
     async def run() -> RunResultStreaming:
         async with _client(gateway, started) as client:
             result = Runner.run_streamed(_agent(client, upstream), "What is 7 + 5?", max_turns=4)
-            kinds = {event.type async for event in result.stream_events()}
-            assert "raw_response_event" in kinds
+            raw = [e.data.type async for e in result.stream_events() if e.type == "raw_response_event"]
+            # Deltas as the engine streamed them (the tool call's arguments, then the answer's text).
+            assert {"response.function_call_arguments.delta", "response.output_text.delta"} <= set(raw)
+            assert raw.count("response.completed") == len(result.raw_responses)
             return result
 
     result = asyncio.run(run())

@@ -8,7 +8,9 @@ import pytest
 from openai.types.responses import Response
 
 from spanlab.gateway.protocol import BadRequestError
-from spanlab.gateway.responses_protocol import sse_events, to_chat, to_response
+from spanlab.gateway.responses_protocol import to_chat, to_response
+from spanlab.gateway.responses_stream import ResponsesStream
+from spanlab.gateway.tito_protocol import sse_events as tito_sse_events
 
 TOOL = {"type": "function", "name": "add", "description": "add", "parameters": {"type": "object"}, "strict": False}
 
@@ -52,7 +54,7 @@ def test_requests_it_cannot_serve_faithfully_are_refused_naming_the_field(body: 
         to_chat(body)
 
 
-CHAT = {
+CHAT: dict = {
     "id": "chatcmpl-abc", "object": "chat.completion", "created": 7, "model": "m",
     "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
         "role": "assistant", "content": "Adding.", "tool_calls": [
@@ -71,14 +73,40 @@ def test_a_chat_completion_becomes_a_response_the_sdk_parses() -> None:
     assert to_response(cut, {})["incomplete_details"] == {"reason": "max_output_tokens"}
 
 
-def test_the_event_stream_ends_with_the_whole_response() -> None:
-    response = to_response(CHAT, {"model": "m"})
-    frames = [f for f in sse_events(response).decode().split("\n\n") if f]
+def _events(raw: bytes) -> list[dict]:
+    frames = [f for f in raw.decode().split("\n\n") if f]
     events = [json.loads(f.split("data: ", 1)[1]) for f in frames]
+    assert all(f.startswith("event: " + e["type"] + "\n") for f, e in zip(frames, events, strict=True))
+    return events
+
+
+def test_chat_chunks_become_responses_events_ending_with_the_whole_response() -> None:
+    """The chunks vLLM's chat route would stream for CHAT (as TITO synthesizes them) through the translator."""
+    chat = {**CHAT, "choices": [{**CHAT["choices"][0], "logprobs": None, "stop_reason": None}]}
+    stream = ResponsesStream({"model": "m", "stream": True}, "resp_x")
+    raw = stream.start()
+    for frame in tito_sse_events(chat, include_usage=True).split(b"\n\n"):
+        data = frame.removeprefix(b"data: ")
+        if data and data != b"[DONE]":
+            raw += stream.add(json.loads(data))
+    events = _events(raw + stream.finish())
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     assert events[0]["type"] == "response.created" and events[-1]["type"] == "response.completed"
-    assert events[-1]["response"] == response
+    final = events[-1]["response"]
+    created = events[0]["response"]["created_at"]
+    assert final == {**to_response({**chat, "created": created}, {"model": "m", "stream": True}), "id": "resp_x"}
+    Response.model_validate(final)
     text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
     args = "".join(e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta")
     assert (text, args) == ("Adding.", '{"a": 1}')
-    assert all(f.startswith("event: " + e["type"] + "\n") for f, e in zip(frames, events, strict=True))
+    added = [e["item"]["id"] for e in events if e["type"] == "response.output_item.added"]
+    assert added == [item["id"] for item in final["output"]] == ["msg_abc", "fc_abc_0"]
+    assert final["usage"]["total_tokens"] == 15
+
+
+def test_an_error_inside_the_chat_stream_ends_the_events_with_an_error() -> None:
+    stream = ResponsesStream({"model": "m"}, "resp_y")
+    stream.start()
+    stream.add({"error": {"message": "the stream ended without [DONE]", "code": "upstream_stream_truncated"}})
+    (event,) = _events(stream.finish())
+    assert (event["type"], event["code"]) == ("error", "upstream_stream_truncated")
