@@ -5,8 +5,9 @@ docstring for why that is deterministic enough), with the SDK speaking the Respo
 The gateway serves it over its chat path, so the store must hold what the chat test's store holds: one
 ``llm_call`` span per model call with the exact prompt and sampled IDs, tool calls in chat form, each
 prompt extending the last, and the answer the agent returned equal to the decoded sampled IDs. Streamed
-and not. The last test runs a two-turn conversation through a TITO gateway: the second Responses call
-continues the first call's token buffer.
+and not. A plain Responses call records exactly the IDs vLLM's chat route returns for the same greedy request
+(and returns them to an agent that asks with ``return_token_ids``), and a two-turn conversation through a
+TITO gateway continues the first call's token buffer.
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ from agents import (
     RunResultStreaming,
     set_tracing_disabled,
 )
-from openai import AsyncOpenAI
+from openai import AsyncOpenAI, OpenAI
 
 from spanlab.gateway import GatewayServer
 from spanlab.store import SpanStore
 from spanlab.types import Attempt, Rollout
-from tests.gateway.helpers import Upstream, root_url
+from tests.gateway.helpers import Upstream, direct, root_url
 from tests.gateway.test_agents_sdk import _check, add
 
 pytestmark = pytest.mark.vllm
@@ -133,3 +134,20 @@ def test_a_responses_conversation_continues_its_tito_buffer(
     sampled = s1.llm.prompt_token_ids + s1.llm.response_token_ids
     assert s2.llm.prompt_token_ids[: len(sampled)] == sampled
     assert s2.llm.response_message["content"] == second.final_output
+
+
+def test_a_plain_responses_call_records_the_ids_vllm_samples_for_the_same_chat_request(
+    store: SpanStore, gateway: GatewayServer, started: tuple[Rollout, Attempt], upstream: Upstream
+) -> None:
+    client = OpenAI(base_url=gateway.base_url(started[0].rollout_id, started[1].attempt_id),
+                    api_key="unused", max_retries=0)
+    reply = client.responses.create(model=upstream.model, instructions="Be brief.", input="Name a fruit.",
+                                    temperature=0.0, max_output_tokens=8, extra_body={"return_token_ids": True})
+    assert gateway.flush(10)
+    (span,) = store.iter_spans(attempt_ids=[started[1].attempt_id])
+    truth = direct(upstream, "/v1/chat/completions", {
+        "model": upstream.model, "temperature": 0.0, "max_tokens": 8,
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a fruit."}]})
+    assert span.llm.prompt_token_ids == truth["prompt_token_ids"] == reply.model_extra["prompt_token_ids"]
+    assert span.llm.response_token_ids == truth["choices"][0]["token_ids"] == reply.model_extra["output_token_ids"]
+    assert reply.output_text == truth["choices"][0]["message"]["content"] == span.llm.response_message["content"]
