@@ -228,3 +228,16 @@ def test_agent_lightning_tracer_names_are_read(server: ServerProcess, client: St
     (stored,) = client.iter_spans(attempt_ids=[attempt_id])
     assert (stored.kind, stored.reward.value, stored.rollout_id) == ("reward", 0.5, rollout_id)
     assert client.rollout_summaries([rollout_id])[0].final_reward == 0.5
+
+
+@pytest.mark.parametrize("ids", [[1.5, 2.0], ["1", "2"], [1, 2 ** 40]])
+def test_token_ids_that_are_not_int32_integers_are_422(server: ServerProcess, client: StoreClient,
+                                                       attempt: tuple[str, str], ids: list) -> None:
+    body = _json_request(attempt[1], attempt[0], "00000000000000cc")
+    attrs = body["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["attributes"]
+    kind = "doubleValue" if isinstance(ids[0], float) else "stringValue" if isinstance(ids[0], str) else "intValue"
+    attrs[-1] = {"key": "spanlab.response_token_ids",
+                 "value": {"arrayValue": {"values": [{kind: v if kind != "intValue" else str(v)} for v in ids]}}}
+    resp = httpx.post(f"{server.url}/v1/traces", headers=AUTH, json=body)
+    assert resp.status_code == 422 and "response_token_ids" in resp.json()["detail"], resp.text
+    assert list(client.iter_spans(attempt_ids=[attempt[1]])) == []

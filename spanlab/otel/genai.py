@@ -20,6 +20,8 @@ import json
 import re
 from typing import Any
 
+import numpy as np
+
 LLM_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
 # Attributes that become first-class fields; they are not repeated in ``attributes``.
 CONSUMED = frozenset({
@@ -113,9 +115,20 @@ def _flat_messages(attrs: dict[str, Any], which: str) -> list[dict[str, Any]]:
     return out
 
 
-def _int_list(value: Any) -> list[int] | None:
+def _ids(key: str, value: Any, dtype: type) -> np.ndarray | None:
+    """A token-ID (or logprob) attribute as a NumPy array: the store checks arrays without per-element Python."""
     value = _json(value)
-    return None if value is None else list(value)
+    if value is None:
+        return None
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{key} is not a list of numbers: {str(value)[:80]!r}") from exc
+    kinds = "iu" if dtype is np.int64 else "iuf"
+    if arr.size and (arr.ndim != 1 or arr.dtype.kind not in kinds):
+        what = "integers" if kinds == "iu" else "numbers"
+        raise ValueError(f"{key} must be a flat list of {what}, not {str(value)[:80]!r}")
+    return arr.astype(dtype)
 
 
 def llm_fields(attrs: dict[str, Any]) -> dict[str, Any]:
@@ -137,11 +150,10 @@ def llm_fields(attrs: dict[str, Any]) -> dict[str, Any]:
         "request_messages": request, "response_message": response, "finish_reason": finish,
         "request_tools": _json(attrs.get("gen_ai.tool.definitions")),
     }
-    for key in ("prompt_token_ids", "response_token_ids"):
-        if (ids := _int_list(attrs.get(f"spanlab.{key}"))) is not None:
+    for key, dtype in (("prompt_token_ids", np.int64), ("response_token_ids", np.int64),
+                       ("response_logprobs", np.float32)):
+        if (ids := _ids(f"spanlab.{key}", attrs.get(f"spanlab.{key}"), dtype)) is not None:
             fields[key] = ids
-    if (lps := _json(attrs.get("spanlab.response_logprobs"))) is not None:
-        fields["response_logprobs"] = list(lps)
     inputs = attrs.get("gen_ai.usage.input_tokens", attrs.get("gen_ai.usage.prompt_tokens"))
     outputs_n = attrs.get("gen_ai.usage.output_tokens", attrs.get("gen_ai.usage.completion_tokens"))
     if inputs is not None or outputs_n is not None:

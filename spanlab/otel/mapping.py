@@ -18,6 +18,7 @@ batch stores nothing twice (the store skips a repeated ``span_id``). Every other
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any
 
 from pydantic import ValidationError
@@ -36,6 +37,7 @@ REWARD_NAME_KEYS = ("spanlab.reward_name", "agentlightning.reward.0.name")
 _ATTRIBUTION = frozenset({*ROLLOUT_KEYS, *ATTEMPT_KEYS, AGENT_KEY, *REWARD_KEYS, *REWARD_NAME_KEYS})
 _KINDS = {0: "unspecified", 1: "internal", 2: "server", 3: "client", 4: "producer", 5: "consumer"}
 _ERROR = 2  # Status.StatusCode.STATUS_CODE_ERROR
+_SCALARS = frozenset({"string_value", "bool_value", "int_value", "double_value"})
 
 
 def any_value(value: Any) -> Any:
@@ -44,7 +46,11 @@ def any_value(value: Any) -> Any:
     if which is None:
         return None
     if which == "array_value":
-        return [any_value(v) for v in value.array_value.values]
+        values = value.array_value.values
+        kind = values[0].WhichOneof("value") if values else None
+        if kind in _SCALARS:  # OTLP arrays are homogeneous: one lookup per element (token IDs: thousands)
+            return list(map(attrgetter(kind), values))
+        return [any_value(v) for v in values]
     if which == "kvlist_value":
         return attributes(value.kvlist_value.values)
     if which == "bytes_value":
