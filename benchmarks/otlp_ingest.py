@@ -4,6 +4,8 @@ Makes N GenAI chat spans with the real SDK (model, one input and one output mess
 2,000 prompt + 500 response token IDs as ``spanlab.*`` integer-array attributes), then times
 ``OTLPSpanExporter.export`` (protobuf over HTTP, batches of --batch, one client) into a fresh store
 server: encode, send, decode, map to store spans, commit. Median of --reps runs, each on a fresh file.
+Then, in-process, where one span's time goes: the SDK's protobuf encoding (client side) and the server's
+decoding + GenAI mapping (``spanlab.otel.read_request``) + Arrow conversion.
 
 Run: .venv/bin/python benchmarks/otlp_ingest.py [--spans 2048] [--batch 512] [--reps 3]
 """
@@ -80,6 +82,23 @@ def run_once(spans: tuple[ReadableSpan, ...], batch: int) -> float:
             proc.wait(timeout=60)
 
 
+def split_costs(spans: tuple[ReadableSpan, ...]) -> tuple[float, float, float]:
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    from spanlab.otel import read_request
+    from spanlab.store.arrow import spans_to_arrow
+
+    t0 = time.perf_counter()
+    body = encode_spans(spans).SerializeToString()
+    t1 = time.perf_counter()
+    _, mapped = read_request(body, "application/x-protobuf", None, 1 << 30)
+    t2 = time.perf_counter()
+    spans_to_arrow(mapped)
+    t3 = time.perf_counter()
+    n = len(spans) / 1000
+    return (t1 - t0) / n, (t2 - t1) / n, (t3 - t2) / n
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spans", type=int, default=2048)
@@ -89,6 +108,8 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     spans = make_spans(args.spans + 1)
     rates = [run_once(spans, args.batch) for _ in range(args.reps)]
+    parts = split_costs(spans[: args.batch])
+    logger.info("per span: SDK encode %.2f ms (client), decode + map %.2f ms, to Arrow %.2f ms (server)", *parts)
     logger.info("OTLP/HTTP protobuf, %d GenAI spans of 2,000 + 500 token IDs, batches of %d: %.0f spans/s "
                 "(median of %d: %s)", args.spans, args.batch, statistics.median(rates), args.reps,
                 ", ".join(f"{r:.0f}" for r in rates))
