@@ -31,7 +31,6 @@ class RouteInfo:
 
     name: str  # the span name, e.g. "responses"
     path: str  # ``attributes.endpoint``
-    stream: bool  # what the agent asked (the translated call itself is not streamed)
     attributes: dict[str, Any] | None = None  # kept as ``attributes[name]``
 
 
@@ -59,7 +58,7 @@ def base_attributes(ctx: CallContext, upstream_status: int | None) -> dict[str, 
         "upstream_status": upstream_status,
     }
     if ctx.route is not None:
-        attrs.update(endpoint=ctx.route.path, stream=ctx.route.stream)
+        attrs["endpoint"] = ctx.route.path
         if ctx.route.attributes:
             attrs[ctx.route.name] = ctx.route.attributes
     if ctx.agent is not None:

@@ -50,7 +50,7 @@ class ResponsesRoute:
                             media_type="application/json")
         stream = bool(body.get("stream"))
         response_id = f"resp_{self.gateway._span_id().removeprefix('sp-')}"
-        route = RouteInfo(name="responses", path=PATH, stream=stream, attributes={"response_id": response_id})
+        route = RouteInfo(name="responses", path=PATH, attributes={"response_id": response_id})
         answer = await self.gateway.forward("chat", chat, request, start, route=route)
         if answer.status_code != 200:
             return answer  # the OpenAI error body, as the chat route gave it

@@ -30,6 +30,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel
 
+from spanlab import otel
 from spanlab.errors import ConfigError, InvalidSpanError, NotFoundError, QueryError, StoreError
 from spanlab.serving import LOOPBACK_NAMES
 from spanlab.store.arrow import spans_to_arrow
@@ -197,8 +198,6 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
         "application/x-protobuf": {"schema": {}}, "application/json": {"schema": {}}}}})
     async def otlp_traces(request: Request) -> Response:
         """OTLP/HTTP traces (protobuf or JSON, gzip or not); GenAI spans become llm_call spans (spanlab/otel)."""
-        from spanlab import otel  # the `otel` extra: imported when an exporter first calls
-
         try:
             kind, spans = await run(otel.read_request, await request.body(), request.headers.get("content-type"),
                                     request.headers.get("content-encoding"), max_body_bytes)
