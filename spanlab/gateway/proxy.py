@@ -80,6 +80,7 @@ class Gateway:
                              max_pins=config.attempt_cache_size)
         self.upstream = self.router.clients[0]  # the first engine (``/v1/models`` and TITO checks ask it)
         self._prober: asyncio.Task[None] | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.attempts = AttemptChecker(store, config.attempt_cache_size)
         # TITO: loads and checks the served model's tokenizer now, so a refusal fails create_app, not a call.
         self.tito = TitoMode.load(config) if config.tito else None
@@ -91,6 +92,7 @@ class Gateway:
 
     # --- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()  # the serving loop: the engine clients live on it
         self.writer.start()
         for client in self.router.clients:
             await client.start()
