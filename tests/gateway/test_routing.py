@@ -81,7 +81,7 @@ def test_rendezvous_is_stable_spreads_and_moves_only_the_lost_nodes_keys() -> No
 def test_attempts_spread_stay_pinned_and_leave_a_dead_engine(store: SpanStore,
                                                              engines: list[ThreadedServer]) -> None:
     urls = [e.url for e in engines]
-    attempts = _attempts(store, 12)
+    attempts = _attempts(store, 24)
     with GatewayServer(store, upstream_urls=urls, health_interval_s=0) as gw:
         answered = {a: {_ask(gw, *a).json()["choices"][0]["message"]["content"] for _ in range(3)}
                     for a in attempts}
@@ -90,7 +90,7 @@ def test_attempts_spread_stay_pinned_and_leave_a_dead_engine(store: SpanStore,
         assert set(on.values()) == {"e0", "e1"}  # spread over both
         gw.flush()
         spans = list(store.iter_spans(kinds=["llm_call"]))
-        assert len(spans) == 36
+        assert len(spans) == 72
         for span in spans:  # the recorded replica is the engine that answered
             assert span.attributes["replica"] == urls[int(on[(span.rollout_id, span.attempt_id)][1])]
             assert span.attributes["policy_version"] is None
@@ -134,14 +134,14 @@ def test_a_probe_brings_a_restarted_engine_back(store: SpanStore, engines: list[
         engines[1] = ThreadedServer(_engine("e1"), port=port, name="engine-1").start()
         probe()
         assert router.clients[1].healthy
-        attempts = _attempts(store, 12)
+        attempts = _attempts(store, 24)
         assert {_ask(gw, *a).json()["choices"][0]["message"]["content"] for a in attempts} == {"e0", "e1"}
 
 
 def test_with_every_engine_down_a_call_is_still_sent(store: SpanStore, engines: list[ThreadedServer]) -> None:
     """So an engine restarted on its port is found by the next call even without probes."""
     urls = [e.url for e in engines]
-    attempts = _attempts(store, 8)
+    attempts = _attempts(store, 24)
     with GatewayServer(store, upstream_urls=urls, health_interval_s=0) as gw:
         on = {a: _ask(gw, *a).json()["choices"][0]["message"]["content"] for a in attempts}
         on_e0 = next(a for a in attempts if on[a] == "e0")
