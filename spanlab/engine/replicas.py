@@ -44,9 +44,13 @@ class EngineReplicas:
 
     def start(self) -> EngineReplicas:
         n = len(self.servers)
-        with ThreadPoolExecutor(max_workers=n, thread_name_prefix="spanlab-replica-start") as pool:
-            futures = [pool.submit(s.start) for s in self.servers]
-            errors = [(i, f.exception()) for i, f in enumerate(futures) if f.exception() is not None]
+        try:
+            with ThreadPoolExecutor(max_workers=n, thread_name_prefix="spanlab-replica-start") as pool:
+                futures = [pool.submit(s.start) for s in self.servers]
+                errors = [(i, f.exception()) for i, f in enumerate(futures) if f.exception() is not None]
+        except BaseException:  # Ctrl-C: the pool waited for the starts in flight; stop what they started
+            self.stop()
+            raise
         if errors:
             self.stop()
             i, exc = errors[0]

@@ -94,6 +94,12 @@ def test_attempts_spread_stay_pinned_and_leave_a_dead_engine(store: SpanStore,
         for span in spans:  # the recorded replica is the engine that answered
             assert span.attributes["replica"] == urls[int(on[(span.rollout_id, span.attempt_id)][1])]
             assert span.attributes["policy_version"] is None
+        moved = store.query("SELECT attempt_id FROM spans WHERE kind = 'llm_call' GROUP BY 1 "
+                            "HAVING count(DISTINCT attributes->>'replica') > 1")  # the query of docs/replicas.md
+        spread = store.query("SELECT attributes->>'replica' AS replica, count(DISTINCT attempt_id) AS attempts "
+                             "FROM spans WHERE kind = 'llm_call' GROUP BY 1 ORDER BY 1").to_pylist()
+        assert moved.num_rows == 0 and [r["replica"] for r in spread] == sorted(urls)
+        assert sum(r["attempts"] for r in spread) == 24
         gw.set_served_version(urls[0], "policy-v1")
         gw.set_served_version(urls[1] + "/v1", "policy-v1")
 
