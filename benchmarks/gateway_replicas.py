@@ -77,6 +77,26 @@ async def throughput(urls: list[str], body: bytes, concurrency: int, seconds: fl
         return done, time.perf_counter() - t0
 
 
+def pick_cost_us(n: int = 20_000) -> tuple[float, float]:
+    """Microseconds per ``Router.pick`` over two engines: an attempt's first call (hash), a later call (LRU)."""
+    from spanlab.gateway.config import GatewayConfig
+    from spanlab.gateway.routing import Router
+    from spanlab.gateway.upstream import UpstreamClient
+
+    urls = ("http://127.0.0.1:1", "http://127.0.0.1:2")
+    config = GatewayConfig(upstream_urls=urls)
+    router = Router([UpstreamClient(config, u) for u in urls])
+    keys = [f"ro-{i:016x}/at-{i:016x}" for i in range(n)]
+    t0 = time.perf_counter()
+    for k in keys:
+        router.pick(k)
+    t1 = time.perf_counter()
+    for k in keys:
+        router.pick(k)
+    t2 = time.perf_counter()
+    return (t1 - t0) / n * 1e6, (t2 - t1) / n * 1e6
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=2000, help="sequential calls per path for latency")
@@ -119,6 +139,8 @@ def main() -> None:
         }
         print(f"# {os.cpu_count()} cores; request {len(body)} B; {args.attempts} attempts; n={args.n} per path; "
               f"load avg {os.getloadavg()[0]:.1f}")
+        first_us, later_us = pick_cost_us()
+        print(f"{'Router.pick':>18}: {first_us:.1f} us an attempt's first call, {later_us:.1f} us a later one")
         ms = asyncio.run(latency(paths, body, args.n))
         d50, d99 = _pct(ms["direct"], 50), _pct(ms["direct"], 99)
         for name, xs in ms.items():

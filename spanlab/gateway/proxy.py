@@ -10,6 +10,9 @@ What the agent sees: the engine's own status and body (minus the fields the gate
 when the engine cannot be reached, 504 when it does not answer in time; every one of those calls
 is recorded, failures as ``status="error"`` spans with ``attributes.error``. Only requests that
 cannot be forwarded at all (invalid JSON, unknown attempt) get a 4xx without a span.
+
+With several engines (``upstream_urls``) each call goes to the engine :mod:`.routing` pins its attempt to;
+the span records which (``attributes.replica``) and the weights version it served (``attributes.policy_version``).
 """
 
 from __future__ import annotations
