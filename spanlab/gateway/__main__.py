@@ -2,6 +2,7 @@
 
     python -m spanlab.gateway --upstream http://127.0.0.1:8000 --db runs/spans.duckdb --port 9000 [--tito]
     python -m spanlab.gateway --upstream http://127.0.0.1:8000 --store-url http://127.0.0.1:8700 [--store-token T]
+    python -m spanlab.gateway --upstream http://127.0.0.1:8000 --upstream http://127.0.0.1:8001 ...  (replicas)
 
 Agents then use ``base_url=http://127.0.0.1:9000/rollout/<rid>/attempt/<aid>/v1``. With ``--db`` the
 process holds the DuckDB file read-write (DuckDB allows one such process); with ``--store-url`` it writes
@@ -23,7 +24,8 @@ from spanlab.store.client import StoreClient
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m spanlab.gateway", description=__doc__.splitlines()[0])
-    p.add_argument("--upstream", required=True, help="engine base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--upstream", required=True, action="append",
+                   help="engine base URL, e.g. http://127.0.0.1:8000; repeat it for replicas (docs/replicas.md)")
     p.add_argument("--db", default=":memory:", help="span store file (default: a throwaway in-memory store)")
     p.add_argument("--store-url", default=None, help="a store server to write to instead of --db")
     p.add_argument("--store-token", default=None, help="the store server's bearer token")
@@ -39,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     overrides = {} if args.flush_interval is None else {"flush_interval_s": args.flush_interval}
     if args.tito:
         overrides.update(tito=True, tokenizer=args.tokenizer)
-    config = GatewayConfig(upstream_base_url=args.upstream, fallback_path=args.fallback, **overrides)
+    config = GatewayConfig(upstream_urls=tuple(args.upstream), fallback_path=args.fallback, **overrides)
     store: StoreAPI = StoreClient(args.store_url, token=args.store_token) if args.store_url else SpanStore(args.db)
     with store:
         app = create_app(store, config=config)

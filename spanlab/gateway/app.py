@@ -51,9 +51,11 @@ def create_app(
     lifespan starts the upstream client and span writer, and on shutdown flushes every queued span.
     """
     if config is None:
-        if upstream_base_url is None:
-            raise TypeError("create_app needs upstream_base_url or config")
-        config = GatewayConfig(upstream_base_url=upstream_base_url, **overrides)
+        if upstream_base_url is None and not overrides.get("upstream_urls"):
+            raise TypeError("create_app needs upstream_base_url, upstream_urls or config")
+        if upstream_base_url is not None:
+            overrides["upstream_base_url"] = upstream_base_url
+        config = GatewayConfig(**overrides)
     elif upstream_base_url is not None or overrides:
         raise TypeError("pass either config or upstream_base_url/overrides, not both")
     gateway = Gateway(store, config)
@@ -61,7 +63,7 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await gateway.start()
-        logger.info("gateway up, forwarding to %s", config.upstream_base_url)
+        logger.info("gateway up, forwarding to %s", ", ".join(config.upstreams))
         try:
             yield
         finally:
@@ -93,6 +95,10 @@ class GatewayServer(ThreadedServer):
     def flush(self, timeout: float | None = 30.0) -> bool:
         """Block until every span recorded so far is in the store."""
         return self.gateway.writer.flush(timeout)
+
+    def set_served_version(self, engine_url: str, version: str | None) -> None:
+        """Weight sync tells the gateway what ``engine_url`` serves now; later spans record it."""
+        self.gateway.router.set_version(engine_url, version)
 
     def start(self, timeout: float = 30.0) -> GatewayServer:
         super().start(timeout)

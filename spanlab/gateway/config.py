@@ -3,11 +3,15 @@
 ``tito`` turns on Token-In Token-Out sessions (docs/tito.md): attributed chat calls are served from one token
 buffer per attempt, sent to the engine as token IDs. Off by default: per-call recording is what every
 OpenAI-compatible engine supports, TITO needs vLLM's token-in completions and the served model's tokenizer.
+
+``upstream_urls`` puts several engines (replicas of one model) behind the gateway: each attempt is pinned to
+one of them (:mod:`spanlab.gateway.routing`, docs/replicas.md); ``upstream_base_url`` is then the first.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -18,6 +22,13 @@ class GatewayConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     upstream_base_url: str = Field(description="the engine, e.g. http://127.0.0.1:8000 (a trailing /v1 is dropped)")
+    upstream_urls: tuple[str, ...] = Field(
+        default=(), description="several engines serving the same model; default: (upstream_base_url,)"
+    )
+    health_interval_s: float = Field(default=5.0, ge=0, description="seconds between /health probes of each "
+                                     "engine when there are several (0: only failed calls mark one down)")
+    health_timeout_s: float = Field(default=5.0, gt=0, description="a probe slower than this counts as failed")
+    health_failures: int = Field(default=2, ge=1, description="failed probes in a row that mark an engine down")
     request_timeout_s: float = Field(default=600.0, gt=0, description="read timeout per upstream call; 504 past it")
     connect_timeout_s: float = Field(default=5.0, gt=0)
     max_upstream_connections: int = Field(default=512, ge=1)
@@ -34,16 +45,44 @@ class GatewayConfig(BaseModel):
     )
     tito_max_sessions: int = Field(default=16_384, ge=1, description="TITO buffers kept (least recently used go)")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _first_upstream(cls, data: Any) -> Any:
+        """With only ``upstream_urls`` given, the first is ``upstream_base_url`` (TITO checks its model)."""
+        if isinstance(data, dict) and data.get("upstream_urls") and not data.get("upstream_base_url"):
+            data = {**data, "upstream_base_url": next(iter(data["upstream_urls"]))}
+        return data
+
     @field_validator("upstream_base_url")
     @classmethod
     def _normalize_url(cls, v: str) -> str:
-        if not v.startswith(("http://", "https://")):
-            raise ValueError(f"upstream_base_url must start with http:// or https://, not {v!r}")
-        v = v.rstrip("/")
-        return v[: -len("/v1")] if v.endswith("/v1") else v
+        return _normalize(v, "upstream_base_url")
+
+    @field_validator("upstream_urls")
+    @classmethod
+    def _normalize_urls(cls, urls: tuple[str, ...]) -> tuple[str, ...]:
+        normalized = tuple(_normalize(v, "upstream_urls") for v in urls)
+        if len(set(normalized)) != len(normalized):
+            raise ValueError(f"upstream_urls lists an engine twice: {list(normalized)}")
+        return normalized
+
+    @property
+    def upstreams(self) -> tuple[str, ...]:
+        """Every engine the gateway forwards to, ``upstream_base_url`` first."""
+        return self.upstream_urls or (self.upstream_base_url,)
 
     @model_validator(mode="after")
     def _tito_options(self) -> GatewayConfig:
+        if self.upstream_urls and self.upstream_base_url not in self.upstream_urls:
+            raise ValueError(f"upstream_base_url {self.upstream_base_url} is not one of upstream_urls; give only "
+                             "upstream_urls")
         if self.tokenizer is not None and not self.tito:
             raise ValueError("tokenizer is only used in TITO mode: set tito=True, or drop tokenizer")
         return self
+
+
+def _normalize(v: str, key: str) -> str:
+    if not v.startswith(("http://", "https://")):
+        raise ValueError(f"{key} must start with http:// or https://, not {v!r}")
+    v = v.rstrip("/")
+    return v[: -len("/v1")] if v.endswith("/v1") else v

@@ -10,10 +10,15 @@ What the agent sees: the engine's own status and body (minus the fields the gate
 when the engine cannot be reached, 504 when it does not answer in time; every one of those calls
 is recorded, failures as ``status="error"`` spans with ``attributes.error``. Only requests that
 cannot be forwarded at all (invalid JSON, unknown attempt) get a 4xx without a span.
+
+With several engines (``upstream_urls``) each call goes to the engine :mod:`.routing` pins its attempt to;
+the span records which (``attributes.replica``) and the weights version it served (``attributes.policy_version``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import logging
 import random
@@ -43,6 +48,7 @@ from spanlab.gateway.protocol import (
 from spanlab.gateway.recording import CallContext, RouteInfo, error_span, spans_from_record
 from spanlab.gateway.records import StreamAccumulator, record_from_response
 from spanlab.gateway.responses import ResponsesRoute
+from spanlab.gateway.routing import Router
 from spanlab.gateway.tito import TitoMode
 from spanlab.gateway.upstream import UpstreamClient, UpstreamError
 from spanlab.gateway.writer import SpanJob, SpanWriter
@@ -74,7 +80,11 @@ class Gateway:
             max_batch=config.max_batch_spans,
             fallback_path=config.fallback_path,
         )
-        self.upstream = UpstreamClient(config)
+        self.router = Router([UpstreamClient(config, url) for url in config.upstreams],
+                             max_pins=config.attempt_cache_size)
+        self.upstream = self.router.clients[0]  # the first engine (``/v1/models`` and TITO checks ask it)
+        self._prober: asyncio.Task[None] | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.attempts = AttemptChecker(store, config.attempt_cache_size)
         # TITO: loads and checks the served model's tokenizer now, so a refusal fails create_app, not a call.
         self.tito = TitoMode.load(config) if config.tito else None
@@ -86,12 +96,26 @@ class Gateway:
 
     # --- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()  # the serving loop: the engine clients live on it
         self.writer.start()
-        await self.upstream.start()
+        for client in self.router.clients:
+            await client.start()
+        if len(self.router.clients) > 1 and self.config.health_interval_s > 0:
+            self._prober = asyncio.create_task(self._probe_forever(), name="spanlab-gateway-health")
 
     async def stop(self) -> None:
-        await self.upstream.close()
+        if self._prober is not None:
+            self._prober.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._prober
+        for client in self.router.clients:
+            await client.close()
         await anyio.to_thread.run_sync(self.writer.close, self.config.close_timeout_s)
+
+    async def _probe_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.health_interval_s)
+            await self.router.probe()
 
     def routes(self) -> list[BaseRoute]:
         """Generation routes first: Starlette tries routes in order, and they take nearly all traffic."""
@@ -118,6 +142,7 @@ class Gateway:
             {
                 "status": "ok",
                 "upstream": self.config.upstream_base_url,
+                "upstreams": self.router.state(),
                 "spans": {
                     "pending": w.pending,
                     "written": w.written,
@@ -136,8 +161,9 @@ class Gateway:
 
     async def models(self, request: Request) -> Response:
         try:
-            resp = await self.upstream.send("GET", "/v1/models", headers=self._upstream_headers(request))
-            content = await self.upstream.read(resp)
+            client = self.router.pick(None)
+            resp = await client.send("GET", "/v1/models", headers=self._upstream_headers(request))
+            content = await client.read(resp)
         except UpstreamError as exc:
             return _error(exc.status_code, str(exc), exc.code, "upstream_error")
         return Response(content, resp.status, media_type=resp.headers.get("content-type"))
@@ -177,23 +203,30 @@ class Gateway:
             route=route,
         )
         headers = self._upstream_headers(request)
+        try:
+            ctx.upstream = self.router.pick(None if attempt_id is None else f"{rollout_id}/{attempt_id}")
+        except UpstreamError as exc:
+            ctx.upstream = self.router.pinned(f"{rollout_id}/{attempt_id}")
+            return self._fail(ctx, exc.status_code, exc.code, str(exc))
+        ctx.policy_version = self.router.versions[ctx.upstream.base_url]
         if self.tito is not None and endpoint == "chat":
             served = await self.tito.serve(self, ctx, headers)
             if served is not None:
                 return served
         content = dumps(upstream_body)
         path = ENDPOINT_PATHS[endpoint]
+        client = ctx.upstream
         try:
-            upstream = await self.upstream.send("POST", path, body=content, headers=headers)
+            upstream = await client.send("POST", path, body=content, headers=headers)
             if upstream.status >= 300:
-                return self._upstream_error(ctx, upstream, await self.upstream.read(upstream))
+                return self._upstream_error(ctx, upstream, await client.read(upstream))
             if asked.stream:
                 return StreamingResponse(
                     self._relay(ctx, upstream),
                     media_type="text/event-stream",
                     headers={SPAN_IDS_HEADER: ",".join(ctx.span_ids)},
                 )
-            raw = await self.upstream.read(upstream)
+            raw = await client.read(upstream)
         except UpstreamError as exc:
             return self._fail(ctx, exc.status_code, exc.code, str(exc))
         return await self._unary(ctx, upstream.status, raw)
@@ -229,7 +262,8 @@ class Gateway:
         error: dict[str, Any] | None = None
         saw_done = recorded = False
         try:
-            async for lines in self.upstream.line_batches(upstream):
+            assert ctx.upstream is not None
+            async for lines in ctx.upstream.line_batches(upstream):
                 out: list[bytes] = []
                 for line in lines:
                     if not line.startswith(b"data:"):

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from spanlab.gateway.protocol import ENDPOINT_PATHS, AgentAsked, Endpoint, request_params
 from spanlab.gateway.records import ResponseRecord
+from spanlab.gateway.upstream import UpstreamClient
 from spanlab.types import LLMCall, Span, SpanStatus
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,8 @@ class CallContext:
     agent: str | None = None  # the role of a multi-agent attempt (``attributes.agent``)
     extra_attributes: dict[str, Any] | None = None  # e.g. ``tito``: the session facts of a TITO call
     route: RouteInfo | None = None  # set when the agent spoke another API (see RouteInfo)
+    upstream: UpstreamClient | None = None  # the engine this call went to (:mod:`.routing`)
+    policy_version: str | None = None  # the weights version that engine served when the call was sent
 
 
 def base_attributes(ctx: CallContext, upstream_status: int | None) -> dict[str, Any]:
@@ -63,6 +66,9 @@ def base_attributes(ctx: CallContext, upstream_status: int | None) -> dict[str, 
             attrs[ctx.route.name] = ctx.route.attributes
     if ctx.agent is not None:
         attrs["agent"] = ctx.agent
+    if ctx.upstream is not None:
+        attrs["replica"] = ctx.upstream.base_url
+        attrs["policy_version"] = ctx.policy_version
     prompt = ctx.body.get("prompt")
     if ctx.endpoint == "completions" and isinstance(prompt, str):
         attrs["request_prompt"] = prompt  # token-ID prompts are already in prompt_token_ids

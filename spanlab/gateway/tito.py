@@ -148,11 +148,12 @@ class TitoMode:
             prep_s = time.perf_counter() - t0
             ctx.extra_attributes = {"tito": turn.attributes()}
             body = dumps(completion_body(ctx.body, turn.prompt_ids))
-            upstream = await gw.upstream.send("POST", "/v1/completions", body=body, headers=headers)
+            client = ctx.upstream or gw.upstream
+            upstream = await client.send("POST", "/v1/completions", body=body, headers=headers)
             if upstream.status >= 300:
                 self.sessions.abort(turn, session)
-                return gw._upstream_error(ctx, upstream, await gw.upstream.read(upstream))
-            raw = await gw.upstream.read(upstream)
+                return gw._upstream_error(ctx, upstream, await client.read(upstream))
+            raw = await client.read(upstream)
         except UpstreamError as exc:
             self.sessions.abort(turn, session)
             return gw._fail(ctx, exc.status_code, exc.code, str(exc))
@@ -168,8 +169,9 @@ class TitoMode:
         body = {"model": ctx.body.get("model"), "messages": ctx.body["messages"], "add_generation_prompt": True}
         if ctx.body.get("tools"):
             body["tools"] = ctx.body["tools"]
-        upstream = await gw.upstream.send("POST", "/tokenize", body=dumps(body), headers=headers)
-        content = await gw.upstream.read(upstream)
+        client = ctx.upstream or gw.upstream
+        upstream = await client.send("POST", "/tokenize", body=dumps(body), headers=headers)
+        content = await client.read(upstream)
         if upstream.status >= 300:
             return gw._upstream_error(ctx, upstream, content)
         try:

