@@ -5,7 +5,8 @@ prompt tokens plus ~--response sampled ones, the first --shared-prefix prompt to
 system prompt and tools), random IDs. Full fine-tuning in fp32 with AdamW, the default ``GRPOConfig``
 otherwise. Each configuration runs in its own subprocess so its peak RSS is its own; the 2-process run is
 ``spanlab.training.data_parallel.DataParallel`` (rank 0 here, one spawned gloo rank), exactly what
-``trainer: {processes: 2}`` runs. Medians over --steps after one warm-up step. Not a test: on a machine with
+``trainer: {processes: 2}`` runs. Medians over --steps after one warm-up step (and over --reps runs,
+alternating the configurations). Not a test: on a machine with
 2 cores the two ranks share the cores one process would use, so this shows the cost of the ranks (startup,
 memory, the gradient all-reduce), not a speed-up.
 
@@ -110,21 +111,25 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2, help="measured steps after one warm-up")
     parser.add_argument("--threads", type=int, default=2, help="torch threads in all (split between ranks)")
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--reps", type=int, default=1, help="runs of each configuration, alternating (1, 2, 1, 2, ...) "
+                        "so a load swing on a shared machine hits both; the table gives medians")
     parser.add_argument("--only", type=int, help=argparse.SUPPRESS)  # one configuration, in this process
     args = parser.parse_args()
     if args.only is not None:
         print(json.dumps(run_one(args.only, args)))
         return
-    rows = []
-    for n in args.processes:
+    runs: dict[int, list[dict]] = {n: [] for n in args.processes}
+    for n in [n for _ in range(args.reps) for n in args.processes]:
         argv = ["--model", args.model, "--device", args.device, "--samples", str(args.samples),
                 "--prompt", str(args.prompt), "--response", str(args.response),
                 "--shared-prefix", str(args.shared_prefix),
                 "--micro-batch-tokens", str(args.micro_batch_tokens), "--steps", str(args.steps),
                 "--threads", str(args.threads), "--only", str(n)]
         out = subprocess.run([sys.executable, __file__, *argv], check=True, stdout=subprocess.PIPE, text=True).stdout
-        rows.append(json.loads(out.strip().splitlines()[-1]))
-        print(json.dumps(rows[-1]), file=sys.stderr)
+        runs[n].append(json.loads(out.strip().splitlines()[-1]))
+        print(json.dumps(runs[n][-1]), file=sys.stderr)
+    rows = [{k: statistics.median(r[k] for r in rs) if isinstance(rs[0][k], float) else rs[0][k] for k in rs[0]}
+            for rs in runs.values()]
     print("| device | processes | ready s | step s (median) | tokens/s | peak RSS rank 0 | peak RSS all ranks "
           "| GPU peak rank 0 |")
     print("|---|---|---|---|---|---|---|---|")
