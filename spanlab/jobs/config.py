@@ -23,6 +23,7 @@ from spanlab.errors import ConfigError
 from spanlab.jobs.algorithm import Algorithm, AlgorithmConfig
 from spanlab.jobs.registry import available, load_algorithm
 from spanlab.training.settings import SFTConfig
+from spanlab.training.trainer_config import TrainerConfig
 
 # Keys of earlier versions, each with the one line that says where it went.
 MIGRATIONS: dict[str, str] = {
@@ -119,6 +120,7 @@ class TrainConfig(_Section):
     rollouts: RolloutsConfig = Field(default_factory=RolloutsConfig)
     warm_start: WarmStartConfig | None = None
     torch_threads: int | None = Field(default=None, ge=1, le=1024, description="default: all cores")
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="data-parallel ranks of the update")
     section: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="the chosen algorithm's section")
 
     @field_validator("run_name")

@@ -21,6 +21,10 @@ class GRPO(Algorithm[GRPOSection]):
     trains_weights = True
     steps_key = "steps"
 
+    def check(self) -> None:
+        if self.config.trainer.processes > 1:
+            self.config.trainer.check_devices()
+
     def train_tasks(self) -> int:
         return self.settings.steps * self.settings.tasks_per_step
 

@@ -30,6 +30,7 @@ from torch import nn
 from spanlab.adapters.grpo import Batch, Sample, collate, micro_batches
 from spanlab.adapters.retokenize import drift_stats
 from spanlab.algos.grpo.config import Aggregation, GRPOConfig
+from spanlab.training.data_parallel import Ranks, all_reduce_grads, gather
 from spanlab.training.logprobs import token_logprobs
 from spanlab.training.model import apply_lora, peak_rss_mb
 from spanlab.training.settings import LoraConfig
@@ -196,8 +197,15 @@ def grpo_step(
     *,
     pad_id: int,
     ref_model: nn.Module | None = None,
+    ranks: Ranks | None = None,
 ) -> dict[str, float]:
-    """One GRPO update on ``samples``; returns a flat metrics dict (``skipped`` 1.0 when no group has signal)."""
+    """One GRPO update on ``samples``; returns a flat metrics dict (``skipped`` 1.0 when no group has signal).
+
+    With ``ranks`` (a data-parallel update, :mod:`spanlab.training.data_parallel`) every rank gets all the
+    samples and computes the same advantages and loss totals (``batch_tokens``, ``batch_seqs``) from the
+    whole batch, trains on its shard of the kept samples, and the gradients are summed over ranks before
+    clipping: the update equals one process on the whole batch. Metrics are the whole batch's on every rank.
+    """
     if config.kl_beta > 0 and ref_model is None:
         raise ValueError("kl_beta > 0 needs a ref_model")
     start = time.perf_counter()
@@ -218,9 +226,11 @@ def grpo_step(
         return metrics | {"skipped": 1.0, "peak_rss_mb": peak_rss_mb()}
     kept = [samples[i] for i in keep]
     adv_by_sample = dict(zip(keep, adv_N[keep], strict=True))
+    mine = keep if ranks is None else ranks.shard(keep)  # keep is sorted by length: shards hold similar tokens
+    device = next(model.parameters()).device
     batches, pos = [], 0
-    for chunk in micro_batches(kept, config.micro_batch_tokens):
-        batches.append(collate(chunk, [adv_by_sample[i] for i in keep[pos:pos + len(chunk)]], pad_id))
+    for chunk in micro_batches([samples[i] for i in mine], config.micro_batch_tokens):
+        batches.append(_to(collate(chunk, [adv_by_sample[i] for i in mine[pos:pos + len(chunk)]], pad_id), device))
         pos += len(chunk)
     batch_tokens = float(sum(int(s.loss_mask.sum()) for s in kept))
     old = _frozen_logprobs(model, batches, config.temperature) if config.epochs_per_batch > 1 else None
@@ -248,9 +258,14 @@ def grpo_step(
                 drift_sum, drift_n = drift_sum + d_sum, drift_n + d_n
             for k, v in m.items():  # token-weighted sums, averaged below
                 sums[k] += v * m["loss_tokens"] if k != "loss_tokens" else v
+        if ranks is not None:
+            all_reduce_grads(params)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+    rss_all_ranks = peak_rss_mb()
+    if ranks is not None:  # each rank's sums cover its shard: add them up
+        sums, total_loss, drift_sum, drift_n, rss_all_ranks = _sum_over_ranks(sums, total_loss, drift_sum, drift_n)
     elapsed = time.perf_counter() - start
     tokens = sum(len(s) for s in kept)
     weighted = {k: v / max(sums["loss_tokens"], 1.0) for k, v in sums.items() if k != "loss_tokens"}
@@ -264,8 +279,31 @@ def grpo_step(
         "step_s": elapsed,
         "skipped": 0.0,
         "peak_rss_mb": peak_rss_mb(),
+        "peak_rss_mb_all_ranks": rss_all_ranks,
         "drift_logp_abs_diff": drift_sum / drift_n if drift_n else math.nan,
     }
+
+
+def _to(batch: Batch, device: torch.device) -> Batch:
+    if device.type == "cpu":
+        return batch
+    moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in vars(batch).items()}
+    return Batch(**moved)
+
+
+def _sum_over_ranks(sums: dict[str, float], loss: float, drift_sum: float,
+                    drift_n: int) -> tuple[dict[str, float], float, float, int, float]:
+    """The whole batch's metric sums from every rank's (a rank with no samples sent none), and the ranks'
+    peak memory added up (what the update costs the machine)."""
+    per_rank = gather((dict(sums), loss, drift_sum, drift_n, peak_rss_mb()))
+    total: dict[str, float] = defaultdict(float)
+    loss, drift_sum, drift_n, rss = 0.0, 0.0, 0, 0.0
+    for rank_sums, rank_loss, rank_drift_sum, rank_drift_n, rank_rss in per_rank:
+        for k, v in rank_sums.items():
+            total[k] += v
+        loss, drift_sum, drift_n = loss + rank_loss, drift_sum + rank_drift_sum, drift_n + rank_drift_n
+        rss += rank_rss
+    return total, loss, drift_sum, drift_n, rss
 
 
 def _logp_drift(logprobs_B_T: torch.Tensor, batch: Batch) -> tuple[float, int]:

