@@ -43,6 +43,7 @@ class Algorithm(ABC, Generic[SettingsT]):
 
     config_model: ClassVar[type[BaseModel]] = AlgorithmConfig
     trains_weights: ClassVar[bool] = False  # True: the job loads the policy (torch) and can warm-start it
+    data_parallel: ClassVar[bool] = False  # True: its update honours trainer.processes > 1
     steps_key: ClassVar[str | None] = None  # the field of the section that ``spanlab train --steps N`` sets
 
     def __init__(self, config: TrainConfig) -> None:

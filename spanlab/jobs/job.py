@@ -162,6 +162,8 @@ def build_algorithm(config: TrainConfig) -> Algorithm:
     algorithm = load_algorithm(config.algorithm)(config)
     if config.warm_start is not None and not algorithm.trains_weights:
         raise ConfigError(f"warm_start: algorithm {config.algorithm!r} trains no weights; remove warm_start")
+    if config.trainer.processes > 1 and not algorithm.data_parallel:
+        raise ConfigError(f"trainer.processes: algorithm {config.algorithm!r} trains in one process; remove trainer")
     algorithm.check()
     return algorithm
 

@@ -47,6 +47,8 @@ BAD = {
                                     "grpo: a section for algorithm 'grpo', but this config runs 'sft'"),
     "unknown algorithm": ("algorithm: ppo\n", (), "unknown algorithm 'ppo'; known: apo, grpo, sft"),
     "moved sft key": ("algorithm: sft\nsft: {temperature: 1.0}\n", (), "sft.temperature: moved to rollouts"),
+    "trainer for sft": (BASE.replace("grpo", "sft") + "trainer: {processes: 2}\n", (),
+                        r"trainer\.processes: algorithm 'sft' trains in one process"),
     "unknown extra split": (BASE + "eval: {extra_splits: [nope]}\n", (),
                             r"eval\.extra_splits: task set 'calc': split must be one of"),
     "headline split twice": (BASE + "eval: {extra_splits: [test]}\n", (), r"eval\.extra_splits: 'test' is"),

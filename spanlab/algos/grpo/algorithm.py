@@ -19,6 +19,7 @@ from spanlab.training.settings import LoraConfig
 class GRPO(Algorithm[GRPOSection]):
     config_model = GRPOSection
     trains_weights = True
+    data_parallel = True
     steps_key = "steps"
 
     def check(self) -> None:
