@@ -1,0 +1,115 @@
+"""Rollout workers on a real local Ray cluster: killing an actor mid-rollout loses and duplicates nothing.
+
+One cluster per module (``ray.init`` with 2 CPUs, no dashboard), stopped in the fixture's teardown. The
+actors reach a real store server on 127.0.0.1 with a bearer token, as they do in ``spanlab train``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from spanlab.runner.config import RolloutRunnerConfig
+from spanlab.runner.ray_runner import RayRunner
+from spanlab.serving import ThreadedServer
+from spanlab.store import SpanStore
+from spanlab.store.server import create_store_app
+from spanlab.types import Rollout, RolloutConfig
+
+TOKEN = "ray-test-token"
+T = TypeVar("T")
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[Any]:
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 * 2**20, logging_level=logging.WARNING)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[SpanStore, str]]:
+    """A store file served on 127.0.0.1 with a token, the way the job serves it to its Ray workers."""
+    with SpanStore(tmp_path / "spans.duckdb") as store, \
+            ThreadedServer(create_store_app(store, token=TOKEN), name="store server") as server:
+        yield store, server.url
+
+
+def wait_for(probe: Callable[[], T | None], timeout_s: float = 90.0) -> T:
+    """Poll until ``probe`` returns something (a bound on a hang, not a timing assertion)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = probe()
+        if got is not None:
+            return got
+        time.sleep(0.1)
+    raise AssertionError(f"nothing after {timeout_s}s")
+
+
+def spans_by_attempt(store: SpanStore) -> dict[str, list[tuple[str, str]]]:
+    rows = store.query("SELECT attempt_id, kind, name FROM spans ORDER BY attempt_id, name").to_pylist()
+    out: dict[str, list[tuple[str, str]]] = {}
+    for row in rows:
+        out.setdefault(row["attempt_id"], []).append((row["kind"], row["name"]))
+    return out
+
+
+def test_killing_an_actor_mid_rollout_ends_in_a_retry_with_exact_spans(ray_cluster: Any,
+                                                                       served: tuple[SpanStore, str]) -> None:
+    store, url = served
+    policy = RolloutConfig(timeout_s=300, unresponsive_s=3.0, max_attempts=2, retry_on=("unresponsive",))
+    held = store.enqueue_one({"seed": 0, "hold": True}, config=policy)  # first in the queue: taken first
+    others = store.enqueue([Rollout(input={"seed": i}, config=policy) for i in range(1, 7)])
+    ids = [held.rollout_id, *(r.rollout_id for r in others)]
+    config = RolloutRunnerConfig(backend="ray", workers=2, heartbeat_s=0.2, unresponsive_s=3.0)
+    errors: list[BaseException] = []
+
+    def collect() -> None:
+        try:  # concurrency 1: the killed actor holds only the held rollout
+            runner.run(ids, agent_name="tests.agents_for_tests:StepAgent", agent_kwargs={"steps": 3},
+                       gateway_url=None, mode="train", concurrency=1)
+        except BaseException as exc:
+            errors.append(exc)
+
+    def held_attempt_with_its_spans() -> Any:
+        attempts = store.list_attempts(held.rollout_id)
+        if not attempts:
+            return None
+        n = store.query(f"SELECT count(*) AS n FROM spans WHERE attempt_id = '{attempts[0].attempt_id}'")
+        return attempts[0] if n.to_pylist()[0]["n"] == 3 else None
+
+    with RayRunner(config, store=store, store_url=url, store_token=TOKEN) as runner:
+        assert sorted(runner.actors) == ["ray-0", "ray-1"]
+        thread = threading.Thread(target=collect, daemon=True)
+        thread.start()
+        first = wait_for(held_attempt_with_its_spans)
+        victim = first.worker_id
+        ray_cluster.kill(runner.actors[victim])
+        thread.join(timeout=180)
+        assert not thread.is_alive() and not errors, errors
+        live = sorted(runner.actors)
+    assert victim not in live and len(live) == 2 and any("." in w for w in live)  # the dead one was replaced
+
+    attempts = store.list_attempts(held.rollout_id)
+    assert [a.status for a in attempts] == ["unresponsive", "succeeded"]
+    assert attempts[0].worker_id == victim and attempts[1].worker_id != victim
+    assert {store.get_rollout(i).status for i in ids} == {"succeeded"}
+    assert all(len(store.list_attempts(r.rollout_id)) == 1 for r in others)
+
+    spans = spans_by_attempt(store)
+    steps = [("custom", f"step-{k}") for k in range(3)]
+    done = [("reward", "reward"), *steps]  # by name
+    assert spans[attempts[0].attempt_id] == steps  # what the lost attempt wrote, kept, no reward
+    assert spans[attempts[1].attempt_id] == done
+    assert all(spans[store.list_attempts(r.rollout_id)[0].attempt_id] == done for r in others)
+    counts = store.query("SELECT count(*) AS n, count(DISTINCT span_id) AS distinct_ids FROM spans").to_pylist()[0]
+    assert counts == {"n": 3 + 4 * len(ids), "distinct_ids": 3 + 4 * len(ids)}
