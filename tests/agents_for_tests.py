@@ -76,3 +76,22 @@ class OneCallAgent(Agent):
                 model=self.model, max_tokens=self.max_tokens, temperature=self.temperature,
                 messages=[{"role": "user", "content": task["question"]}])
         return 1.0 if out.choices[0].message.content else 0.0
+
+
+class BusyAgent(Agent):
+    """A stand-in for an agent of ``calls`` model calls: each waits ``latency_s`` (the engine's time), spends
+    ``cpu_ms`` of Python holding the GIL (parsing, tool code) and stores one span (benchmarks/ray_rollouts.py)."""
+
+    def __init__(self, calls: int = 3, latency_s: float = 0.05, cpu_ms: float = 0.0) -> None:
+        self.calls, self.latency_s, self.cpu_ms = calls, latency_s, cpu_ms
+
+    async def run(self, task: Any, ctx: RolloutContext) -> float | None:
+        import time
+
+        for call in range(self.calls):
+            await asyncio.sleep(self.latency_s)
+            end = time.perf_counter() + self.cpu_ms / 1000
+            while time.perf_counter() < end:
+                pass
+            await asyncio.to_thread(ctx.add_span, f"call-{call}")
+        return 1.0

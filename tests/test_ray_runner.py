@@ -6,7 +6,9 @@ actors reach a real store server on 127.0.0.1 with a bearer token, as they do in
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,19 +23,31 @@ from spanlab.serving import ThreadedServer
 from spanlab.store import SpanStore
 from spanlab.store.server import create_store_app
 from spanlab.types import Rollout, RolloutConfig
+from tests.jobs.test_plugin import _config as plugin_config
+from tests.jobs.test_plugin import _train as train
+from tests.jobs.test_plugin import plugin_path  # noqa: F401  (the fixture: the best-of-n plugin, installed apart)
 
 TOKEN = "ray-test-token"
+MEMORY_MONITOR = "RAY_memory_monitor_refresh_ms"
 T = TypeVar("T")
 
 
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[Any]:
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 * 2**20, logging_level=logging.WARNING)
+    # Ray's memory monitor kills workers when the node nears full memory, whoever uses it; on a shared test
+    # machine that is other processes (vLLM servers), so it is off for this cluster (read when Ray starts).
+    saved = os.environ.get(MEMORY_MONITOR)
+    os.environ[MEMORY_MONITOR] = "0"
     try:
+        ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 * 2**20, logging_level=logging.WARNING)
         yield ray
     finally:
         ray.shutdown()
+        if saved is None:
+            os.environ.pop(MEMORY_MONITOR, None)
+        else:
+            os.environ[MEMORY_MONITOR] = saved
 
 
 @pytest.fixture
@@ -44,10 +58,11 @@ def served(tmp_path: Path) -> Iterator[tuple[SpanStore, str]]:
         yield store, server.url
 
 
-def wait_for(probe: Callable[[], T | None], timeout_s: float = 90.0) -> T:
-    """Poll until ``probe`` returns something (a bound on a hang, not a timing assertion)."""
+def wait_for(probe: Callable[[], T | None], errors: list[BaseException], timeout_s: float = 300.0) -> T:
+    """Poll until ``probe`` returns something (a bound on a hang, not a timing assertion) or ``errors`` fills."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        assert not errors, errors
         got = probe()
         if got is not None:
             return got
@@ -91,10 +106,10 @@ def test_killing_an_actor_mid_rollout_ends_in_a_retry_with_exact_spans(ray_clust
         assert sorted(runner.actors) == ["ray-0", "ray-1"]
         thread = threading.Thread(target=collect, daemon=True)
         thread.start()
-        first = wait_for(held_attempt_with_its_spans)
+        first = wait_for(held_attempt_with_its_spans, errors)
         victim = first.worker_id
         ray_cluster.kill(runner.actors[victim])
-        thread.join(timeout=180)
+        thread.join(timeout=300)
         assert not thread.is_alive() and not errors, errors
         live = sorted(runner.actors)
     assert victim not in live and len(live) == 2 and any("." in w for w in live)  # the dead one was replaced
@@ -113,3 +128,25 @@ def test_killing_an_actor_mid_rollout_ends_in_a_retry_with_exact_spans(ray_clust
     assert all(spans[store.list_attempts(r.rollout_id)[0].attempt_id] == done for r in others)
     counts = store.query("SELECT count(*) AS n, count(DISTINCT span_id) AS distinct_ids FROM spans").to_pylist()[0]
     assert counts == {"n": 3 + 4 * len(ids), "distinct_ids": 3 + 4 * len(ids)}
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_spanlab_train_runs_its_rollouts_on_ray_actors_through_the_gateway(
+        ray_cluster: Any, request: pytest.FixtureRequest, tmp_path: Path, vllm_server: Any) -> None:
+    """The whole job on ``backend: ray``: a subprocess driver joins this cluster by its address, serves its store
+    to two actors, and each actor runs the calc agent (its own MCP calculator server) through the job's gateway."""
+    address = ray_cluster.get_runtime_context().gcs_address
+    config = plugin_config(tmp_path, engine_url=vllm_server.root_url,
+                           runner={"backend": "ray", "address": address, "workers": 2, "heartbeat_s": 0.5})
+    done = train(request.getfixturevalue("plugin_path"), config, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "runs" / "bon" / "report.json").read_text())
+    assert [e["phase"] for e in report["evaluations"]] == ["base", "final"] and len(report["steps"]) == 1
+    with SpanStore(tmp_path / "bon.duckdb") as store:
+        rows = store.query("SELECT r.rollout_id, a.worker_id, a.status, "
+                           "(SELECT count(*) FROM llm_calls c WHERE c.attempt_id = a.attempt_id) AS calls "
+                           "FROM rollouts r JOIN attempts a USING (rollout_id)").to_pylist()
+    assert len(rows) == 2 + 2 * 2 + 2  # base eval, one best-of-2 round of 2 tasks, final eval: one attempt each
+    assert {r["worker_id"] for r in rows} <= {"ray-0", "ray-1"} and all(r["status"] == "succeeded" for r in rows)
+    assert all(r["calls"] >= 1 for r in rows)  # every rollout's model calls went through the gateway

@@ -158,19 +158,22 @@ class RayRunner:
             for slot in [s for s, ref in calls.items() if ref in done]:
                 self._reap(slot, calls[slot])
                 calls[slot] = self.actors[self._slots[slot]].work.remote(*args)
-        for slot, ref in calls.items():  # they stop once the queue is empty; wait so the next step starts clean
-            try:
-                ray.get(ref, timeout=max(30.0, 4 * self.config.heartbeat_s))
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
-                logger.warning("Ray worker %s did not finish cleanly: %s", self._slots[slot], exc)
+        for slot, ref in calls.items():  # they stop once the queue is empty; wait so the next run starts clean
+            self._reap(slot, ref, timeout_s=max(30.0, 4 * self.config.heartbeat_s))
 
-    def _reap(self, slot: int, ref: Any) -> None:
-        """A worker call ended: fine (the queue was empty at that moment), or its actor died and is replaced."""
+    def _reap(self, slot: int, ref: Any, timeout_s: float | None = None) -> None:
+        """A worker call ended: fine (the queue was empty then), a bug (raised here), or its process was lost."""
+        errors = self._ray.exceptions
         try:
-            self._ray.get(ref)
-        except self._ray.exceptions.RayActorError as exc:
+            self._ray.get(ref, timeout=timeout_s)
+        except errors.GetTimeoutError:
+            logger.warning("Ray worker %s still works after its rollouts ended (others' rollouts in the store?)",
+                           self._slots[slot])
+        except errors.RayTaskError:
+            raise  # the agent or worker code raised: every replacement would too
+        except errors.RayError as exc:  # the actor died: killed, out of memory, its node gone
             dead = self._slots[slot]
             self.actors.pop(dead, None)
             self._respawns += 1
             self._slots[slot] = self._spawn(f"ray-{slot}.{self._respawns}")
-            logger.warning("Ray worker %s died (%s); replaced by %s", dead, type(exc).__name__, self._slots[slot])
+            logger.warning("Ray worker %s was lost (%s); replaced by %s", dead, type(exc).__name__, self._slots[slot])
