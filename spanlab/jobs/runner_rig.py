@@ -33,7 +33,7 @@ def check_runner(runner: RolloutRunnerConfig) -> None:
 
         check_reachable(runner.address)
     if runner.store_url is not None:
-        check_store_server(runner.store_url, runner.store_token)
+        check_store_server(runner.store_url, runner.token)
 
 
 def check_store_server(url: str, token: str | None) -> None:
@@ -55,9 +55,9 @@ def open_store(stack: ExitStack, runner: RolloutRunnerConfig, db: Path) -> tuple
     if runner.backend == "ray" and runner.store_url is not None:
         from spanlab.store.client import StoreClient
 
-        check_store_server(runner.store_url, runner.store_token)
-        return stack.enter_context(StoreClient(runner.store_url, token=runner.store_token)), \
-            runner.store_url, runner.store_token
+        check_store_server(runner.store_url, runner.token)
+        client = stack.enter_context(StoreClient(runner.store_url, token=runner.token))
+        return client, runner.store_url, runner.token
     from spanlab.store import SpanStore
 
     store = stack.enter_context(SpanStore(db))

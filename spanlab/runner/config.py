@@ -13,7 +13,7 @@ import importlib.util
 from typing import Literal
 from urllib.parse import urlparse
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 RAY_EXTRA_HINT = "install the `ray` extra: pip install 'spanlab[ray]' (scripts/setup.sh does)"
 
@@ -54,7 +54,8 @@ class RolloutRunnerConfig(BaseModel):
     start_timeout_s: float = Field(default=120.0, gt=0, le=3600, description="how long the actors may take to start")
     store_url: str | None = Field(default=None, description="a store server (spanlab store serve) the job and the "
                                   "workers share, instead of the job's own on 127.0.0.1")
-    store_token: str | None = Field(default=None, description="that store server's bearer token")
+    store_token: SecretStr | None = Field(default=None, description="that store server's bearer token "
+                                          "(printed masked by --check)")
 
     @field_validator("address")
     @classmethod
@@ -102,6 +103,11 @@ class RolloutRunnerConfig(BaseModel):
         if custom:
             options["resources"] = custom
         return options
+
+    @property
+    def token(self) -> str | None:
+        """``store_token`` in the clear, for the client that sends it."""
+        return None if self.store_token is None else self.store_token.get_secret_value()
 
     def worker_concurrency(self, total: int) -> int:
         """Rollouts in flight per worker: the configured number, else ``total`` (rollouts.concurrency) split up."""

@@ -109,7 +109,11 @@ class RayRunner:
         quiet = {"logging_level": logging.WARNING, "log_to_driver": True}
         if self.config.address is None:
             cpus = max(os.cpu_count() or 1, math.ceil(self.config.workers * self.config.resources.get("CPU", 0.0)))
-            ray.init(num_cpus=cpus, include_dashboard=False, object_store_memory=LOCAL_OBJECT_STORE_BYTES, **quiet)
+            try:
+                ray.init(num_cpus=cpus, include_dashboard=False, object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+                         **quiet)
+            except Exception as exc:  # Ray raises a bare Exception when its processes do not come up in time
+                raise ConfigError(f"runner: cannot start a local Ray cluster (runner.address unset): {exc}") from exc
             return
         if self.config.address != "auto":
             check_reachable(self.config.address)

@@ -18,6 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from spanlab.cli import app
+from spanlab.runner.config import RolloutRunnerConfig
 from spanlab.serving import ThreadedServer
 from spanlab.store import SpanStore
 from spanlab.store.server import create_store_app
@@ -64,6 +65,7 @@ def test_a_store_url_without_the_token_its_server_needs_names_runner_store_token
     assert code == 2 and "refused runner.store_token" in output, output
     code, output = _check(tmp_path, {"backend": "ray", "store_url": store_server, "store_token": TOKEN})
     assert code == 0 and f"store_url: {store_server}" in output, output
+    assert TOKEN not in output and "store_token: '**********'" in output, output  # --check prints no secret
 
 
 @pytest.mark.parametrize(("runner", "message"), [
@@ -100,3 +102,10 @@ def test_checking_a_ray_config_never_imports_ray(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", probe, str(config)], cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=120, check=True)
     assert out.stdout.split()[-1] == "False", out.stderr
+
+
+def test_resources_become_ray_actor_options_and_concurrency_is_split_across_workers() -> None:
+    config = RolloutRunnerConfig(backend="ray", workers=3, resources={"CPU": 0.5, "GPU": 1, "rollout_node": 1})
+    assert config.actor_options() == {"num_cpus": 0.5, "num_gpus": 1, "resources": {"rollout_node": 1}}
+    assert config.worker_concurrency(16) == 6  # 16 in flight over 3 workers: none gets fewer than its share
+    assert RolloutRunnerConfig(backend="ray", concurrency=2).worker_concurrency(16) == 2
