@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from spanlab.errors import ConfigError
 from spanlab.runner.config import RolloutRunnerConfig
 from spanlab.runner.ray_runner import RayRunner
 from spanlab.serving import ThreadedServer
@@ -128,6 +129,16 @@ def test_killing_an_actor_mid_rollout_ends_in_a_retry_with_exact_spans(ray_clust
     assert all(spans[store.list_attempts(r.rollout_id)[0].attempt_id] == done for r in others)
     counts = store.query("SELECT count(*) AS n, count(DISTINCT span_id) AS distinct_ids FROM spans").to_pylist()[0]
     assert counts == {"n": 3 + 4 * len(ids), "distinct_ids": 3 + 4 * len(ids)}
+
+
+def test_workers_the_cluster_cannot_place_are_one_error_naming_the_settings(ray_cluster: Any,
+                                                                          served: tuple[SpanStore, str]) -> None:
+    store, url = served
+    config = RolloutRunnerConfig(backend="ray", workers=1, resources={"CPU": 1, "gpu_box": 1}, start_timeout_s=2)
+    with pytest.raises(ConfigError, match=r"runner\.workers/runner\.resources: 1 actors asking .*'gpu_box'.* did "
+                       r"not start within 2s \(runner\.start_timeout_s\); the cluster has"):
+        RayRunner(config, store=store, store_url=url, store_token=TOKEN).start()
+    assert ray_cluster.is_initialized()  # the cluster this process connected to is left as it was
 
 
 @pytest.mark.vllm

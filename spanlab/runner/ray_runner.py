@@ -149,6 +149,8 @@ class RayRunner:
     def run(self, rollout_ids: Sequence[str], *, agent_name: str, agent_kwargs: dict[str, Any],
             gateway_url: str | None, mode: RolloutMode | None, concurrency: int) -> None:
         """Have every actor work on the queue, and return once each of ``rollout_ids`` has ended in the store."""
+        if not rollout_ids:
+            return
         ray = self._ray
         args = (agent_name, agent_kwargs, gateway_url, mode, concurrency)
         calls = {slot: self.actors[wid].work.remote(*args) for slot, wid in enumerate(self._slots)}
