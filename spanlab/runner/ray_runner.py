@@ -38,6 +38,8 @@ class RolloutActor:
         from spanlab.store.client import StoreClient
 
         logging.basicConfig(level=logging.INFO, format=f"[{worker_id}] %(levelname)s %(name)s: %(message)s")
+        for name in ("httpx", "httpx2"):  # one INFO line per model call (openai logs via httpx2) is noise here
+            logging.getLogger(name).setLevel(logging.WARNING)
         self.store = StoreClient(store_url, token=store_token)
         self.worker_id = worker_id
         self.heartbeat_s, self.poll_s = heartbeat_s, poll_s
