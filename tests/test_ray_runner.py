@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import pytest
 
 from spanlab.errors import ConfigError
+from spanlab.jobs.rollouts import RolloutCollector
 from spanlab.runner.config import RolloutRunnerConfig
 from spanlab.runner.ray_runner import RayRunner
 from spanlab.serving import ThreadedServer
@@ -81,23 +82,27 @@ def spans_by_attempt(store: SpanStore) -> dict[str, list[tuple[str, str]]]:
 
 def test_killing_an_actor_mid_rollout_ends_in_a_retry_with_exact_spans(ray_cluster: Any,
                                                                        served: tuple[SpanStore, str]) -> None:
+    """Through the job's collector: its rollouts ask for no retries (every algorithm's default), and on Ray they
+    still get one when, and only when, their worker is lost."""
     store, url = served
-    policy = RolloutConfig(timeout_s=300, unresponsive_s=3.0, max_attempts=2, retry_on=("unresponsive",))
-    held = store.enqueue_one({"seed": 0, "hold": True}, config=policy)  # first in the queue: taken first
-    others = store.enqueue([Rollout(input={"seed": i}, config=policy) for i in range(1, 7)])
+    held = Rollout(input={"seed": 0, "hold": True})  # first in the queue: taken first
+    others = [Rollout(input={"seed": i}) for i in range(1, 7)]
     ids = [held.rollout_id, *(r.rollout_id for r in others)]
-    config = RolloutRunnerConfig(backend="ray", workers=2, heartbeat_s=0.2, unresponsive_s=3.0)
+    config = RolloutRunnerConfig(backend="ray", workers=2, heartbeat_s=0.2, unresponsive_s=3.0, max_attempts=2)
     errors: list[BaseException] = []
 
     def collect() -> None:
-        try:  # concurrency 1: the killed actor holds only the held rollout
-            runner.run(ids, agent_name="tests.agents_for_tests:StepAgent", agent_kwargs={"steps": 3},
-                       gateway_url=None, mode="train", concurrency=1)
+        try:  # 1 rollout in flight per worker: the killed actor holds only the held rollout
+            collector = RolloutCollector(store, "", "tests.agents_for_tests:StepAgent", {"steps": 3}, timeout_s=300,
+                                         remote=runner, worker_concurrency=1, max_attempts=config.max_attempts,
+                                         unresponsive_s=config.unresponsive_s)
+            batch = collector.run([held, *others])
+            assert batch.rollout_ids == ids and batch.rewards == [1.0] * len(ids) and batch.failed == 0, batch
         except BaseException as exc:
             errors.append(exc)
 
     def held_attempt_with_its_spans() -> Any:
-        attempts = store.list_attempts(held.rollout_id)
+        attempts = store.list_attempts(held.rollout_id) if store.count_rollouts() else []
         if not attempts:
             return None
         n = store.query(f"SELECT count(*) AS n FROM spans WHERE attempt_id = '{attempts[0].attempt_id}'")
@@ -115,6 +120,8 @@ def test_killing_an_actor_mid_rollout_ends_in_a_retry_with_exact_spans(ray_clust
         live = sorted(runner.actors)
     assert victim not in live and len(live) == 2 and any("." in w for w in live)  # the dead one was replaced
 
+    assert store.get_rollout(held.rollout_id).config == RolloutConfig(  # the collector's lost-worker policy
+        unresponsive_s=3.0, max_attempts=2, retry_on=("unresponsive",))
     attempts = store.list_attempts(held.rollout_id)
     assert [a.status for a in attempts] == ["unresponsive", "succeeded"]
     assert attempts[0].worker_id == victim and attempts[1].worker_id != victim

@@ -68,9 +68,6 @@ class RolloutCollector:
     ) -> RolloutBatch:
         """Queue ``group_size`` rollouts per task, run them all, return their rewards in queue order."""
         config = RolloutConfig(timeout_s=self.timeout_s, max_attempts=1)
-        if self.remote is not None:
-            config = RolloutConfig(timeout_s=self.timeout_s, unresponsive_s=self.unresponsive_s,
-                                   max_attempts=self.max_attempts, retry_on=("unresponsive",))
         rollouts = [
             Rollout(input=task, mode=mode, config=config,
                     metadata={**(metadata or {}), "group_id": str(task.get("task_id", i)), "sample": k})
@@ -82,6 +79,8 @@ class RolloutCollector:
     def run(self, rollouts: Sequence[Rollout], **agent_overrides: Any) -> RolloutBatch:
         """Queue these rollouts (all of one mode), run the agent on them, return their rewards in order."""
         started = time.monotonic()
+        if self.remote is not None:
+            rollouts = [r.model_copy(update={"config": self._lost_worker_policy(r.config)}) for r in rollouts]
         ids = [r.rollout_id for r in self.store.enqueue(list(rollouts))]
         kwargs = {**self.agent_kwargs, **agent_overrides}
         mode = rollouts[0].mode if rollouts else None
@@ -96,6 +95,14 @@ class RolloutCollector:
             failed = stats.failed + stats.timeout
         rewards = final_rewards(self.store, ids)
         return RolloutBatch(ids, [rewards.get(i, 0.0) for i in ids], time.monotonic() - started, failed)
+
+    def _lost_worker_policy(self, config: RolloutConfig) -> RolloutConfig:
+        """On Ray a worker can be lost mid-rollout: every rollout gets an ``unresponsive_s`` limit, and one that
+        asked for no retries (every algorithm's default) is retried when, and only when, its worker is lost."""
+        update: dict[str, Any] = {"unresponsive_s": config.unresponsive_s or self.unresponsive_s}
+        if config.max_attempts == 1:
+            update |= {"max_attempts": self.max_attempts, "retry_on": ("unresponsive",)}
+        return config.model_copy(update=update)
 
 
 def final_rewards(store: StoreAPI, rollout_ids: Sequence[str]) -> dict[str, float]:
