@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
 from rich.table import Table
 
 from spanlab.errors import SpanlabError
@@ -43,7 +44,7 @@ def _main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug l
 
 
 def _fail(exc: Exception) -> None:
-    Console(stderr=True).print(f"[bold red]error:[/] {exc}", markup=True, highlight=False)
+    Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", markup=True, highlight=False)
     raise typer.Exit(2)
 
 

@@ -45,3 +45,53 @@ class ResourceAgent(Agent):
 
     async def run(self, task: Any, ctx: RolloutContext) -> float | None:
         return float(ctx.resources["prompt"].version)
+
+
+class StepAgent(Agent):
+    """Writes ``steps`` custom spans, one store write each, then returns 1; ``task['hold']`` makes the first
+    attempt wait after its spans (for a test to kill its worker mid-rollout)."""
+
+    def __init__(self, steps: int = 3) -> None:
+        self.steps = steps
+
+    async def run(self, task: Any, ctx: RolloutContext) -> float | None:
+        for step in range(self.steps):
+            await asyncio.to_thread(ctx.add_span, f"step-{step}", task=task["seed"], attempt=ctx.attempt.sequence_id)
+        if task.get("hold") and ctx.attempt.sequence_id == 1:
+            await asyncio.sleep(3600)
+        return 1.0
+
+
+class OneCallAgent(Agent):
+    """One chat call through the attempt's gateway URL; reward 1 if the model answered with any text."""
+
+    def __init__(self, model: str = "default", max_tokens: int = 8, temperature: float = 0.0) -> None:
+        self.model, self.max_tokens, self.temperature = model, max_tokens, temperature
+
+    async def run(self, task: Any, ctx: RolloutContext) -> float | None:
+        from openai import AsyncOpenAI
+
+        async with AsyncOpenAI(base_url=ctx.llm_base_url, api_key="unused", max_retries=0) as client:
+            out = await client.chat.completions.create(
+                model=self.model, max_tokens=self.max_tokens, temperature=self.temperature,
+                messages=[{"role": "user", "content": task["question"]}])
+        return 1.0 if out.choices[0].message.content else 0.0
+
+
+class BusyAgent(Agent):
+    """A stand-in for an agent of ``calls`` model calls: each waits ``latency_s`` (the engine's time), spends
+    ``cpu_ms`` of Python holding the GIL (parsing, tool code) and stores one span (benchmarks/ray_rollouts.py)."""
+
+    def __init__(self, calls: int = 3, latency_s: float = 0.05, cpu_ms: float = 0.0) -> None:
+        self.calls, self.latency_s, self.cpu_ms = calls, latency_s, cpu_ms
+
+    async def run(self, task: Any, ctx: RolloutContext) -> float | None:
+        import time
+
+        for call in range(self.calls):
+            await asyncio.sleep(self.latency_s)
+            end = time.perf_counter() + self.cpu_ms / 1000
+            while time.perf_counter() < end:
+                pass
+            await asyncio.to_thread(ctx.add_span, f"call-{call}")
+        return 1.0

@@ -22,6 +22,7 @@ from spanlab.engine.config import EngineConfig
 from spanlab.errors import ConfigError
 from spanlab.jobs.algorithm import Algorithm, AlgorithmConfig
 from spanlab.jobs.registry import available, load_algorithm
+from spanlab.runner.config import RolloutRunnerConfig
 from spanlab.training.settings import SFTConfig
 from spanlab.training.trainer_config import TrainerConfig
 
@@ -118,6 +119,8 @@ class TrainConfig(_Section):
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     rollouts: RolloutsConfig = Field(default_factory=RolloutsConfig)
+    runner: RolloutRunnerConfig = Field(default_factory=RolloutRunnerConfig,
+                                        description="where rollouts run: in this process, or on Ray actors")
     warm_start: WarmStartConfig | None = None
     torch_threads: int | None = Field(default=None, ge=1, le=1024, description="default: all cores")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="data-parallel ranks of the update")

@@ -173,6 +173,7 @@ def check_job(config: TrainConfig) -> tuple[Algorithm, TaskSet, dict[str, Tasks]
     splits, the agent and its kwargs, the store's folder. ``spanlab train --check`` runs this only; a run
     goes on with the algorithm, task set and splits it built."""
     from spanlab.jobs.rig import check_writable
+    from spanlab.jobs.runner_rig import check_runner
     from spanlab.runner.agent import load_agent
 
     algorithm = build_algorithm(config)
@@ -182,6 +183,7 @@ def check_job(config: TrainConfig) -> tuple[Algorithm, TaskSet, dict[str, Tasks]
     load_agent(config.agent.name, {"model": config.engine.served_model_name or config.engine.model,
                                    **config.agent.kwargs})
     check_writable(config.db, config.run_dir)
+    check_runner(config.runner)
     return algorithm, task_set, splits
 
 

@@ -14,12 +14,15 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spanlab.runner.agent import load_agent
-from spanlab.runner.worker import Worker
+from spanlab.runner.worker import Worker, run_then_close
 from spanlab.store.base import StoreAPI
 from spanlab.types import Rollout, RolloutConfig, RolloutMode
+
+if TYPE_CHECKING:
+    from spanlab.runner.ray_runner import RayRunner
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +51,11 @@ class RolloutCollector:
     agent_kwargs: dict[str, Any]
     concurrency: int = 8
     timeout_s: float = 600.0
+    # runner.backend: ray. Its workers can be lost mid-rollout, so their attempts are retried; local ones are not.
+    remote: RayRunner | None = None
+    worker_concurrency: int = 8
+    max_attempts: int = 1
+    unresponsive_s: float | None = None
 
     def collect(
         self,
@@ -71,24 +79,30 @@ class RolloutCollector:
     def run(self, rollouts: Sequence[Rollout], **agent_overrides: Any) -> RolloutBatch:
         """Queue these rollouts (all of one mode), run the agent on them, return their rewards in order."""
         started = time.monotonic()
+        if self.remote is not None:
+            rollouts = [r.model_copy(update={"config": self._lost_worker_policy(r.config)}) for r in rollouts]
         ids = [r.rollout_id for r in self.store.enqueue(list(rollouts))]
-        agent = load_agent(self.agent_name, {**self.agent_kwargs, **agent_overrides})
-        worker = Worker(self.store, agent, gateway_url=self.gateway_url, concurrency=self.concurrency,
-                        mode=rollouts[0].mode if rollouts else None)
-        stats = asyncio.run(_run_then_close(worker, agent, len(ids)))
+        kwargs = {**self.agent_kwargs, **agent_overrides}
+        mode = rollouts[0].mode if rollouts else None
+        if self.remote is not None:
+            self.remote.run(ids, agent_name=self.agent_name, agent_kwargs=kwargs, gateway_url=self.gateway_url,
+                            mode=mode, concurrency=self.worker_concurrency)
+            failed = sum(a.status in ("failed", "timeout") for _, a in self.store.last_attempts(ids))
+        else:
+            agent = load_agent(self.agent_name, kwargs)
+            worker = Worker(self.store, agent, gateway_url=self.gateway_url, concurrency=self.concurrency, mode=mode)
+            stats = asyncio.run(run_then_close(worker, agent, len(ids)))
+            failed = stats.failed + stats.timeout
         rewards = final_rewards(self.store, ids)
-        return RolloutBatch(ids, [rewards.get(i, 0.0) for i in ids], time.monotonic() - started,
-                            stats.failed + stats.timeout)
+        return RolloutBatch(ids, [rewards.get(i, 0.0) for i in ids], time.monotonic() - started, failed)
 
-
-async def _run_then_close(worker: Worker, agent: Any, n: int) -> Any:
-    """Run the worker in this event loop, then close what the agent opened in it (an MCP server, say)."""
-    try:
-        return await worker.run(max_rollouts=n)
-    finally:
-        close = getattr(agent, "aclose", None)
-        if close is not None:
-            await close()
+    def _lost_worker_policy(self, config: RolloutConfig) -> RolloutConfig:
+        """On Ray a worker can be lost mid-rollout: every rollout gets an ``unresponsive_s`` limit, and one that
+        asked for no retries (every algorithm's default) is retried when, and only when, its worker is lost."""
+        update: dict[str, Any] = {"unresponsive_s": config.unresponsive_s or self.unresponsive_s}
+        if config.max_attempts == 1:
+            update |= {"max_attempts": self.max_attempts, "retry_on": ("unresponsive",)}
+        return config.model_copy(update=update)
 
 
 def final_rewards(store: StoreAPI, rollout_ids: Sequence[str]) -> dict[str, float]:

@@ -16,6 +16,7 @@ import socket
 import time
 import traceback
 from dataclasses import dataclass
+from typing import Any
 
 from spanlab.runner.agent import Agent, RolloutContext
 from spanlab.store.base import StoreAPI
@@ -134,3 +135,13 @@ class Worker:
             if state.status not in ACTIVE_ATTEMPT_STATUSES:
                 agent_task.cancel()
                 return
+
+
+async def run_then_close(worker: Worker, agent: Any, max_rollouts: int | None = None) -> WorkerStats:
+    """Run the worker in this event loop, then close what the agent opened in it (an MCP server, say)."""
+    try:
+        return await worker.run(max_rollouts=max_rollouts)
+    finally:
+        close = getattr(agent, "aclose", None)
+        if close is not None:
+            await close()
