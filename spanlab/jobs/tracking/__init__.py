@@ -71,6 +71,7 @@ class Tracker(ABC):
     def log_artifact(self, path: Path) -> None:
         """A file of the run (report.json, a plot)."""
 
+    @abstractmethod
     def close(self, ok: bool = True) -> None:
         """End the run (``ok``: finished, else failed or interrupted)."""
 
@@ -113,9 +114,9 @@ def check_tracking(config: TrackingConfig) -> None:
         if getattr(config, key) is not None and importlib.util.find_spec(module) is None:
             raise ConfigError(f"tracking.{key}: needs the '{dist}' package of the 'tracking' extra; {EXTRA_HINT}")
     ml = config.mlflow
-    if ml is not None and ml.tracking_uri.split(":", 1)[0] in ("sqlite", "postgresql", "mysql", "mssql"):
-        if importlib.util.find_spec("sqlalchemy") is None or importlib.util.find_spec("alembic") is None:
-            raise ConfigError(f"tracking.mlflow.tracking_uri: a database store needs sqlalchemy and alembic; "
+    database = ml is not None and ml.tracking_uri.split(":", 1)[0] in ("sqlite", "postgresql", "mysql", "mssql")
+    if database and (importlib.util.find_spec("sqlalchemy") is None or importlib.util.find_spec("alembic") is None):
+        raise ConfigError(f"tracking.mlflow.tracking_uri: a database store needs sqlalchemy and alembic; "
                               f"{EXTRA_HINT}")
 
 
