@@ -21,7 +21,9 @@ from spanlab.config import AgentConfig, load_yaml, parse
 from spanlab.engine.config import EngineConfig
 from spanlab.errors import ConfigError
 from spanlab.jobs.algorithm import Algorithm, AlgorithmConfig
+from spanlab.jobs.checkpoints import CheckpointsConfig
 from spanlab.jobs.registry import available, load_algorithm
+from spanlab.jobs.tracking import TrackingConfig
 from spanlab.training.settings import SFTConfig
 
 # Keys of earlier versions, each with the one line that says where it went.
@@ -103,6 +105,8 @@ class TrainConfig(_Section):
     rollouts: RolloutsConfig = Field(default_factory=RolloutsConfig)
     warm_start: WarmStartConfig | None = None
     torch_threads: int | None = Field(default=None, ge=1, le=1024, description="default: all cores")
+    checkpoints: CheckpointsConfig = Field(default_factory=CheckpointsConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     section: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="the chosen algorithm's section")
 
     @field_validator("run_name")

@@ -34,8 +34,12 @@ _SKIPPED_NAMES = frozenset({"model.safetensors.index.json", "pytorch_model.bin.i
 
 
 def write_servable(model: nn.Module, base_dir: str | Path, out: str | Path, *, merge_lora: bool = True,
-                   info: dict[str, object] | None = None) -> Path:
-    """Write ``model`` with ``base_dir``'s config and tokenizer files as the HF folder ``out`` (replaced)."""
+                   info: dict[str, object] | None = None, weights_dir: Path | None = None) -> Path:
+    """Write ``model`` with ``base_dir``'s config and tokenizer files as the HF folder ``out`` (replaced).
+
+    ``weights_dir``: take the safetensors from this folder instead (weights another trainer saved, such as
+    Unsloth's merged save in a child process, which the torch model here never saw).
+    """
     base, out = Path(base_dir), Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -44,7 +48,10 @@ def write_servable(model: nn.Module, base_dir: str | Path, out: str | Path, *, m
         for src in base.iterdir():
             if src.is_file() and src.name not in _SKIPPED_NAMES and not src.name.endswith(_SKIPPED_SUFFIXES):
                 shutil.copyfile(src, tmp / src.name)
-        if hasattr(model, "peft_config"):
+        if weights_dir is not None:
+            for src in weights_dir.glob("*.safetensors*"):
+                shutil.copyfile(src, tmp / src.name)
+        elif hasattr(model, "peft_config"):
             model.save_pretrained(str(tmp / "adapter"))
             if merge_lora:
                 merged = copy.deepcopy(model).merge_and_unload()  # a copy: the trained model keeps its adapter

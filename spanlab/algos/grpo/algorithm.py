@@ -20,6 +20,7 @@ class GRPO(Algorithm[GRPOSection]):
     config_model = GRPOSection
     trains_weights = True
     steps_key = "steps"
+    resumable = True
 
     def train_tasks(self) -> int:
         return self.settings.steps * self.settings.tasks_per_step

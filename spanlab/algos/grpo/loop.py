@@ -20,8 +20,8 @@ def train_grpo(job: Job, settings: GRPOSection) -> None:
     """``settings.steps`` GRPO updates of the job's policy, each on ``tasks_per_step`` x ``group_size`` rollouts."""
     assert job.policy is not None, "GRPO trains weights: the framework loads the policy"
     policy, config = job.policy, job.config
-    optimizer = torch.optim.AdamW((p for p in policy.model.parameters() if p.requires_grad), lr=settings.lr,
-                                  weight_decay=settings.weight_decay)
+    optimizer = job.attach_optimizer(torch.optim.AdamW((p for p in policy.model.parameters() if p.requires_grad),
+                                                       lr=settings.lr, weight_decay=settings.weight_decay))
     for step, tasks in job.steps(settings.steps, settings.tasks_per_step, "GRPO"):
         batch = job.collect(tasks, group_size=settings.group_size, step=step)
         samples = list(iter_samples(job.rig.store, batch.rollout_ids, token_source=config.token_source,
