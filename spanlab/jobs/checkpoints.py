@@ -47,7 +47,8 @@ def write_checkpoint(job: Job, tag: str) -> Path | None:
     info: dict[str, Any] = {"run_id": job.report.run_id, "run_name": config.run_name, "tag": tag,
                             "step": len(job.report.steps), "policy_version": job.policy.sync.version}
     path = write_servable(job.policy.model, resolve_model(config.engine.model), config.run_dir / tag,
-                          merge_lora=config.checkpoints.merge_lora, info=info, weights_dir=job.policy.sync.pushed_dir)
+                          merge_lora=config.checkpoints.merge_lora, info=info, weights_dir=job.policy.sync.pushed_dir,
+                          tokenizer=job.policy.tokenizer)
     job.rig.store.add_resource(RESOURCE, {**info, "path": str(path.resolve())}, kind="model_checkpoint")
     return path
 

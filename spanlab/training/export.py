@@ -20,6 +20,7 @@ import os
 import shutil
 import uuid
 from pathlib import Path
+from typing import Any
 
 from torch import nn
 
@@ -34,20 +35,32 @@ _SKIPPED_NAMES = frozenset({"model.safetensors.index.json", "pytorch_model.bin.i
 
 
 def write_servable(model: nn.Module, base_dir: str | Path, out: str | Path, *, merge_lora: bool = True,
-                   info: dict[str, object] | None = None, weights_dir: Path | None = None) -> Path:
+                   info: dict[str, object] | None = None, weights_dir: Path | None = None,
+                   tokenizer: Any = None) -> Path:
     """Write ``model`` with ``base_dir``'s config and tokenizer files as the HF folder ``out`` (replaced).
 
-    ``weights_dir``: take the safetensors from this folder instead (weights another trainer saved, such as
-    Unsloth's merged save in a child process, which the torch model here never saw).
+    ``base_dir`` that is not a local folder (a hub name) takes the config from the model and the tokenizer
+    files (chat template included) from ``tokenizer``. ``weights_dir``: take the safetensors from this folder
+    instead (weights another trainer saved, such as Unsloth's merged save in a child process, which the torch
+    model here never saw).
     """
     base, out = Path(base_dir), Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        for src in base.iterdir():
-            if src.is_file() and src.name not in _SKIPPED_NAMES and not src.name.endswith(_SKIPPED_SUFFIXES):
-                shutil.copyfile(src, tmp / src.name)
+        if base.is_dir():
+            for src in base.iterdir():
+                if src.is_file() and src.name not in _SKIPPED_NAMES and not src.name.endswith(_SKIPPED_SUFFIXES):
+                    shutil.copyfile(src, tmp / src.name)
+        else:
+            if tokenizer is None:
+                raise ValueError(f"{base} is not a local folder: pass the tokenizer to write its files")
+            plain = model.get_base_model() if hasattr(model, "get_base_model") else model
+            plain.config.save_pretrained(str(tmp))
+            if getattr(plain, "generation_config", None) is not None:
+                plain.generation_config.save_pretrained(str(tmp))
+            tokenizer.save_pretrained(str(tmp))
         if weights_dir is not None:
             for src in weights_dir.glob("*.safetensors*"):
                 shutil.copyfile(src, tmp / src.name)

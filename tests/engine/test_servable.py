@@ -114,3 +114,19 @@ def test_lora_export_has_the_adapter_and_merged_weights_that_compute_the_adapted
         assert torch.allclose(merged(ids).logits, lora(ids).logits, atol=1e-4)
     only_adapter = write_servable(lora, tiny_dir, tmp_path / "adapter-only", merge_lora=False)
     assert not any(only_adapter.glob("*.safetensors")) and (only_adapter / "adapter").is_dir()
+
+
+def test_a_hub_base_takes_config_and_tokenizer_from_the_loaded_model(tiny_dir: Path, tmp_path: Path) -> None:
+    """A policy loaded by hub name has no local folder to copy from: the model's config and the tokenizer
+    (with its chat template) are written instead."""
+    model, tokenizer = _load(tiny_dir)
+    out = write_servable(model, "HuggingFaceTB/not-a-local-folder", tmp_path / "final", tokenizer=tokenizer)
+    assert is_servable(out)
+    again, again_tok = _load(out)
+    assert again_tok.chat_template == tokenizer.chat_template
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.inference_mode():
+        assert torch.equal(again(ids).logits, model(ids).logits)
+    with pytest.raises(ValueError, match="not a local folder"):
+        write_servable(model, "HuggingFaceTB/not-a-local-folder", tmp_path / "other")
+    assert not (tmp_path / "other").exists() and not list(tmp_path.glob(".other.tmp-*"))  # nothing half-written
