@@ -71,10 +71,11 @@ def resume(job: Job, state: TrainState) -> None:
             job.policy.sync.serve_again(job.policy.model)
     restore_rng(state)
     job.resume_state = state
-    recorded = {m.step for m in store.metrics(run_id) if m.algorithm == job.config.algorithm}
+    recorded = {(m.step, m.name) for m in store.metrics(run_id) if m.algorithm == job.config.algorithm}
     for step, metrics in enumerate(job.report.steps):
-        if step not in recorded:  # killed after the state was saved, before its metrics were
-            store.add_metrics(run_id, job.config.algorithm, step, metrics)
+        missing = {k: v for k, v in metrics.items() if (step, k) not in recorded}
+        if missing:  # killed after the state was saved, before its metrics were
+            store.add_metrics(run_id, job.config.algorithm, step, missing)
     left = store.rollout_summaries(statuses=_UNFINISHED, metadata={"run_id": run_id})
     for summary in left:
         store.cancel_rollout(summary.rollout_id)
