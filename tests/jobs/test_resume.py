@@ -6,8 +6,10 @@ file: base evaluation 1 rollout + 2 per step). ``spanlab train --resume`` then c
 uninterrupted run of the same config is the reference: both stores must show 5 steps, policy versions
 1..5, two live training rollouts per step sampled on the same policy version, each step's metrics once,
 no (step, task, sample) twice; the interrupted step's finished rollout is reused, the one the kill left
-running is cancelled. TensorBoard (the resumed run's tracker) holds each step's reward once.
-Smallest honest size: 1 task x 2 samples per step, 1 held-out task, 16 new tokens per call.
+running is cancelled; the optimizer has taken 5 steps in both (its moments were restored, not restarted).
+TensorBoard (the resumed run's tracker) holds each step's reward once. Smallest honest size: 1 task x 2
+samples per step, 1 held-out task, 16 new tokens per call; the reward is the sample's parity (see
+``marking_agent``), so each step is a real update.
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ def _config(tmp_path: Path, name: str, engine_url: str) -> dict[str, Any]:
     return {"algorithm": "grpo", "run_name": name, "out_dir": str(tmp_path / "runs"),
             "db": str(tmp_path / f"{name}.duckdb"), "engine_url": engine_url,
             "agent": {"name": "tests.jobs.marking_agent:MarkingCalcAgent",
-                      "kwargs": {"marks": str(tmp_path / f"{name}.marks"), "max_tokens": 16, "max_turns": 2}},
+                      "kwargs": {"marks": str(tmp_path / f"{name}.marks"), "reward": "sample_parity",
+                                 "max_tokens": 16, "max_turns": 2}},
             "dataset": {"name": "calc", "seed": 3, "levels": [1]}, "eval": {"tasks": 1},
             "grpo": {"group_size": GROUP, "lr": 1e-6, "steps": STEPS, "tasks_per_step": 1},
             "rollouts": {"concurrency": 1}, "tracking": {"tensorboard": {"dir": str(tmp_path / "tb")}}}
@@ -79,6 +82,14 @@ def _kill_during_step_3(proc: subprocess.Popen[str], marks: Path, timeout: float
         with contextlib.suppress(psutil.NoSuchProcess):
             kid.kill()
     proc.wait(timeout=30)
+
+
+def _optimizer_steps(run_dir: Path) -> int:
+    """AdamW's step count in the run's saved state (the same for every parameter)."""
+    import torch
+
+    optimizer = torch.load(run_dir / "resume" / "tensors.pt", weights_only=True)["optimizer"]
+    return int(optimizer["state"][0]["step"])
 
 
 def _store_facts(db: Path, run_name: str) -> dict[str, Any]:
@@ -118,6 +129,7 @@ def test_resume_after_sigkill_in_step_3_matches_an_uninterrupted_run(tmp_path: P
             os.killpg(proc.pid, signal.SIGKILL)
     state = json.loads((tmp_path / "runs" / "killed" / "resume" / "state.json").read_text())
     assert state["completed_steps"] == 2 and state["policy_version"] == 2
+    assert _optimizer_steps(tmp_path / "runs" / "killed") == 2
 
     resumed = _train(path, "--resume")
     out, err = resumed.communicate(timeout=900)
@@ -137,6 +149,8 @@ def test_resume_after_sigkill_in_step_3_matches_an_uninterrupted_run(tmp_path: P
     assert got["metric_steps"] == want["metric_steps"] == list(range(STEPS))
     assert got["test_phases"] == want["test_phases"] == {"base": 1, "final": 1}
     assert got["final_tags"] == ["final"] and want["final_tags"] == ["final"]
+    assert got["reward_mean"] == want["reward_mean"] == dict.fromkeys(range(STEPS), 0.5)
+    assert _optimizer_steps(tmp_path / "runs" / "killed") == _optimizer_steps(tmp_path / "runs" / "reference") == 5
     report = json.loads((tmp_path / "runs" / "killed" / "report.json").read_text())
     assert len(report["steps"]) == STEPS and [e["phase"] for e in report["evaluations"]] == ["base", "final"]
 
