@@ -4,6 +4,7 @@ TensorBoard (event files read back with EventAccumulator), W&B offline (its run 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,8 @@ def wandb_records(path: Path) -> list:
             pos += block - pos % block
             continue
         length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
+        if pos + 7 + length > len(data):  # a record still being written
+            break
         parts, pos = parts + data[pos + 7:pos + 7 + length], pos + 7 + length
         if kind in (1, 4):
             record = pb.Record()
@@ -91,7 +94,12 @@ def test_wandb_offline_run_folder(tmp_path: Path) -> None:
     config = TrackingConfig.model_validate({"wandb": {"project": "p", "mode": "offline", "dir": str(tmp_path)}})
     _feed(open_trackers(config, run_id="run-abc", run_name="t", run_dir=tmp_path, resume=False), tmp_path)
     (run_dir,) = (tmp_path / "wandb").glob("offline-run-*-run-abc")
-    records = wandb_records(run_dir / "run-run-abc.wandb")
+    # wandb-core writes the run's records on its own after finish() returns: wait (bounded) for the exit record
+    for _ in range(300):
+        records = wandb_records(run_dir / "run-run-abc.wandb")
+        if any(r.HasField("exit") for r in records):
+            break
+        time.sleep(0.1)
     history = [{_key(i): json.loads(i.value_json) for i in r.history.item} for r in records if r.HasField("history")]
     assert [(h["_step"], h.get("reward_mean"), h.get("eval_accuracy_base")) for h in history] == [
         (0, 0.5, 0.25), (1, 0.75, None)]
