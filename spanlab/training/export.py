@@ -72,6 +72,8 @@ def write_servable(model: nn.Module, base_dir: str | Path, out: str | Path, *, m
         else:
             save_weights(model.state_dict(), tmp)
         (tmp / "spanlab_checkpoint.json").write_text(json.dumps({"base": str(base), **(info or {})}, indent=2) + "\n")
+        for f in tmp.rglob("*"):  # safetensors writes 0600; a model folder is for others to serve too
+            f.chmod(0o755 if f.is_dir() else 0o644)
         _replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

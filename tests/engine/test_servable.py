@@ -107,6 +107,7 @@ def test_lora_export_has_the_adapter_and_merged_weights_that_compute_the_adapted
                 p.normal_(0, 0.05)  # a trained adapter (lora_B starts at zero, which would change nothing)
     out = write_servable(lora, tiny_dir, tmp_path / "final")
     assert (out / "adapter" / "adapter_config.json").is_file() and is_servable(out)
+    assert (out / "model.safetensors").stat().st_mode & 0o777 == 0o644
     assert any("lora" in n for n, _ in lora.named_parameters())  # the trained model kept its adapter
     merged, _ = _load(out)
     ids = torch.tensor([[1, 2, 3, 4, 5]])
