@@ -298,6 +298,8 @@ def train(
                                                    "apo.rounds; 0: evaluate only)")] = None,
     check: Annotated[bool, typer.Option("--check", help="validate the config and print the resolved settings; "
                                                         "start nothing")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="continue the run from its last completed step "
+                                                          "(runs/NAME/resume/)")] = False,
 ) -> None:
     """Train an agent's model with the algorithm the config names; prints held-out accuracy before/after.
 
@@ -315,7 +317,7 @@ def train(
             typer.echo(yaml.safe_dump(cfg.resolved(), sort_keys=False), nl=False)
             Console(stderr=True).print(f"{config}: ok ({cfg.algorithm}); nothing started")
             return
-        report = run_job(cfg)
+        report = run_job(cfg, resume=resume)
     except SpanlabError as exc:
         _fail(exc)
         return
@@ -327,6 +329,9 @@ def train(
     out.print(f"run {report.run_id} in {report.seconds / 60:.1f} min; spans in {report.db}; "
               f"report in {cfg.run_dir / 'report.json'}")
     out.print(f'try: spanlab plot --db {report.db} --out {cfg.run_dir / "reward.png"}')
+    if (cfg.run_dir / "final" / "config.json").is_file():
+        out.print(f"trained model: {cfg.run_dir / 'final'} (serve it: vllm serve {cfg.run_dir / 'final'}, "
+                  f"or engine: {{model: {cfg.run_dir / 'final'}}} in spanlab serve's config)")
 
 
 @app.command()

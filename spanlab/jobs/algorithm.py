@@ -45,6 +45,7 @@ class Algorithm(ABC, Generic[SettingsT]):
     trains_weights: ClassVar[bool] = False  # True: the job loads the policy (torch) and can warm-start it
     data_parallel: ClassVar[bool] = False  # True: its update honours trainer.processes > 1
     steps_key: ClassVar[str | None] = None  # the field of the section that ``spanlab train --steps N`` sets
+    resumable: ClassVar[bool] = False  # True: steps from ``job.steps``, optimizer via ``job.attach_optimizer``
 
     def __init__(self, config: TrainConfig) -> None:
         self.config = config

@@ -21,7 +21,9 @@ from spanlab.config import AgentConfig, load_yaml, parse
 from spanlab.engine.config import EngineConfig
 from spanlab.errors import ConfigError
 from spanlab.jobs.algorithm import Algorithm, AlgorithmConfig
+from spanlab.jobs.checkpoints import CheckpointsConfig
 from spanlab.jobs.registry import available, load_algorithm
+from spanlab.jobs.tracking import TrackingConfig
 from spanlab.runner.config import RolloutRunnerConfig
 from spanlab.training.settings import SFTConfig
 from spanlab.training.trainer_config import TrainerConfig
@@ -124,6 +126,9 @@ class TrainConfig(_Section):
     warm_start: WarmStartConfig | None = None
     torch_threads: int | None = Field(default=None, ge=1, le=1024, description="default: all cores")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="data-parallel ranks of the update")
+
+    checkpoints: CheckpointsConfig = Field(default_factory=CheckpointsConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     section: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="the chosen algorithm's section")
 
     @field_validator("run_name")

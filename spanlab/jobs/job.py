@@ -5,6 +5,11 @@ loads the policy when the algorithm trains weights, evaluates the held-out split
 warm start, hands the job to ``Algorithm.run`` and evaluates again. A held-out number therefore means
 the same for every algorithm: same tasks, same agent/gateway path, same temperature, same metrics.
 Ctrl-C anywhere stops the rollouts, closes what was opened (the engine included) and re-raises.
+
+Around that the framework keeps what a run leaves besides spans (:mod:`spanlab.jobs.checkpoints`): a
+servable ``final/`` (and ``step-K/``) folder, the state ``--resume`` continues from
+(:mod:`spanlab.jobs.resuming`), and the configured experiment trackers (:mod:`spanlab.jobs.tracking`),
+fed from ``log_step`` and ``held_out`` only, so they see exactly what ``train_metrics`` holds.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from spanlab.errors import ConfigError
+from spanlab.jobs import checkpoints, resuming
 from spanlab.jobs.algorithm import Algorithm
 from spanlab.jobs.config import TrainConfig
 from spanlab.jobs.registry import load_algorithm
@@ -31,9 +37,13 @@ from spanlab.jobs.report import Evaluation, TrainReport
 from spanlab.jobs.rig import Rig, open_rig
 from spanlab.jobs.rollouts import RolloutBatch
 from spanlab.jobs.tasks import TaskSet, load_task_set
+from spanlab.jobs.tracking import Trackers, open_trackers
 
 if TYPE_CHECKING:
+    import torch
+
     from spanlab.training.policy import Policy
+    from spanlab.training.resume import TrainState
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +94,10 @@ class Job:
     policy: Policy | None = None
     evaluator: Evaluator | None = None  # how the held-out policy runs; default: the served model
     started: float = field(default_factory=time.monotonic)
+    tracker: Trackers = field(default_factory=lambda: Trackers([]))
+    saves_state: bool = False  # the algorithm can resume: save the trainer state after each step
+    optimizer: torch.optim.Optimizer | None = None
+    resume_state: TrainState | None = None  # what --resume loaded (the optimizer's moments wait here)
 
     @property
     def served_name(self) -> str:
@@ -94,8 +108,11 @@ class Job:
         """Train rollouts of the served policy at ``rollouts.temperature``, recorded and flushed to the store."""
         temperature = self.config.rollouts.temperature
         overrides = {} if temperature is None else {"temperature": temperature}
+        step = metadata.get("step")
+        done = resuming.finished_rollouts(self, step) if self.resume_state is not None and step is not None else None
         batch = self.rig.collector.collect(tasks, mode="train", group_size=group_size, model=self.served_name,
-                                           metadata={"run_id": self.report.run_id, **metadata}, **overrides)
+                                           metadata={"run_id": self.report.run_id, **metadata}, done=done,
+                                           **overrides)
         self.rig.gateway.flush()
         return batch
 
@@ -103,16 +120,42 @@ class Job:
         """``(step, tasks)`` for ``n`` steps, tasks drawn from the ``rl`` split with the dataset seed, with a bar."""
         rng, pool = random.Random(self.config.dataset.seed), self.splits["rl"]
         bar = self.progress.add_task(label, total=n)
+        done = len(self.report.steps)  # steps a resumed run already did: their draws are replayed, not yielded
         for step in range(n):
-            yield step, rng.sample(pool, min(tasks_per_step, len(pool)))
+            tasks = rng.sample(pool, min(tasks_per_step, len(pool)))
+            if step < done:
+                self.progress.update(bar, advance=1)
+                continue
+            yield step, tasks
             reward = self.report.steps[-1].get("reward_mean") if self.report.steps else None
             text = label if reward is None else f"{label} reward {reward:.2f}"
             self.progress.update(bar, advance=1, description=text)
 
+    def attach_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """The algorithm's optimizer, saved with each step's state (and given its saved moments on --resume)."""
+        self.optimizer = optimizer
+        if self.resume_state is not None:
+            from spanlab.training.resume import restore_optimizer
+
+            restore_optimizer(self.resume_state, optimizer)
+        return optimizer
+
+    def save_state(self) -> None:
+        """The trainer state after a completed phase, for --resume (when the algorithm can resume)."""
+        if self.saves_state:
+            from spanlab.training.resume import save_state
+
+            save_state(self.config.run_dir, resuming.state_info(self),
+                       self.policy.model if self.policy is not None else None, self.optimizer)
+
     def log_step(self, metrics: dict[str, float]) -> None:
-        """One step's flat metrics: into the report and the store's ``train_metrics``."""
-        self.rig.store.add_metrics(self.report.run_id, self.config.algorithm, len(self.report.steps), metrics)
+        """One step's flat metrics: into the report, the resume state, ``train_metrics`` and the trackers."""
+        step = len(self.report.steps)
         self.report.steps.append(metrics)
+        self.save_state()
+        self.rig.store.add_metrics(self.report.run_id, self.config.algorithm, step, metrics)
+        self.tracker.log_metrics(metrics, step)
+        checkpoints.after_step(self)
 
     def held_out(self, phase: str) -> Evaluation:
         """Evaluate the current policy on every held-out split; into the report and ``train_metrics``.
@@ -143,6 +186,8 @@ class Job:
         key = f"eval_accuracy_{phase}" if split == self.config.eval.split else f"eval_accuracy_{phase}_{split}"
         self.rig.store.add_metrics(self.report.run_id, self.config.algorithm, len(self.report.steps),
                                    {key: result.accuracy})
+        self.tracker.log_metrics({key: result.accuracy, **{f"{key}/level_{k}": v for k, v in result.by_level.items()}},
+                                 len(self.report.steps))
         return result
 
     def warm_start(self) -> None:
@@ -184,6 +229,9 @@ def check_job(config: TrainConfig) -> tuple[Algorithm, TaskSet, dict[str, Tasks]
                                    **config.agent.kwargs})
     check_writable(config.db, config.run_dir)
     check_runner(config.runner)
+    from spanlab.jobs.tracking import check_tracking
+
+    check_tracking(config.tracking)
     return algorithm, task_set, splits
 
 
@@ -211,15 +259,38 @@ def interrupts_stop_the_job() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def run_job(config: TrainConfig, *, console: Console | None = None) -> TrainReport:
-    """Run the whole job ``config`` describes; returns (and writes) its report."""
+def _load_resume_state(algorithm: Algorithm, config: TrainConfig) -> TrainState | None:
+    """The saved state ``--resume`` continues from; None (a fresh start, with a warning) when there is none."""
+    checkpoints.check_resumable(algorithm, config)
+    from spanlab.training.resume import load_state
+
+    state = load_state(config.run_dir)
+    if state is None:
+        logger.warning("--resume: no saved state in %s; starting the run from the beginning", config.run_dir)
+        return None
+    resuming.check_same_config(state, config)
+    return state
+
+
+def run_job(config: TrainConfig, *, console: Console | None = None, resume: bool = False) -> TrainReport:
+    """Run the whole job ``config`` describes (``resume``: continue it from its saved state); returns (and
+    writes) its report."""
     console = console or Console(stderr=True)
     algorithm, task_set, splits = check_job(config)
-    report = TrainReport(run_name=config.run_name, algorithm=config.algorithm, model=config.engine.model,
-                         db=str(config.db))
+    state = _load_resume_state(algorithm, config) if resume else None
+    report = (TrainReport.model_validate(state.info["report"]) if state is not None else
+              TrainReport(run_name=config.run_name, algorithm=config.algorithm, model=config.engine.model,
+                          db=str(config.db)))
+    earlier_s = report.seconds
     with interrupts_stop_the_job(), ExitStack() as stack:
         rig = open_rig(stack, config, console)
-        job = Job(config, rig, task_set, splits, report, progress_bar(console), stack)
+        job = Job(config, rig, task_set, splits, report, progress_bar(console), stack,
+                  saves_state=algorithm.resumable and algorithm.trains_weights and config.checkpoints.resume_state
+                  and config.trainer.processes == 1)
+        job.tracker = open_trackers(config.tracking, run_id=report.run_id, run_name=config.run_name,
+                                    run_dir=config.run_dir, resume=state is not None)
+        stack.push(lambda kind, *_: job.tracker.close(ok=kind is None))
+        job.tracker.log_params(config.resolved())
         if algorithm.trains_weights:
             from spanlab.training.policy import open_policy
 
@@ -228,14 +299,36 @@ def run_job(config: TrainConfig, *, console: Console | None = None) -> TrainRepo
                                      store=rig.store, run_dir=config.run_dir, lora=algorithm.policy_lora(),
                                      torch_threads=config.torch_threads)
         algorithm.prepare(job)
-        job.held_out("base")
-        stack.enter_context(job.progress)
-        job.warm_start()
+        if state is not None:
+            resuming.resume(job, state)
+            stack.enter_context(job.progress)
+        else:
+            job.held_out("base")
+            stack.enter_context(job.progress)
+            job.warm_start()
+            job.save_state()
         algorithm.run(job)
         if report.steps:
             job.held_out("final")
         job.progress.stop()
         algorithm.summarize(job)
-        report.seconds = time.monotonic() - job.started
+        if config.checkpoints.final:
+            checkpoints.write_checkpoint(job, "final")
+        report.seconds = earlier_s + time.monotonic() - job.started
         report.write(config.run_dir / "report.json")
+        _track_outputs(job)
     return report
+
+
+def _track_outputs(job: Job) -> None:
+    """The report and the reward plot as the trackers' artifacts (the plot only when matplotlib is installed)."""
+    if not job.tracker.trackers:
+        return
+    run_dir = job.config.run_dir
+    job.tracker.log_artifact(run_dir / "report.json")
+    try:
+        from spanlab.jobs.plot import plot_run
+
+        job.tracker.log_artifact(plot_run(job.rig.store, run_dir / "reward.png", job.report.run_id))
+    except ImportError as exc:
+        logger.info("no reward plot for the trackers: %s", exc)

@@ -64,9 +64,14 @@ class RolloutCollector:
         mode: RolloutMode,
         group_size: int = 1,
         metadata: dict[str, Any] | None = None,
+        done: dict[tuple[str, int], str] | None = None,
         **agent_overrides: Any,
     ) -> RolloutBatch:
-        """Queue ``group_size`` rollouts per task, run them all, return their rewards in queue order."""
+        """Queue ``group_size`` rollouts per task, run them all, return their rewards in queue order.
+
+        ``done`` maps ``(group_id, sample)`` to a finished rollout already in the store (a resumed run's
+        interrupted step): those are not run again, only counted in the batch at their place.
+        """
         config = RolloutConfig(timeout_s=self.timeout_s, max_attempts=1)
         rollouts = [
             Rollout(input=task, mode=mode, config=config,
@@ -74,7 +79,16 @@ class RolloutCollector:
             for i, task in enumerate(tasks)
             for k in range(group_size)
         ]
-        return self.run(rollouts, **agent_overrides)
+        if not done:
+            return self.run(rollouts, **agent_overrides)
+        key = lambda r: (r.metadata["group_id"], r.metadata["sample"])  # noqa: E731
+        todo = [r for r in rollouts if key(r) not in done]
+        ran = self.run(todo, **agent_overrides) if todo else RolloutBatch([], [], 0.0, 0)
+        new = iter(ran.rollout_ids)
+        ids = [done[key(r)] if key(r) in done else next(new) for r in rollouts]
+        rewards = final_rewards(self.store, ids)
+        logger.info("reused %d finished rollouts of an interrupted run, ran %d", len(rollouts) - len(todo), len(todo))
+        return RolloutBatch(ids, [rewards.get(i, 0.0) for i in ids], ran.seconds, ran.failed)
 
     def run(self, rollouts: Sequence[Rollout], **agent_overrides: Any) -> RolloutBatch:
         """Queue these rollouts (all of one mode), run the agent on them, return their rewards in order."""

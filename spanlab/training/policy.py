@@ -61,6 +61,7 @@ class PolicySync:
     version: int = 0
     timings: list[SyncTiming] = field(default_factory=list)
     served_name: str = ""  # what agents must ask for: the base name (full reload) or the adapter's (LoRA)
+    pushed_dir: Path | None = None  # the last folder push_dir served (the policy's weights live there, not in torch)
 
     def __post_init__(self) -> None:
         self.served_name = self.served_name or self.base_served_name
@@ -68,16 +69,24 @@ class PolicySync:
     def push(self, model: torch.nn.Module) -> SyncTiming:
         self.version += 1
         tag = f"policy-v{self.version}"
+        path, timing = self._send(model, tag)
+        self.pushed_dir = None
+        return self._record(tag, path, timing)
+
+    def serve_again(self, model: torch.nn.Module) -> SyncTiming:
+        """Serve ``model`` as the current version without recording a new one (a resumed run's restored weights:
+        rollouts must keep naming the version the store already holds)."""
+        return self._send(model, f"policy-v{self.version}")[1]
+
+    def _send(self, model: torch.nn.Module, tag: str) -> tuple[Path, SyncTiming]:
         if hasattr(model, "peft_config"):  # a peft LoRA model: ship the adapter only
             path = self.out_dir / "adapter"
             model.save_pretrained(str(path))
-            timing = self.client.load_lora("policy", path, inplace=True, version=tag)
             self.served_name = "policy"
-        else:
-            path = save_weights(model.state_dict(), self.out_dir / "weights")
-            timing = self.client.reload_weights(path, version=tag)
-            self.served_name = self.base_served_name
-        return self._record(tag, path, timing)
+            return path, self.client.load_lora("policy", path, inplace=True, version=tag)
+        path = save_weights(model.state_dict(), self.out_dir / "weights")
+        self.served_name = self.base_served_name
+        return path, self.client.reload_weights(path, version=tag)
 
     def push_dir(self, path: Path) -> SyncTiming:
         """Serve full weights another trainer saved (an HF folder with safetensors, e.g. Unsloth's merged save)."""
@@ -85,6 +94,7 @@ class PolicySync:
         tag = f"policy-v{self.version}"
         timing = self.client.reload_weights(path, version=tag)
         self.served_name = self.base_served_name
+        self.pushed_dir = Path(path)
         return self._record(tag, path, timing)
 
     def _record(self, tag: str, path: Path, timing: SyncTiming) -> SyncTiming:

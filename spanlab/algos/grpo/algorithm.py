@@ -21,6 +21,7 @@ class GRPO(Algorithm[GRPOSection]):
     trains_weights = True
     data_parallel = True
     steps_key = "steps"
+    resumable = True
 
     def check(self) -> None:
         if self.config.trainer.processes > 1:

@@ -42,8 +42,8 @@ def _update(job: Job, settings: GRPOSection) -> Callable[[list[Sample]], dict[st
     assert job.policy is not None
     policy, trainer = job.policy, job.config.trainer
     make_optimizer = partial(torch.optim.AdamW, lr=settings.lr, weight_decay=settings.weight_decay)
-    if trainer.processes == 1:
-        optimizer = make_optimizer(p for p in policy.model.parameters() if p.requires_grad)
+    if trainer.processes == 1:  # the job keeps the optimizer: its state is saved with each step for --resume
+        optimizer = job.attach_optimizer(make_optimizer(p for p in policy.model.parameters() if p.requires_grad))
         return lambda samples: grpo_step(policy.model, optimizer, samples, settings, pad_id=policy.pad_id)
     from spanlab.engine.model import resolve_model
 

