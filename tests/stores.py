@@ -76,3 +76,14 @@ def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreA
             yield client
     finally:
         server.stop()
+
+
+def running_attempts(store: StoreAPI, n: int, worker_id: str = "w") -> list[tuple[str, str]]:
+    """``n`` rollouts queued and dequeued at once: their ``(rollout_id, attempt_id)``, as a gateway sees them."""
+    out = []
+    for i in range(n):
+        store.enqueue_one({"q": i})
+        got = store.dequeue(worker_id=worker_id)
+        assert got is not None
+        out.append((got[0].rollout_id, got[1].attempt_id))
+    return out

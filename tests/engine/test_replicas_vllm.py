@@ -24,6 +24,7 @@ from spanlab.gateway import GatewayServer
 from spanlab.gateway.routing import rendezvous
 from spanlab.store import SpanStore
 from spanlab.training.policy import PolicySync
+from tests.stores import running_attempts
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -40,21 +41,11 @@ def replicas(default_model_dir: Path) -> Iterator[EngineReplicas]:
     assert engines.pids() == []
 
 
-def _attempts(store: SpanStore, n: int) -> list[tuple[str, str]]:
-    out = []
-    for i in range(n):
-        store.enqueue_one({"q": i})
-        got = store.dequeue(worker_id="w")
-        assert got is not None
-        out.append((got[0].rollout_id, got[1].attempt_id))
-    return out
-
-
 def _on_each(store: SpanStore, urls: list[str], k: int) -> list[tuple[str, str]]:
     """Attempts, ``k`` of which hash to each replica by the gateway's rule (so the spread is not left to luck)."""
     on: dict[str, list[tuple[str, str]]] = {url: [] for url in urls}
     while min(map(len, on.values())) < k:
-        (rid, aid), = _attempts(store, 1)
+        (rid, aid), = running_attempts(store, 1)
         on[rendezvous(f"{rid}/{aid}", urls)].append((rid, aid))
     return [a for url in urls for a in on[url][:k]]
 

@@ -22,6 +22,7 @@ from spanlab.gateway import GatewayServer
 from spanlab.gateway.routing import rendezvous
 from spanlab.serving import ThreadedServer
 from spanlab.store import SpanStore
+from tests.stores import running_attempts
 
 
 def _engine(name: str) -> Starlette:
@@ -50,21 +51,11 @@ def engines() -> Iterator[list[ThreadedServer]]:
             server.stop()
 
 
-def _attempts(store: SpanStore, n: int) -> list[tuple[str, str]]:
-    out = []
-    for i in range(n):
-        store.enqueue_one({"q": i})
-        got = store.dequeue(worker_id="w")
-        assert got is not None
-        out.append((got[0].rollout_id, got[1].attempt_id))
-    return out
-
-
 def _on_each(store: SpanStore, urls: list[str], k: int) -> dict[str, list[tuple[str, str]]]:
     """Open attempts until ``k`` of them hash to each engine (by the gateway's rule); engine -> its attempts."""
     on: dict[str, list[tuple[str, str]]] = {url: [] for url in urls}
     while min(map(len, on.values())) < k:
-        (rid, aid), = _attempts(store, 1)
+        (rid, aid), = running_attempts(store, 1)
         on[rendezvous(f"{rid}/{aid}", urls)].append((rid, aid))
     return on
 

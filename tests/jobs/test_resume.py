@@ -8,8 +8,8 @@ uninterrupted run of the same config is the reference: both stores must show 5 s
 no (step, task, sample) twice; the interrupted step's finished rollout is reused, the one the kill left
 running is cancelled; the optimizer has taken 5 steps in both (its moments were restored, not restarted).
 TensorBoard (the resumed run's tracker) holds each step's reward once. Smallest honest size: 1 task x 2
-samples per step, 1 held-out task, 16 new tokens per call; the reward is the sample's parity (see
-``marking_agent``), so each step is a real update.
+samples per step, 1 held-out task, 16 new tokens per call, a rank-4 LoRA policy; the reward is the
+sample's parity (see ``marking_agent``), so each step is a real update.
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ def _config(tmp_path: Path, name: str, engine_url: str) -> dict[str, Any]:
                       "kwargs": {"marks": str(tmp_path / f"{name}.marks"), "reward": "sample_parity",
                                  "max_tokens": 16, "max_turns": 2}},
             "dataset": {"name": "calc", "seed": 3, "levels": [1]}, "eval": {"tasks": 1},
-            "grpo": {"group_size": GROUP, "lr": 1e-6, "steps": STEPS, "tasks_per_step": 1},
+            "grpo": {"group_size": GROUP, "lr": 1e-4, "steps": STEPS, "tasks_per_step": 1,
+                     "lora": {"rank": 4, "alpha": 8}},  # an adapter: a small state per step, a quick reload
             "rollouts": {"concurrency": 1}, "tracking": {"tensorboard": {"dir": str(tmp_path / "tb")}}}
 
 
