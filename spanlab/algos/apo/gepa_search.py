@@ -122,16 +122,17 @@ class GEPASearch(BeamSearch):
             cand = self._new(template, self.proposals, "rejected", problems=problems)
             logger.info("GEPA proposal %d rejected: %s", self.proposals, "; ".join(problems))
         else:
+            # A new text is a new version: versions are keyed by the text's hash, and repeats of a text are
+            # answered from by_template above.
             version, _ = self.bank.version_of(template, origin="gepa", proposal=self.proposals, run_id=self.run_id)
-            known = any(c.version == version for c in self.lineage)
-            cand = self._new(template, self.proposals, "duplicate" if known else "scored", version=version)
+            cand = self._new(template, self.proposals, "scored", version=version)
         self.by_template[template] = cand
         return cand
 
     def _reflect(self, prompt: str | list[dict[str, Any]]) -> str:
         messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
         seed = self.config.seed * 1_000_003 + 7919 * (self.proposals + 1)
-        return self.optimizer._complete(self.optimizer.edit_model, messages, seed)
+        return self.optimizer.reflect(messages, seed=seed)
 
     def run(self, root: Candidate) -> Candidate:
         """GEPA from ``root``; returns the candidate with the best validation mean (ties: older version)."""
@@ -168,7 +169,7 @@ class GEPASearch(BeamSearch):
 
     def _log_summary(self, best: Candidate) -> None:
         count = {s: float(sum(c.status == s for c in self.lineage)) for s in
-                 ("rejected", "duplicate", "not_accepted", "scored")}
+                 ("rejected", "not_accepted", "scored")}
         self.rounds.append({"round": 1.0, "candidates": float(len(self.lineage) - 1), **count,
                             "best_val": best.val.mean if best.val else float("nan"),
                             "best_version": float(best.version or 0), "rollouts_run": float(self.runner.ran),

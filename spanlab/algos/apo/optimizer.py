@@ -132,6 +132,10 @@ class Optimizer:
                  high: Sequence[tuple[Conversation, str]], *, seed: int) -> str:
         return self._complete(self.critique_model, critique_messages(template, low, high), seed).strip()
 
+    def reflect(self, messages: list[dict[str, str]], *, seed: int) -> str:
+        """GEPA's reflection call (its own prompt, ``gepa_search.py``), answered by the edit model."""
+        return self._complete(self.edit_model, messages, seed)
+
     def edit(self, template: str, critique: str, required: Sequence[str], *, seed: int) -> str:
         """One edited template (extracted, not yet validated)."""
         return extract_poml(self._complete(self.edit_model, edit_messages(template, critique, required), seed))
