@@ -166,3 +166,24 @@ def test_one_calculator_process_per_event_loop_closed_cleanly() -> None:
     asyncio.run(share_then_close())
     assert asyncio.run(leave_open()) == 1, "a new event loop gets its own server"
     assert _server_pids() == before, "asyncio.run's shutdown stopped the server it left running"
+
+
+@pytest.mark.vllm
+def test_a_prompt_resource_replaces_the_system_prompt(
+    store: SpanStore, gateway: GatewayServer, vllm_server: Any
+) -> None:
+    """APO's prompt versions reach the agent: the POML resource's system part instructs, its question asks."""
+    from spanlab.agents.calc.agent import default_template
+
+    template = default_template().replace("<p>", "<p>Always show your work.</p>\n<p>", 1)
+    store.add_resource("prompt", {"template": template}, kind="prompt_template")
+    agent = CalcAgent(vllm_server.model, temperature=0.0, max_tokens=8, max_turns=1)
+    task = {"task_id": "t", "question": "What is 47 + 38?", "answer": 85, "level": 1, "split": "test"}
+    _run_worker(store, gateway, agent, [task])
+    (row,) = store.query("SELECT rollout_id FROM rollouts").to_pylist()
+    (attempt,) = store.list_attempts(row["rollout_id"])
+    first = next(s.llm for s in _spans(store, attempt.attempt_id) if s.kind == "llm_call")
+    assert first.request_messages[:2] == [
+        {"role": "system", "content": "Always show your work.\n\n" + conversation("q", "1", 1)[0]["content"]},
+        {"role": "user", "content": task["question"]},
+    ]

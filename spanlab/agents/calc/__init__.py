@@ -11,19 +11,22 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from spanlab.agents.calc.agent import CalcAgent, score
+    from spanlab.agents.calc.agent import REQUIRED_VARIABLES, CalcAgent, default_template, score
     from spanlab.agents.calc.demos import SYSTEM_PROMPT, calculator_tools, demonstration
     from spanlab.agents.calc.tasks import make_tasks
 
 _EXPORTS = {
     "CalcAgent": "agent",
+    "REQUIRED_VARIABLES": "agent",
+    "default_template": "agent",
     "score": "agent",
     "SYSTEM_PROMPT": "demos",
     "calculator_tools": "demos",
     "demonstration": "demos",
     "make_tasks": "tasks",
 }
-__all__ = ["SYSTEM_PROMPT", "CalcAgent", "calculator_tools", "demonstration", "make_tasks", "score"]
+__all__ = ["REQUIRED_VARIABLES", "SYSTEM_PROMPT", "CalcAgent", "calculator_tools", "default_template", "demonstration",
+           "make_tasks", "score"]
 
 
 def __getattr__(name: str) -> Any:

@@ -7,6 +7,11 @@ subprocess, reached with the SDK's ``MCPServerStdio``. Reward: 1.0 when the last
 output equals ``task["answer"]`` (:func:`score`), else 0.0; a run that ends without a final answer
 (``max_turns`` exhausted, a call to an unknown tool) also scores 0.0.
 
+The system prompt is ``system_prompt`` unless the rollout's resources hold a POML template named
+``prompt_resource`` (APO's prompt versions): then the template rendered with the task's ``question`` gives
+the instructions (its system part) and the input (the rest). :func:`default_template` is APO's starting
+version and renders to exactly ``SYSTEM_PROMPT`` + the question, so APO starts from the agent's own prompt.
+
 The server process is shared: one per agent instance and event loop, started by the first rollout
 and kept (measured on 2 busy cores: spawn + initialize 1.6-2.3 s, stop 0.5 s; reusing a warm one
 2 us, a tool call ~2.6 ms). One background task owns it, because the MCP client's anyio scopes must
@@ -36,6 +41,7 @@ from openai import AsyncOpenAI
 
 from spanlab.agents.calc.demos import SYSTEM_PROMPT
 from spanlab.agents.calc.mcp_server import TOOL_NAME
+from spanlab.prompts import DEFAULT_RENDERER, PromptRenderer
 from spanlab.runner.agent import Agent, RolloutContext
 
 logger = logging.getLogger(__name__)
@@ -43,6 +49,18 @@ logger = logging.getLogger(__name__)
 ToolChoice = Literal["auto", "required", "none"]
 _NUMBER = re.compile(r"(?:(?<![\w)])-)?\d+(?:\.\d+)?")
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}\b)")
+REQUIRED_VARIABLES: tuple[str, ...] = ("question",)  # every prompt version must place these
+
+
+def default_template() -> str:
+    """The agent's own prompt as POML (APO's round-0 parent): renders to ``SYSTEM_PROMPT`` + the question."""
+    return f"<poml>\n<p>{SYSTEM_PROMPT}</p>\n<human-msg>{{{{ question }}}}</human-msg>\n</poml>\n"
+
+
+def prompt_input(messages: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
+    """A rendered prompt as the SDK takes it: the system messages' text as instructions, the rest as input."""
+    instructions = "\n\n".join(str(m["content"]) for m in messages if m["role"] == "system")
+    return instructions, [{"role": m["role"], "content": m["content"]} for m in messages if m["role"] != "system"]
 
 
 def score(text: str | None, task: dict[str, Any]) -> float:
@@ -151,11 +169,14 @@ class CalcAgent(Agent):
         system_prompt: str = SYSTEM_PROMPT,
         strict_tools: bool = False,
         extra_body: dict[str, Any] | None = None,
+        prompt_resource: str = "prompt",
+        renderer: PromptRenderer | None = None,
     ) -> None:
         if max_turns < 1 or max_tokens < 1:
             raise ValueError("max_turns and max_tokens must be >= 1")
         self.model, self.max_turns, self.system_prompt = model, max_turns, system_prompt
-        self.strict_tools = strict_tools
+        self.strict_tools, self.prompt_resource = strict_tools, prompt_resource
+        self.renderer = renderer or DEFAULT_RENDERER
         self.model_settings = ModelSettings(
             temperature=temperature, max_tokens=max_tokens, tool_choice=tool_choice, extra_body=extra_body
         )
@@ -176,22 +197,22 @@ class CalcAgent(Agent):
         if proc is not None:
             await proc.close()
 
-    def sdk_agent(self, client: AsyncOpenAI, server: MCPServerStdio) -> SDKAgent[Any]:
+    def sdk_agent(self, client: AsyncOpenAI, server: MCPServerStdio, instructions: str | None = None) -> SDKAgent[Any]:
         return SDKAgent(
             name="calculator",
-            instructions=self.system_prompt,
+            instructions=self.system_prompt if instructions is None else instructions,
             mcp_servers=[server],
             mcp_config={"convert_schemas_to_strict": self.strict_tools},
             model=OpenAIChatCompletionsModel(model=self.model, openai_client=client),
             model_settings=self.model_settings,
         )
 
-    async def solve(self, question: str | list[Any], base_url: str) -> str | None:
+    async def solve(self, question: str | list[Any], base_url: str, instructions: str | None = None) -> str | None:
         """The final output for ``question`` (a string, or SDK input items to continue a conversation)."""
         server = await self._process().ready()
         async with AsyncOpenAI(base_url=base_url, api_key="spanlab", max_retries=0) as client:
             result = await Runner.run(
-                self.sdk_agent(client, server),
+                self.sdk_agent(client, server, instructions),
                 question,
                 max_turns=self.max_turns,
                 run_config=RunConfig(tracing_disabled=True),
@@ -201,8 +222,14 @@ class CalcAgent(Agent):
     async def run(self, task: Any, ctx: RolloutContext) -> float:
         if ctx.llm_base_url is None:
             raise ValueError("CalcAgent needs a gateway: run it with a Worker that has gateway_url set")
+        question: str | list[Any] = task["question"]
+        instructions = None
+        res = ctx.resources.get(self.prompt_resource)
+        if res is not None:  # a prompt version (APO): its system part instructs, the rest is the input
+            messages = await self.renderer.arender(str(res.payload["template"]), {"question": task["question"]})
+            instructions, question = prompt_input(messages)
         try:
-            output = await self.solve(task["question"], ctx.llm_base_url)
+            output = await self.solve(question, ctx.llm_base_url, instructions)
         except (MaxTurnsExceeded, ModelBehaviorError) as exc:
             logger.debug("task %s ended without an answer: %r", task.get("task_id"), exc)
             await asyncio.to_thread(ctx.add_span, "no_final_answer", error=repr(exc))
