@@ -10,9 +10,10 @@ from spanlab.prompts import DEFAULT_RENDERER, check_template
 
 
 def test_default_template_renders_to_the_system_prompt_and_the_question() -> None:
-    messages = asyncio.run(DEFAULT_RENDERER.arender(calc.default_template(), {"question": "What is 2 + 3?"}))
-    assert messages == [{"role": "system", "content": calc.SYSTEM_PROMPT}, {"role": "user", "content": "What is 2 + 3?"}]
-    assert prompt_input(messages) == (calc.SYSTEM_PROMPT, [{"role": "user", "content": "What is 2 + 3?"}])
+    question = {"role": "user", "content": "What is 2 + 3?"}
+    messages = asyncio.run(DEFAULT_RENDERER.arender(calc.default_template(), {"question": question["content"]}))
+    assert messages == [{"role": "system", "content": calc.SYSTEM_PROMPT}, question]
+    assert prompt_input(messages) == (calc.SYSTEM_PROMPT, [question])
 
 
 def test_default_template_passes_the_validator_apo_applies() -> None:
