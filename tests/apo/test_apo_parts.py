@@ -80,3 +80,13 @@ def test_bootstrap_intervals() -> None:
     assert (same.mean, same.low, same.high) == (0.0, 0.0, 0.0)
     with pytest.raises(ValueError, match="same tasks"):
         paired_difference([1.0], [1.0, 0.0])
+
+
+def test_demos_pool_enlarges_the_train_tasks_drawn() -> None:
+    """``demos.pool_tasks`` more train tasks can only be run if the job drew them for the train split."""
+    from spanlab.jobs.job import build_algorithm
+
+    plain = {"algorithm": "apo", "dataset": {"name": "rooms"}, "apo": {"gradient_tasks": 4}}
+    assert build_algorithm(parse_train_config(plain)).train_tasks() == 8
+    with_pool = {**plain, "apo": {"gradient_tasks": 4, "demos": {"pool_tasks": 40}}}
+    assert build_algorithm(parse_train_config(with_pool)).train_tasks() == 40

@@ -55,7 +55,10 @@ class APO(Algorithm[APOConfig]):
         _start(self.config)
 
     def train_tasks(self) -> int:
-        return self.settings.gradient_tasks * 2  # the framework draws twice this many: the batches critiques use
+        """Train tasks to draw: the critiques' batches, and the pool demonstrations are mined from."""
+        n = self.settings.gradient_tasks * 2  # the framework draws twice this many: the batches critiques use
+        demos = self.settings.demos
+        return n if demos is None else max(n, demos.pool_tasks)
 
     def prepare(self, job: Job) -> None:
         """Store the starting prompt (the base evaluation runs it) and open the search."""
