@@ -27,7 +27,7 @@ from spanlab.errors import InvalidSpanError, StoreError
 from spanlab.store import queue, records, spans
 from spanlab.store.arrow import as_model, spans_to_arrow, table_to_spans
 from spanlab.store.base import Metric, RolloutSummary, StoreAPI
-from spanlab.store.connection import MEMORY, SAFE_QUERY_CONFIG, connect, cursor
+from spanlab.store.connection import MEMORY, SAFE_QUERY_CONFIG, connect
 from spanlab.store.schema import SCHEMA_VERSION, SPAN_COLUMNS, TABLES_DDL
 from spanlab.store.sql import fetch_user_query
 from spanlab.store.views import VIEWS_DDL
@@ -69,7 +69,7 @@ class SpanStore(StoreAPI):
             if not compress:
                 conn.execute("SET force_compression = 'uncompressed'")
             _init_schema(conn, self.path)
-            self._read_root = cursor(conn, self.path)
+            self._read_root = conn.cursor()
             # kept here (the writer is the only writer of resources) so a dequeue needs no query for it
             ((self._resources_ref,),) = conn.execute(queue.RESOURCES_REF_SQL).fetchall()
         except BaseException:
@@ -97,7 +97,7 @@ class SpanStore(StoreAPI):
         with self._read_lock:
             if self._closed:
                 raise StoreError("the span store is closed")
-            return cursor(self._read_root, self.path)
+            return self._read_root.cursor()
 
     def _read(self, fn: Any, *args: Any) -> Any:
         cur = self._cursor()

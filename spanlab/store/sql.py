@@ -88,15 +88,18 @@ def fetch_user_query(conn: duckdb.DuckDBPyConnection, sql: str, max_rows: int | 
     """Run a user's query where it cannot write (see the module docstring): at most ``max_rows`` rows,
     ``timeout_s`` seconds and ``max_bytes`` bytes of Arrow result; ``cancel`` interrupts it early.
 
-    Any connection works: ``conn`` itself is not used to run the query (a cursor of it is, in the same
-    catalog), so a caller's open transaction or cursor state is neither needed nor touched. Limits left
+    Any connection works: ``conn`` itself is not used to run the query (a cursor of it is), so a caller's
+    open transaction or cursor state is neither needed nor touched. Limits left
     None come from an enclosing :func:`query_limits`.
     """
     ctx = _LIMITS.get() or QueryLimits()
     timeout_s = ctx.timeout_s if timeout_s is None else timeout_s
     max_bytes = ctx.max_bytes if max_bytes is None else max_bytes
     cancel = ctx.cancel if cancel is None else cancel
-    cur = _cursor_like(conn)
+    try:
+        cur = conn.cursor()
+    except duckdb.Error as exc:
+        raise QueryError(f"cannot run the query: {exc}") from exc
     done = threading.Event()
     watchdog = None
     if timeout_s is not None or cancel is not None:
@@ -132,27 +135,6 @@ def fetch_user_query(conn: duckdb.DuckDBPyConnection, sql: str, max_rows: int | 
         if watchdog is not None and watchdog.is_alive():
             watchdog.join()
         cur.close()
-
-
-def _cursor_like(conn: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
-    """A new cursor on ``conn``'s database, in ``conn``'s current catalog and schema (a writable store
-    ATTACHes its file, so a bare cursor would land in the in-memory catalog)."""
-    try:
-        catalog, schema = conn.execute("SELECT current_database(), current_schema()").fetchone()
-        cur = conn.cursor()
-    except duckdb.Error as exc:
-        raise QueryError(f"cannot run the query: {exc}") from exc
-    try:
-        if cur.execute("SELECT current_database(), current_schema()").fetchone() != (catalog, schema):
-            cur.execute(f"USE {_ident(catalog)}.{_ident(schema)}")
-    except BaseException:
-        cur.close()
-        raise
-    return cur
-
-
-def _ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 def _watch(cur: duckdb.DuckDBPyConnection, timeout_s: float | None, cancel: threading.Event | None,
