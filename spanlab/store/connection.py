@@ -7,15 +7,12 @@ file is never touched (nothing stored is lost by a failed open).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import duckdb
-import pyarrow as pa
 
 from spanlab.errors import StoreError, StoreLockedError
 
@@ -80,19 +77,3 @@ def fetch_dicts(cur: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     """Rows of the last result as dicts (small results only: queue rows, resources)."""
     names = [d[0] for d in cur.description or []]
     return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
-
-
-@contextlib.contextmanager
-def registered(conn: duckdb.DuckDBPyConnection, name: str, tbl: pa.Table) -> Iterator[None]:
-    """Make an Arrow table visible to SQL on ``conn`` as ``name`` for the block."""
-    conn.register(name, tbl)
-    try:
-        yield
-    finally:
-        conn.unregister(name)
-
-
-def where_equal(equals: dict[str, Any]) -> tuple[str, list[Any]]:
-    """``WHERE a = ? AND ...`` for the non-None values of ``equals``, and its parameters."""
-    parts = [(f"{k} = ?", v) for k, v in equals.items() if v is not None]
-    return ("WHERE " + " AND ".join(p for p, _ in parts) if parts else ""), [v for _, v in parts]
