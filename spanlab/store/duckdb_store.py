@@ -24,7 +24,8 @@ import duckdb
 import pyarrow as pa
 
 from spanlab.errors import InvalidSpanError, StoreError
-from spanlab.store import queue, records, spans
+from spanlab.store import queue, records
+from spanlab.store import spans as spans_sql
 from spanlab.store.arrow import as_model, spans_to_arrow, table_to_spans
 from spanlab.store.base import Metric, RolloutSummary, StoreAPI
 from spanlab.store.connection import MEMORY, SAFE_QUERY_CONFIG, connect
@@ -53,11 +54,8 @@ class SpanStore(StoreAPI):
         stale_check_interval_s: float = 1.0,
         timeout_grace_s: float = 2.0,
         compress: bool = True,
-        group_wait_s: float = 0.0,
     ) -> None:
-        """``compress=False`` stores columns uncompressed: faster bulk ingest for a bigger file.
-        ``group_wait_s``: how long the writer waits for more writes to share a commit (0: it takes what
-        queued up while the last commit ran)."""
+        """``compress=False`` stores columns uncompressed: faster bulk ingest for a bigger file."""
         self.path = str(path)
         self.max_tokens_per_span = max_tokens_per_span
         self.max_json_bytes = max_json_bytes
@@ -78,7 +76,7 @@ class SpanStore(StoreAPI):
         self._conn = conn
         self._read_lock = threading.Lock()
         self._closed = False
-        self._writer = Writer(conn, Path(self.path).name, group_wait_s=group_wait_s)
+        self._writer = Writer(conn, Path(self.path).name)
 
     def close(self) -> None:
         if self._closed:
@@ -139,27 +137,18 @@ class SpanStore(StoreAPI):
         return self._writer.call(lambda cur: queue.heartbeat(cur, attempt_id, time.time()))
 
     def finish_attempt(self, attempt_id: str, status: FinishedAttemptStatus, spans: Sequence[Span] = ()) -> Rollout:
-        typed = [as_model(Span, s, i) for i, s in enumerate(spans)]
-        return self.finish_attempt_table(attempt_id, status, spans_to_arrow(typed) if typed else None,
-                                         validated=True)
-
-    def finish_attempt_table(self, attempt_id: str, status: FinishedAttemptStatus, tbl: pa.Table | None, *,
-                             validated: bool = False) -> Rollout:
-        """``finish_attempt`` with the last spans as an Arrow table (the store server's wire path): the finish
-        and the spans are one transaction, so an attempt never ends succeeded without its reward."""
         if status not in _FINISHED:
             raise InvalidSpanError(f"finish_attempt: status must be {'|'.join(_FINISHED)}, not {status!r}")
-        if tbl is not None:
-            tbl = self._checked(tbl, validated)
-            foreign = set(tbl["attempt_id"].to_pylist()) - {attempt_id}
-            if foreign:
-                raise InvalidSpanError(f"finish_attempt({attempt_id!r}) got spans of attempt "
-                                       f"{sorted(map(str, foreign))[0]!r}; nothing stored, the attempt is still open")
+        tbl = self._checked(spans)
+        foreign = set(tbl["attempt_id"].to_pylist()) - {attempt_id}
+        if foreign:
+            raise InvalidSpanError(f"finish_attempt({attempt_id!r}) got spans of attempt "
+                                   f"{sorted(map(str, foreign))[0]!r}; nothing stored, the attempt is still open")
 
         def write(cur: duckdb.DuckDBPyConnection) -> Rollout:
             rollout = queue.finish(cur, attempt_id, status, time.time())
-            if tbl is not None and tbl.num_rows:
-                spans.insert(cur, tbl)  # a late reward of an attempt already ended still counts for the record
+            if tbl.num_rows:
+                spans_sql.Insert(tbl)(cur)  # a late reward of an attempt already ended still counts for the record
             return rollout
         return self._writer.call(write)
 
@@ -194,22 +183,20 @@ class SpanStore(StoreAPI):
 
     # --- spans ---------------------------------------------------------------------------------
     def add_spans(self, spans: Sequence[Span]) -> int:
-        typed = [as_model(Span, s, i) for i, s in enumerate(spans)]
-        return len(self.ingest(spans_to_arrow(typed), validated=True)) if typed else 0
+        return len(self.ingest(spans))
 
     def add_span_table(self, tbl: pa.Table) -> int:
-        return len(self.ingest(tbl))
+        return len(self.ingest(table_to_spans(tbl)))
 
-    def ingest(self, tbl: pa.Table, *, validated: bool = False) -> list[str]:
-        """``add_span_table`` that returns the span_ids it stored (the rest were stored already).
-        ``validated=True``: ``tbl`` has the span schema and passed the span rules (built from ``Span``s)."""
-        tbl = self._checked(tbl, validated)
-        return self._writer.call(spans.Insert(tbl)) if tbl.num_rows else []
+    def ingest(self, spans: Sequence[Span]) -> list[str]:
+        """``add_spans`` that returns the span_ids it stored (the rest were stored already)."""
+        tbl = self._checked(spans)
+        return self._writer.call(spans_sql.Insert(tbl)) if tbl.num_rows else []
 
-    def _checked(self, tbl: pa.Table, validated: bool) -> pa.Table:
-        if not validated:
-            tbl = spans_to_arrow(table_to_spans(tbl))
-        spans.check_limits(tbl, self.max_tokens_per_span, self.max_json_bytes)
+    def _checked(self, spans: Sequence[Span]) -> pa.Table:
+        """The batch as one Arrow table, every span validated (dicts too) and within the store's limits."""
+        tbl = spans_to_arrow([as_model(Span, s, i) for i, s in enumerate(spans)])
+        spans_sql.check_limits(tbl, self.max_tokens_per_span, self.max_json_bytes)
         return tbl
 
     def spans_reader(self, *, rollout_ids: Sequence[str] | None = None, attempt_ids: Sequence[str] | None = None,
@@ -219,7 +206,7 @@ class SpanStore(StoreAPI):
         unknown = [c for c in cols if c not in SPAN_COLUMNS]
         if unknown:
             raise InvalidSpanError(f"unknown span columns {unknown}; known: {', '.join(SPAN_COLUMNS)}")
-        sql, params = spans.select(
+        sql, params = spans_sql.select(
             {"rollout_id": rollout_ids, "attempt_id": attempt_ids, "kind": kinds, "span_id": span_ids}, cols)
         try:  # the reader keeps its cursor alive while it streams
             return self._cursor().sql(sql, params=params).to_arrow_reader(batch_size)
