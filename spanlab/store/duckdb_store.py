@@ -24,14 +24,13 @@ import duckdb
 import pyarrow as pa
 
 from spanlab.errors import InvalidSpanError, StoreError
-from spanlab.store import queue, records
+from spanlab.store import queue, records, schema
 from spanlab.store import spans as spans_sql
 from spanlab.store.arrow import as_model, spans_to_arrow, table_to_spans
 from spanlab.store.base import Metric, RolloutSummary, StoreAPI
 from spanlab.store.connection import MEMORY, SAFE_QUERY_CONFIG, connect
-from spanlab.store.schema import SCHEMA_VERSION, SPAN_COLUMNS, TABLES_DDL
+from spanlab.store.schema import SPAN_COLUMNS
 from spanlab.store.sql import fetch_user_query
-from spanlab.store.views import VIEWS_DDL
 from spanlab.store.writer import Writer
 from spanlab.types import Attempt, FinishedAttemptStatus, Resource, ResourceKind, Rollout, Span
 
@@ -62,21 +61,22 @@ class SpanStore(StoreAPI):
         self.timeout_grace_s = timeout_grace_s
         self._stale_check_interval_s = stale_check_interval_s
         self._last_stale_check = 0.0
-        conn = connect(self.path)
-        try:
-            if not compress:
-                conn.execute("SET force_compression = 'uncompressed'")
-            _init_schema(conn, self.path)
-            self._read_root = conn.cursor()
-            # kept here (the writer is the only writer of resources) so a dequeue needs no query for it
-            ((self._resources_ref,),) = conn.execute(queue.RESOURCES_REF_SQL).fetchall()
-        except BaseException:
-            conn.close()
-            raise
-        self._conn = conn
+        self._conn = conn = connect(self.path)
+        if not compress:
+            conn.execute("SET force_compression = 'uncompressed'")
+        self._read_root = conn.cursor()
         self._read_lock = threading.Lock()
         self._closed = False
         self._writer = Writer(conn, Path(self.path).name)
+        try:
+            self._writer.call(lambda cur: schema.init(cur, self.path))
+            # kept here (the writer is the only writer of resources) so a dequeue needs no query for it
+            self._resources_ref = self._writer.call(lambda cur: cur.execute(queue.RESOURCES_REF_SQL).fetchall()[0][0])
+        except BaseException:
+            self._writer.close()
+            self._read_root.close()
+            conn.close()
+            raise
 
     def close(self) -> None:
         if self._closed:
@@ -247,22 +247,3 @@ class SpanStore(StoreAPI):
             return fetch_user_query(cur, sql, max_rows)
         finally:
             cur.close()
-
-
-def _init_schema(conn: duckdb.DuckDBPyConnection, path: str) -> None:
-    conn.execute("BEGIN TRANSACTION")
-    try:
-        conn.execute(TABLES_DDL)
-        row = next(iter(conn.execute("SELECT value FROM spanlab_meta WHERE key = 'schema_version'").fetchall()), None)
-        if row is None:
-            conn.execute("INSERT INTO spanlab_meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
-        elif int(row[0]) > SCHEMA_VERSION:
-            raise StoreError(f"{path} was written by a newer spanlab (schema {row[0]} > {SCHEMA_VERSION}); "
-                             "upgrade spanlab")
-        conn.execute(VIEWS_DDL)
-        conn.execute("COMMIT")
-    except BaseException as exc:
-        conn.execute("ROLLBACK")
-        if isinstance(exc, duckdb.Error):
-            raise StoreError(f"span store {path}: {exc}") from exc
-        raise
