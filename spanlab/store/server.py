@@ -32,7 +32,7 @@ from spanlab import otel
 from spanlab.errors import ConfigError, InvalidSpanError, NotFoundError, QueryError, StoreError
 from spanlab.serving import LOOPBACK_NAMES
 from spanlab.store.arrow import table_to_spans
-from spanlab.store.base import Metric, RolloutSummary
+from spanlab.store.base import RolloutSummary
 from spanlab.store.duckdb_store import SpanStore
 from spanlab.store.http_bodies import (
     BodyLimit,
@@ -51,7 +51,6 @@ from spanlab.store.sql_pool import QueryBusyError, SqlPool
 from spanlab.store.wire import ARROW_STREAM, bytes_to_table, reader_to_chunks
 from spanlab.types import (
     MAX_INT32,
-    Attempt,
     FinishedAttemptStatus,
     Resource,
     Rollout,
@@ -108,6 +107,17 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
+    # Store methods whose own signature is the route's (path parameters, optional query strings): FastAPI
+    # runs these plain methods on its thread pool, never on the event loop.
+    app.get("/rollouts/{rollout_id}")(store.get_rollout)
+    app.get("/rollouts/{rollout_id}/attempts")(store.list_attempts)
+    app.post("/rollouts/{rollout_id}/cancel")(store.cancel_rollout)
+    app.get("/attempts/{attempt_id}")(store.get_attempt)
+    app.post("/attempts/{attempt_id}/heartbeat")(store.heartbeat)
+    app.post("/expire")(store.expire_stale_attempts)
+    app.get("/resources")(store.list_resources)
+    app.get("/metrics")(store.metrics)
+
     @app.post("/rollouts")
     async def enqueue(rollouts: list[Rollout]) -> list[Rollout]:
         return await run(store.enqueue, rollouts)
@@ -133,30 +143,10 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
     async def count_rollouts(statuses: list[str] | None = Query(None)) -> int:
         return await run(store.count_rollouts, statuses)
 
-    @app.get("/rollouts/{rollout_id}")
-    async def get_rollout(rollout_id: str) -> Rollout:
-        return await run(store.get_rollout, rollout_id)
-
-    @app.get("/rollouts/{rollout_id}/attempts")
-    async def list_attempts(rollout_id: str) -> list[Attempt]:
-        return await run(store.list_attempts, rollout_id)
-
-    @app.post("/rollouts/{rollout_id}/cancel")
-    async def cancel(rollout_id: str) -> Rollout:
-        return await run(store.cancel_rollout, rollout_id)
-
     @app.post("/dequeue")
     async def dequeue(req: DequeueRequest) -> DequeueResponse | None:
         got = await run(store.dequeue, req.worker_id, req.mode)
         return None if got is None else DequeueResponse.model_construct(rollout=got[0], attempt=got[1])
-
-    @app.get("/attempts/{attempt_id}")
-    async def get_attempt(attempt_id: str) -> Attempt:
-        return await run(store.get_attempt, attempt_id)
-
-    @app.post("/attempts/{attempt_id}/heartbeat")
-    async def heartbeat(attempt_id: str) -> Attempt:
-        return await run(store.heartbeat, attempt_id)
 
     @app.post("/attempts/{attempt_id}/finish")
     async def finish(attempt_id: str, req: FinishRequest) -> Rollout:
@@ -168,10 +158,6 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
         """Finish with the last spans as an Arrow IPC stream (the `spans` table's columns)."""
         spans = await run(table_to_spans, bytes_to_table(await request.body()))
         return await run(store.finish_attempt, attempt_id, status, spans)
-
-    @app.post("/expire")
-    async def expire() -> list[Attempt]:
-        return await run(store.expire_stale_attempts)
 
     @app.post("/spans")
     async def add_spans(spans: list[Span]) -> InsertedResponse:
@@ -209,10 +195,6 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
     async def add_resource(req: ResourceRequest) -> Resource:
         return await run(store.add_resource, req.name, req.payload, req.kind)
 
-    @app.get("/resources")
-    async def list_resources(name: str | None = None) -> list[Resource]:
-        return await run(store.list_resources, name)
-
     @app.get("/resources/{name}")
     async def get_resource(name: str, version: int | None = Query(None, ge=1, le=MAX_INT32)) -> Resource:
         return await run(store.get_resource, name, version)
@@ -220,10 +202,6 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
     @app.post("/metrics")
     async def add_metrics(req: MetricsRequest) -> None:
         await run(store.add_metrics, req.run_id, req.algorithm, req.step, req.metrics)
-
-    @app.get("/metrics")
-    async def metrics(run_id: str | None = None) -> list[Metric]:
-        return await run(store.metrics, run_id)
 
     def sql_json(query: str, max_rows: int) -> bytes:
         """On the SQL pool's thread, JSON included: 32 MB of rows encoded on the event loop would stall it."""
