@@ -6,8 +6,9 @@ the store's own writable connection), so :func:`fetch_user_query` holds three in
 
 1. the text must be exactly one plain ``SELECT`` (``FROM``, ``VALUES``, ``SUMMARIZE``, ``DESCRIBE``, ``SHOW``
    are SELECTs too): DuckDB's ``json_serialize_sql`` only serializes SELECT statements, and its tree is
-   checked for data-modifying CTEs (``WITH d AS (DELETE ... RETURNING *) SELECT``), which parse as SELECTs.
-   ``EXPLAIN`` is refused because ``EXPLAIN ANALYZE`` runs its statement;
+   checked for data-modifying CTEs (``WITH d AS (DELETE ... RETURNING *) SELECT``), which parse as SELECTs,
+   and for table functions that act on the file (``checkpoint()``): DuckDB's parser decides, not a regex of
+   ours (:func:`check_select`). ``EXPLAIN`` is refused because ``EXPLAIN ANALYZE`` runs its statement;
 2. it runs on a cursor of its own inside ``BEGIN TRANSACTION READ ONLY``, always rolled back: DuckDB itself
    refuses any write the check above might miss;
 3. user-facing surfaces open files read-only with external access disabled (:data:`SAFE_QUERY_CONFIG`), so
@@ -42,7 +43,6 @@ import pyarrow as pa
 
 from spanlab.errors import QueryError
 from spanlab.store.connection import connect
-from spanlab.store.sql_guard import check_select
 
 DEFAULT_DB = "spanlab.duckdb"
 OutputFormat = Literal["table", "csv", "json"]
@@ -75,6 +75,61 @@ def query_limits(limits: QueryLimits) -> Iterator[None]:
         yield
     finally:
         _LIMITS.reset(reset)
+
+
+# Query nodes of a SELECT's tree; anything else (DELETE_QUERY_NODE, INSERT_QUERY_NODE, ...) writes.
+_READ_NODES = frozenset({"SELECT_NODE", "SET_OPERATION_NODE", "RECURSIVE_CTE_NODE", "CTE_NODE"})
+# Table functions that are SELECTs by syntax but act on the database file.
+_FORBIDDEN_FUNCTIONS = frozenset({"checkpoint", "force_checkpoint"})
+
+
+def check_select(conn: duckdb.DuckDBPyConnection, sql: str) -> str:
+    """The one SELECT statement of ``sql`` (its text), or a ``QueryError`` naming what is not allowed."""
+    try:
+        statements = conn.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise QueryError(str(exc)) from exc
+    if not statements:
+        raise QueryError("empty query: send one SELECT")
+    if len(statements) != 1:
+        raise QueryError(f"not allowed: send exactly one SELECT statement, not {len(statements)}")
+    kind = statements[0].type
+    if kind != duckdb.StatementType.SELECT:
+        raise QueryError(f"not allowed: only SELECT queries run here (read-only), not {kind.name}")
+    text = statements[0].query
+    try:
+        (tree,) = conn.execute("SELECT json_serialize_sql(?::VARCHAR)", [text]).fetchone()
+    except duckdb.Error as exc:
+        raise QueryError(str(exc)) from exc
+    parsed = json.loads(tree)
+    if parsed.get("error"):
+        raise QueryError(f"not allowed or not parsed as one plain SELECT: {parsed.get('error_message')}")
+    bad = _writes(parsed)
+    if bad:
+        raise QueryError(f"not allowed: the query contains {bad} (only reads run here)")
+    return text
+
+
+def _writes(node: Any) -> str | None:
+    """The first part of a serialized SELECT tree that writes or touches the file, if any."""
+    if isinstance(node, dict):
+        kind = node.get("type")
+        if isinstance(kind, str) and "cte_map" in node and kind not in _READ_NODES:
+            return kind.removesuffix("_QUERY_NODE").removesuffix("_NODE") + " (a data-modifying statement)"
+        if kind == "TABLE_FUNCTION":
+            name = (node.get("function") or {}).get("function_name")
+            if isinstance(name, str) and name.lower() in _FORBIDDEN_FUNCTIONS:
+                return f"{name}()"
+        values: Any = node.values()
+    elif isinstance(node, list):
+        values = node
+    else:
+        return None
+    for value in values:
+        bad = _writes(value)
+        if bad:
+            return bad
+    return None
 
 
 def resolve_db(db: str | Path | None) -> Path:
