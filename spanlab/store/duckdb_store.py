@@ -30,7 +30,7 @@ from spanlab.store.arrow import as_model, spans_to_arrow, table_to_spans
 from spanlab.store.base import Metric, RolloutSummary, StoreAPI
 from spanlab.store.connection import MEMORY, SAFE_QUERY_CONFIG, connect
 from spanlab.store.schema import SPAN_COLUMNS
-from spanlab.store.sql import fetch_user_query
+from spanlab.store.sql import QueryLimits, fetch_user_query
 from spanlab.store.writer import Writer
 from spanlab.types import Attempt, FinishedAttemptStatus, Resource, ResourceKind, Rollout, Span
 
@@ -239,11 +239,11 @@ class SpanStore(StoreAPI):
         return self._read(records.metrics, run_id)
 
     # --- SQL -----------------------------------------------------------------------------------
-    def query(self, sql: str, max_rows: int | None = None) -> pa.Table:
+    def query(self, sql: str, max_rows: int | None = None, *, limits: QueryLimits | None = None) -> pa.Table:
         """One read-only SELECT on a cursor of its own; :func:`~spanlab.store.sql.fetch_user_query` refuses
-        anything that could write and applies the caller's time and size limits."""
+        anything that could write and applies ``limits`` (the store server's, for its ``/sql``)."""
         cur = self._cursor()
         try:
-            return fetch_user_query(cur, sql, max_rows)
+            return fetch_user_query(cur, sql, max_rows, limits=limits)
         finally:
             cur.close()

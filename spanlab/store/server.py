@@ -46,7 +46,7 @@ from spanlab.store.http_bodies import (
     SqlRequest,
     SummariesRequest,
 )
-from spanlab.store.sql import SURFACE_MAX_BYTES, SURFACE_TIMEOUT_S, rows
+from spanlab.store.sql import SURFACE_MAX_BYTES, SURFACE_TIMEOUT_S, QueryLimits, rows
 from spanlab.store.sql_pool import QueryBusyError, SqlPool
 from spanlab.store.wire import ARROW_STREAM, bytes_to_table, reader_to_chunks
 from spanlab.types import (
@@ -203,9 +203,9 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
     async def add_metrics(req: MetricsRequest) -> None:
         await run(store.add_metrics, req.run_id, req.algorithm, req.step, req.metrics)
 
-    def sql_json(query: str, max_rows: int) -> bytes:
+    def sql_json(query: str, max_rows: int, limits: QueryLimits) -> bytes:
         """On the SQL pool's thread, JSON included: 32 MB of rows encoded on the event loop would stall it."""
-        return json.dumps(list(rows(store.query(query, max_rows))), ensure_ascii=False).encode()
+        return json.dumps(list(rows(store.query(query, max_rows, limits=limits))), ensure_ascii=False).encode()
 
     @app.post("/sql", response_model=list[dict[str, Any]])
     async def sql(req: SqlRequest, request: Request) -> Response:

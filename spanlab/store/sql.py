@@ -22,8 +22,6 @@ which rule it hit.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import csv
 import datetime as dt
 import decimal
@@ -55,26 +53,11 @@ _BATCH_ROWS = 256  # rows per Arrow batch while counting bytes: small enough tha
 
 @dataclass(frozen=True)
 class QueryLimits:
-    """Limits a surface sets around a call that ends in :func:`fetch_user_query` somewhere below it."""
+    """What one user query may take: seconds, bytes of Arrow result; ``cancel`` set: stop it now."""
 
     timeout_s: float | None = None
     max_bytes: int | None = None
     cancel: threading.Event | None = None
-
-
-# A context variable rather than more arguments: the store server sets limits around ``StoreAPI`` calls
-# (``query``) whose signatures are the store's, and ``asyncio.to_thread`` carries it to the thread.
-_LIMITS: contextvars.ContextVar[QueryLimits | None] = contextvars.ContextVar("spanlab_query_limits", default=None)
-
-
-@contextlib.contextmanager
-def query_limits(limits: QueryLimits) -> Iterator[None]:
-    """Apply ``limits`` to every :func:`fetch_user_query` in the block (explicit arguments still win)."""
-    reset = _LIMITS.set(limits)
-    try:
-        yield
-    finally:
-        _LIMITS.reset(reset)
 
 
 # Query nodes of a SELECT's tree; anything else (DELETE_QUERY_NODE, INSERT_QUERY_NODE, ...) writes.
@@ -138,19 +121,14 @@ def resolve_db(db: str | Path | None) -> Path:
 
 
 def fetch_user_query(conn: duckdb.DuckDBPyConnection, sql: str, max_rows: int | None = None, *,
-                     params: Sequence[Any] | None = None, timeout_s: float | None = None,
-                     max_bytes: int | None = None, cancel: threading.Event | None = None) -> pa.Table:
+                     params: Sequence[Any] | None = None, limits: QueryLimits | None = None) -> pa.Table:
     """Run a user's query where it cannot write (see the module docstring): at most ``max_rows`` rows,
-    ``timeout_s`` seconds and ``max_bytes`` bytes of Arrow result; ``cancel`` interrupts it early.
+    within ``limits``.
 
     Any connection works: ``conn`` itself is not used to run the query (a cursor of it is), so a caller's
-    open transaction or cursor state is neither needed nor touched. Limits left
-    None come from an enclosing :func:`query_limits`.
+    open transaction or cursor state is neither needed nor touched.
     """
-    ctx = _LIMITS.get() or QueryLimits()
-    timeout_s = ctx.timeout_s if timeout_s is None else timeout_s
-    max_bytes = ctx.max_bytes if max_bytes is None else max_bytes
-    cancel = ctx.cancel if cancel is None else cancel
+    timeout_s, max_bytes, cancel = (limits.timeout_s, limits.max_bytes, limits.cancel) if limits else (None,) * 3
     try:
         cur = conn.cursor()
     except duckdb.Error as exc:
@@ -228,7 +206,7 @@ def run_query(db: str | Path, sql: str, *, max_rows: int | None = None, timeout_
     """Run one user query on the file, opened read-only; limits as in :func:`fetch_user_query`."""
     conn = connect(db, read_only=True, safe=True)
     try:
-        return fetch_user_query(conn, sql, max_rows, timeout_s=timeout_s, max_bytes=max_bytes)
+        return fetch_user_query(conn, sql, max_rows, limits=QueryLimits(timeout_s, max_bytes))
     finally:
         conn.close()
 
