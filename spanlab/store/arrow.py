@@ -4,8 +4,8 @@ Every span is checked by the pydantic models of ``spanlab/types.py`` (the one pl
 written): typed spans when they are built, an Arrow batch (the store server's wire format, bulk producers)
 by :func:`table_to_spans`, which validates each row as a ``Span`` with its token columns as NumPy views (no
 Python int per token). Ingest then builds one Arrow table per batch (:func:`spans_to_arrow`; DuckDB inserts it
-with one statement, ~60x faster than ``executemany``). Read-back turns Arrow batches into typed ``Span``
-objects only when the caller asks for objects; training code should stay on the Arrow/NumPy path.
+with one statement, ~60x faster than ``executemany``). Read-back turns rows into typed ``Span`` objects through
+the same :func:`row_to_span`, only when the caller asks for objects; training code stays on Arrow/NumPy.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from spanlab.errors import InvalidSpanError
 from spanlab.store.connection import dumps, loads
 from spanlab.store.schema import JSON_SPAN_COLUMNS, SPAN_ARROW_SCHEMA
-from spanlab.types import LLMCall, Reward, Span, Usage
+from spanlab.types import Span
 from spanlab.vectors import to_numpy
 
 _LIST_TYPES: dict[str, type] = {"prompt_token_ids": np.int32, "response_token_ids": np.int32,
@@ -85,30 +85,33 @@ def table_to_spans(tbl: pa.Table) -> list[Span]:
     tbl = conform(tbl)
     rows = tbl.drop_columns(list(_LIST_TYPES)).to_pylist()
     lists = {name: _row_arrays(tbl[name]) for name in _LIST_TYPES}
-    out = []
-    for i, row in enumerate(rows):
-        for name in JSON_SPAN_COLUMNS:
-            try:
-                row[name] = loads(row[name])
-            except ValueError:
-                raise InvalidSpanError(f"span #{i} ({row['span_id']}): `{name}` is not valid JSON; nothing of "
-                                       "this batch was stored") from None
-        span: dict[str, Any] = {k: row[k] for k in ("rollout_id", "attempt_id", "sequence_id", "span_id",
-                                                    "parent_id", "name", "kind", "start_time", "end_time", "status")}
-        span["attributes"] = row["attributes"] or {}
-        llm = {k: row[k] for k in _LLM_COLUMNS if k in row} | {k: lists[k][i] for k in _LIST_TYPES}
-        if row["kind"] == "llm_call" or any(v is not None for v in llm.values()):
-            usage = [row[k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")]
-            span["llm"] = {k: v for k, v in llm.items() if v is not None and k != "prompt_tokens"}
-            span["llm"]["model"] = row["model"]
-            if any(u is not None for u in usage):
-                span["llm"]["usage"] = dict(zip(("prompt_tokens", "completion_tokens", "total_tokens"), usage,
-                                                strict=True))
-        if row["kind"] == "reward" or row["reward_value"] is not None or row["reward_call_span_id"] is not None:
-            span["reward"] = {"name": row["reward_name"] or "reward", "value": row["reward_value"],
-                              "call_span_id": row["reward_call_span_id"]}
-        out.append(as_model(Span, span, i))
-    return out
+    return [row_to_span(row | {k: v[i] for k, v in lists.items()}, i) for i, row in enumerate(rows)]
+
+
+def row_to_span(row: dict[str, Any], index: int = 0) -> Span:
+    """One row of the ``spans`` table (token columns as lists or NumPy arrays) as a validated ``Span``: the
+    inverse of :func:`spans_to_arrow`, for rows arriving (``table_to_spans``) and rows read back alike."""
+    for name in JSON_SPAN_COLUMNS:
+        try:
+            row[name] = loads(row[name])
+        except ValueError:
+            raise InvalidSpanError(f"span #{index} ({row['span_id']}): `{name}` is not valid JSON; nothing of "
+                                   "this batch was stored") from None
+    span: dict[str, Any] = {k: row[k] for k in ("rollout_id", "attempt_id", "sequence_id", "span_id",
+                                                "parent_id", "name", "kind", "start_time", "end_time", "status")}
+    span["attributes"] = row["attributes"] or {}
+    llm = {k: row[k] for k in _LLM_COLUMNS}
+    if row["kind"] == "llm_call" or any(v is not None for v in llm.values()):
+        usage = [row[k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")]
+        span["llm"] = {k: v for k, v in llm.items() if v is not None and k != "prompt_tokens"}
+        span["llm"]["model"] = row["model"]
+        if any(u is not None for u in usage):
+            span["llm"]["usage"] = dict(zip(("prompt_tokens", "completion_tokens", "total_tokens"), usage,
+                                            strict=True))
+    if row["kind"] == "reward" or row["reward_value"] is not None or row["reward_call_span_id"] is not None:
+        span["reward"] = {"name": row["reward_name"] or "reward", "value": row["reward_value"],
+                          "call_span_id": row["reward_call_span_id"]}
+    return as_model(Span, span, index)
 
 
 def _row_arrays(col: pa.ChunkedArray) -> list[np.ndarray | None]:
@@ -166,51 +169,6 @@ def _json(spans: Sequence[Span], i: int, name: str, value: Any) -> str | None:
     except (ValueError, UnicodeEncodeError) as exc:
         raise InvalidSpanError(f"span #{i} ({spans[i].span_id}): `{name}` is not valid JSON ({exc}); "
                                "nothing of this batch was stored") from None
-
-
-def row_to_span(row: dict[str, Any]) -> Span:
-    """One row of the ``spans`` table (as a Python dict) back into a typed ``Span``."""
-    row = {k: (loads(v) if k in JSON_SPAN_COLUMNS else v) for k, v in row.items()}
-    llm = None
-    if row["kind"] == "llm_call":
-        usage = None
-        if row.get("prompt_tokens") is not None:
-            usage = Usage(
-                prompt_tokens=row["prompt_tokens"],
-                completion_tokens=row["completion_tokens"],
-                total_tokens=row["total_tokens"],
-            )
-        llm = LLMCall.model_construct(
-            model=row["model"],
-            request_messages=row["request_messages"] or [],
-            request_tools=row["request_tools"],
-            response_message=row["response_message"],
-            finish_reason=row["finish_reason"],
-            prompt_token_ids=row["prompt_token_ids"] or [],
-            response_token_ids=row["response_token_ids"] or [],
-            response_logprobs=row["response_logprobs"],
-            loss_mask=row["loss_mask"],
-            usage=usage,
-        )
-    reward = None
-    if row["kind"] == "reward":
-        reward = Reward(name=row["reward_name"], value=row["reward_value"], call_span_id=row["reward_call_span_id"])
-    # Rows were validated on write; model_construct skips re-validating thousands of token IDs.
-    return Span.model_construct(
-        rollout_id=row["rollout_id"],
-        attempt_id=row["attempt_id"],
-        sequence_id=row["sequence_id"],
-        span_id=row["span_id"],
-        parent_id=row["parent_id"],
-        name=row["name"],
-        kind=row["kind"],
-        start_time=row["start_time"],
-        end_time=row["end_time"],
-        status=row["status"],
-        attributes=row["attributes"] or {},
-        llm=llm,
-        reward=reward,
-    )
 
 
 def batches_to_spans(reader: Iterator[pa.RecordBatch]) -> Iterator[Span]:

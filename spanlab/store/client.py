@@ -13,18 +13,19 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 import pyarrow as pa
+import pyarrow.ipc as ipc
 import urllib3
 from urllib3.exceptions import HTTPError, NewConnectionError
 
 from spanlab.errors import InvalidSpanError, NotFoundError, QueryError, StoreError
 from spanlab.store.arrow import spans_to_arrow
 from spanlab.store.base import Metric, RolloutSummary, StoreAPI
-from spanlab.store.wire import ARROW_STREAM, open_chunked_stream, table_to_bytes
+from spanlab.store.wire import ARROW_STREAM, table_to_bytes
 from spanlab.types import Attempt, FinishedAttemptStatus, Resource, ResourceKind, Rollout, Span
 
 logger = logging.getLogger(__name__)
@@ -177,7 +178,7 @@ class StoreClient(StoreAPI):
         if not 200 <= resp.status < 300:
             resp.read()
             self._check(resp)
-        return open_chunked_stream(_chunks(resp))
+        return ipc.open_stream(resp)  # urllib3 reads exactly what pyarrow asks for, across HTTP chunks
 
     # --- resources -----------------------------------------------------------------------------
     def add_resource(self, name: str, payload: dict[str, Any], kind: ResourceKind = "other") -> Resource:
@@ -210,13 +211,6 @@ class StoreClient(StoreAPI):
 
 def _spans_table(spans: Sequence[Span | dict[str, Any]]) -> pa.Table:
     return spans_to_arrow([s if isinstance(s, Span) else Span.model_validate(s) for s in spans])
-
-
-def _chunks(resp: urllib3.BaseHTTPResponse) -> Iterator[bytes]:
-    try:
-        yield from resp.stream(1 << 16)
-    finally:
-        resp.release_conn()
 
 
 def _text(resp: urllib3.BaseHTTPResponse) -> str:

@@ -7,23 +7,16 @@ file is never touched (nothing stored is lost by a failed open).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import duckdb
-import pyarrow as pa
 
 from spanlab.errors import StoreError, StoreLockedError
 
 MEMORY = ":memory:"
-CATALOG = "spanlab"
-# Rows per DuckDB row group of a writable store: a batch of at least this many spans is written straight
-# into the database file, compressed, instead of into the WAL first (half the bytes written).
-ROW_GROUP_SIZE = 2048
 
 # Settings of the user-facing query surface (`spanlab sql`, the UI, the store server's /sql): no file,
 # network or extension access, so SQL cannot read /etc/passwd or write anywhere.
@@ -37,12 +30,7 @@ SAFE_QUERY_CONFIG: dict[str, Any] = {
 
 
 def connect(path: str | Path, *, read_only: bool = False, safe: bool = False) -> duckdb.DuckDBPyConnection:
-    """Open ``path`` (or ``:memory:``); ``safe`` applies :data:`SAFE_QUERY_CONFIG`.
-
-    A writable file is ATTACHed as catalog ``spanlab`` with a small row group size (see
-    :data:`ROW_GROUP_SIZE`) and made the default; cursors of it must ``USE spanlab`` too
-    (:func:`cursor`). Read-only opens connect to the file directly, so it is the only catalog.
-    """
+    """Open ``path`` (or ``:memory:``); ``safe`` applies :data:`SAFE_QUERY_CONFIG`."""
     target = str(path)
     if target != MEMORY:
         p = Path(target)
@@ -50,30 +38,10 @@ def connect(path: str | Path, *, read_only: bool = False, safe: bool = False) ->
             raise StoreError(f"no span store at {p}: the file does not exist (set --db or SPANLAB_DB)")
         if not read_only:
             p.parent.mkdir(parents=True, exist_ok=True)
-    config = dict(SAFE_QUERY_CONFIG) if safe else {}
     try:
-        if read_only or target == MEMORY:
-            return duckdb.connect(target, read_only=read_only, config=config)
-        conn = duckdb.connect(MEMORY)
-        try:
-            literal = target.replace("'", "''")
-            conn.execute(f"ATTACH '{literal}' AS {CATALOG} (ROW_GROUP_SIZE {ROW_GROUP_SIZE})")
-            conn.execute(f"USE {CATALOG}")
-        except BaseException:
-            conn.close()
-            raise
-        return conn
+        return duckdb.connect(target, read_only=read_only, config=dict(SAFE_QUERY_CONFIG) if safe else {})
     except duckdb.Error as exc:
         raise translate_open_error(target, exc) from exc
-
-
-def cursor(conn: duckdb.DuckDBPyConnection, path: str) -> duckdb.DuckDBPyConnection:
-    """A new cursor on the same database, pointed at the store's catalog."""
-    cur = conn.cursor()
-    if path != MEMORY:
-        with contextlib.suppress(duckdb.CatalogException):  # read-only opens: the file is the default already
-            cur.execute(f"USE {CATALOG}")
-    return cur
 
 
 def translate_open_error(path: str, exc: Exception) -> StoreError:
@@ -109,19 +77,3 @@ def fetch_dicts(cur: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     """Rows of the last result as dicts (small results only: queue rows, resources)."""
     names = [d[0] for d in cur.description or []]
     return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
-
-
-@contextlib.contextmanager
-def registered(conn: duckdb.DuckDBPyConnection, name: str, tbl: pa.Table) -> Iterator[None]:
-    """Make an Arrow table visible to SQL on ``conn`` as ``name`` for the block."""
-    conn.register(name, tbl)
-    try:
-        yield
-    finally:
-        conn.unregister(name)
-
-
-def where_equal(equals: dict[str, Any]) -> tuple[str, list[Any]]:
-    """``WHERE a = ? AND ...`` for the non-None values of ``equals``, and its parameters."""
-    parts = [(f"{k} = ?", v) for k, v in equals.items() if v is not None]
-    return ("WHERE " + " AND ".join(p for p, _ in parts) if parts else ""), [v for _, v in parts]

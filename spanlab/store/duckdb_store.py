@@ -24,13 +24,13 @@ import duckdb
 import pyarrow as pa
 
 from spanlab.errors import InvalidSpanError, StoreError
-from spanlab.store import queue, records, spans
+from spanlab.store import queue, records, schema
+from spanlab.store import spans as spans_sql
 from spanlab.store.arrow import as_model, spans_to_arrow, table_to_spans
 from spanlab.store.base import Metric, RolloutSummary, StoreAPI
-from spanlab.store.connection import MEMORY, SAFE_QUERY_CONFIG, connect, cursor
-from spanlab.store.schema import SCHEMA_VERSION, SPAN_COLUMNS, TABLES_DDL
-from spanlab.store.sql import fetch_user_query
-from spanlab.store.views import VIEWS_DDL
+from spanlab.store.connection import MEMORY, SAFE_QUERY_CONFIG, connect
+from spanlab.store.schema import SPAN_COLUMNS
+from spanlab.store.sql import QueryLimits, fetch_user_query
 from spanlab.store.writer import Writer
 from spanlab.types import Attempt, FinishedAttemptStatus, Resource, ResourceKind, Rollout, Span
 
@@ -53,32 +53,30 @@ class SpanStore(StoreAPI):
         stale_check_interval_s: float = 1.0,
         timeout_grace_s: float = 2.0,
         compress: bool = True,
-        group_wait_s: float = 0.0,
     ) -> None:
-        """``compress=False`` stores columns uncompressed: faster bulk ingest for a bigger file.
-        ``group_wait_s``: how long the writer waits for more writes to share a commit (0: it takes what
-        queued up while the last commit ran)."""
+        """``compress=False`` stores columns uncompressed: faster bulk ingest for a bigger file."""
         self.path = str(path)
         self.max_tokens_per_span = max_tokens_per_span
         self.max_json_bytes = max_json_bytes
         self.timeout_grace_s = timeout_grace_s
         self._stale_check_interval_s = stale_check_interval_s
         self._last_stale_check = 0.0
-        conn = connect(self.path)
-        try:
-            if not compress:
-                conn.execute("SET force_compression = 'uncompressed'")
-            _init_schema(conn, self.path)
-            self._read_root = cursor(conn, self.path)
-            # kept here (the writer is the only writer of resources) so a dequeue needs no query for it
-            ((self._resources_ref,),) = conn.execute(queue.RESOURCES_REF_SQL).fetchall()
-        except BaseException:
-            conn.close()
-            raise
-        self._conn = conn
+        self._conn = conn = connect(self.path)
+        if not compress:
+            conn.execute("SET force_compression = 'uncompressed'")
+        self._read_root = conn.cursor()
         self._read_lock = threading.Lock()
         self._closed = False
-        self._writer = Writer(conn, Path(self.path).name, group_wait_s=group_wait_s)
+        self._writer = Writer(conn, Path(self.path).name)
+        try:
+            self._writer.call(lambda cur: schema.init(cur, self.path))
+            # kept here (the writer is the only writer of resources) so a dequeue needs no query for it
+            self._resources_ref = self._writer.call(lambda cur: cur.execute(queue.RESOURCES_REF_SQL).fetchall()[0][0])
+        except BaseException:
+            self._writer.close()
+            self._read_root.close()
+            conn.close()
+            raise
 
     def close(self) -> None:
         if self._closed:
@@ -97,7 +95,7 @@ class SpanStore(StoreAPI):
         with self._read_lock:
             if self._closed:
                 raise StoreError("the span store is closed")
-            return cursor(self._read_root, self.path)
+            return self._read_root.cursor()
 
     def _read(self, fn: Any, *args: Any) -> Any:
         cur = self._cursor()
@@ -139,27 +137,18 @@ class SpanStore(StoreAPI):
         return self._writer.call(lambda cur: queue.heartbeat(cur, attempt_id, time.time()))
 
     def finish_attempt(self, attempt_id: str, status: FinishedAttemptStatus, spans: Sequence[Span] = ()) -> Rollout:
-        typed = [as_model(Span, s, i) for i, s in enumerate(spans)]
-        return self.finish_attempt_table(attempt_id, status, spans_to_arrow(typed) if typed else None,
-                                         validated=True)
-
-    def finish_attempt_table(self, attempt_id: str, status: FinishedAttemptStatus, tbl: pa.Table | None, *,
-                             validated: bool = False) -> Rollout:
-        """``finish_attempt`` with the last spans as an Arrow table (the store server's wire path): the finish
-        and the spans are one transaction, so an attempt never ends succeeded without its reward."""
         if status not in _FINISHED:
             raise InvalidSpanError(f"finish_attempt: status must be {'|'.join(_FINISHED)}, not {status!r}")
-        if tbl is not None:
-            tbl = self._checked(tbl, validated)
-            foreign = set(tbl["attempt_id"].to_pylist()) - {attempt_id}
-            if foreign:
-                raise InvalidSpanError(f"finish_attempt({attempt_id!r}) got spans of attempt "
-                                       f"{sorted(map(str, foreign))[0]!r}; nothing stored, the attempt is still open")
+        tbl = self._checked(spans)
+        foreign = set(tbl["attempt_id"].to_pylist()) - {attempt_id}
+        if foreign:
+            raise InvalidSpanError(f"finish_attempt({attempt_id!r}) got spans of attempt "
+                                   f"{sorted(map(str, foreign))[0]!r}; nothing stored, the attempt is still open")
 
         def write(cur: duckdb.DuckDBPyConnection) -> Rollout:
             rollout = queue.finish(cur, attempt_id, status, time.time())
-            if tbl is not None and tbl.num_rows:
-                spans.insert(cur, tbl)  # a late reward of an attempt already ended still counts for the record
+            if tbl.num_rows:
+                spans_sql.Insert(tbl)(cur)  # a late reward of an attempt already ended still counts for the record
             return rollout
         return self._writer.call(write)
 
@@ -194,22 +183,20 @@ class SpanStore(StoreAPI):
 
     # --- spans ---------------------------------------------------------------------------------
     def add_spans(self, spans: Sequence[Span]) -> int:
-        typed = [as_model(Span, s, i) for i, s in enumerate(spans)]
-        return len(self.ingest(spans_to_arrow(typed), validated=True)) if typed else 0
+        return len(self.ingest(spans))
 
     def add_span_table(self, tbl: pa.Table) -> int:
-        return len(self.ingest(tbl))
+        return len(self.ingest(table_to_spans(tbl)))
 
-    def ingest(self, tbl: pa.Table, *, validated: bool = False) -> list[str]:
-        """``add_span_table`` that returns the span_ids it stored (the rest were stored already).
-        ``validated=True``: ``tbl`` has the span schema and passed the span rules (built from ``Span``s)."""
-        tbl = self._checked(tbl, validated)
-        return self._writer.call(spans.Insert(tbl)) if tbl.num_rows else []
+    def ingest(self, spans: Sequence[Span]) -> list[str]:
+        """``add_spans`` that returns the span_ids it stored (the rest were stored already)."""
+        tbl = self._checked(spans)
+        return self._writer.call(spans_sql.Insert(tbl)) if tbl.num_rows else []
 
-    def _checked(self, tbl: pa.Table, validated: bool) -> pa.Table:
-        if not validated:
-            tbl = spans_to_arrow(table_to_spans(tbl))
-        spans.check_limits(tbl, self.max_tokens_per_span, self.max_json_bytes)
+    def _checked(self, spans: Sequence[Span]) -> pa.Table:
+        """The batch as one Arrow table, every span validated (dicts too) and within the store's limits."""
+        tbl = spans_to_arrow([as_model(Span, s, i) for i, s in enumerate(spans)])
+        spans_sql.check_limits(tbl, self.max_tokens_per_span, self.max_json_bytes)
         return tbl
 
     def spans_reader(self, *, rollout_ids: Sequence[str] | None = None, attempt_ids: Sequence[str] | None = None,
@@ -219,7 +206,7 @@ class SpanStore(StoreAPI):
         unknown = [c for c in cols if c not in SPAN_COLUMNS]
         if unknown:
             raise InvalidSpanError(f"unknown span columns {unknown}; known: {', '.join(SPAN_COLUMNS)}")
-        sql, params = spans.select(
+        sql, params = spans_sql.select(
             {"rollout_id": rollout_ids, "attempt_id": attempt_ids, "kind": kinds, "span_id": span_ids}, cols)
         try:  # the reader keeps its cursor alive while it streams
             return self._cursor().sql(sql, params=params).to_arrow_reader(batch_size)
@@ -252,30 +239,11 @@ class SpanStore(StoreAPI):
         return self._read(records.metrics, run_id)
 
     # --- SQL -----------------------------------------------------------------------------------
-    def query(self, sql: str, max_rows: int | None = None) -> pa.Table:
+    def query(self, sql: str, max_rows: int | None = None, *, limits: QueryLimits | None = None) -> pa.Table:
         """One read-only SELECT on a cursor of its own; :func:`~spanlab.store.sql.fetch_user_query` refuses
-        anything that could write and applies the caller's time and size limits."""
+        anything that could write and applies ``limits`` (the store server's, for its ``/sql``)."""
         cur = self._cursor()
         try:
-            return fetch_user_query(cur, sql, max_rows)
+            return fetch_user_query(cur, sql, max_rows, limits=limits)
         finally:
             cur.close()
-
-
-def _init_schema(conn: duckdb.DuckDBPyConnection, path: str) -> None:
-    conn.execute("BEGIN TRANSACTION")
-    try:
-        conn.execute(TABLES_DDL)
-        row = next(iter(conn.execute("SELECT value FROM spanlab_meta WHERE key = 'schema_version'").fetchall()), None)
-        if row is None:
-            conn.execute("INSERT INTO spanlab_meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
-        elif int(row[0]) > SCHEMA_VERSION:
-            raise StoreError(f"{path} was written by a newer spanlab (schema {row[0]} > {SCHEMA_VERSION}); "
-                             "upgrade spanlab")
-        conn.execute(VIEWS_DDL)
-        conn.execute("COMMIT")
-    except BaseException as exc:
-        conn.execute("ROLLBACK")
-        if isinstance(exc, duckdb.Error):
-            raise StoreError(f"span store {path}: {exc}") from exc
-        raise

@@ -17,7 +17,7 @@ import duckdb
 import pyarrow as pa
 
 from spanlab.errors import InvalidSpanError, NotFoundError
-from spanlab.store.connection import dumps, fetch_dicts, loads, registered, where_equal
+from spanlab.store.connection import dumps, fetch_dicts, loads
 from spanlab.types import (
     ACTIVE_ATTEMPT_STATUSES,
     Attempt,
@@ -31,36 +31,25 @@ from spanlab.types import (
 logger = logging.getLogger(__name__)
 _WAITING = "('queuing', 'requeuing')"
 _ACTIVE = "('preparing', 'running')"
+_IN = "IN (SELECT unnest(?::VARCHAR[]))"
 # The latest version of every resource, as ``name@version,...``: what a rollout's first dequeue records.
 RESOURCES_REF_SQL = ("SELECT string_agg(name || '@' || v, ',' ORDER BY name) "
                      "FROM (SELECT name, max(version) AS v FROM resources GROUP BY name)")
 
 
-ROLLOUT_COLUMNS = (
-    "rollout_id, input, mode, status, resources_version, timeout_s, unresponsive_s, max_attempts, "
-    "retry_on, metadata, enqueue_time, start_time, end_time, num_attempts"
-)
-ATTEMPT_COLUMNS = (
-    "attempt_id, rollout_id, sequence_id, worker_id, status, start_time, end_time, last_heartbeat_time, metadata"
-)
+ROLLOUT_COLUMNS = ("rollout_id", "input", "mode", "status", "resources_version", "timeout_s", "unresponsive_s",
+                   "max_attempts", "retry_on", "metadata", "enqueue_time", "start_time", "end_time", "num_attempts")
+ATTEMPT_COLUMNS = ("attempt_id", "rollout_id", "sequence_id", "worker_id", "status", "start_time", "end_time",
+                   "last_heartbeat_time", "metadata")
+_ROLLOUTS = ", ".join(ROLLOUT_COLUMNS)
+_ATTEMPTS = ", ".join(ATTEMPT_COLUMNS)
 
 
-def rollouts_to_arrow(rollouts: list[Rollout]) -> pa.Table:
-    """New rollouts as rows of the rollouts table (``ROLLOUT_COLUMNS`` order)."""
-    col, f, s = pa.array, pa.float64(), pa.string()
-    return pa.table({
-        "rollout_id": col([r.rollout_id for r in rollouts], s), "input": col([dumps(r.input) for r in rollouts], s),
-        "mode": col([r.mode for r in rollouts], s), "status": col([r.status for r in rollouts], s),
-        "resources_version": col([r.resources_version for r in rollouts], s),
-        "timeout_s": col([r.config.timeout_s for r in rollouts], f),
-        "unresponsive_s": col([r.config.unresponsive_s for r in rollouts], f),
-        "max_attempts": col([r.config.max_attempts for r in rollouts], pa.int32()),
-        "retry_on": col([list(r.config.retry_on) for r in rollouts], pa.list_(s)),
-        "metadata": col([dumps(r.metadata) for r in rollouts], s),
-        "enqueue_time": col([r.enqueue_time for r in rollouts], f),
-        "start_time": col([r.start_time for r in rollouts], f), "end_time": col([r.end_time for r in rollouts], f),
-        "num_attempts": col([r.num_attempts for r in rollouts], pa.int32()),
-    })
+def _rollout_row(r: Rollout) -> list[Any]:
+    """A new rollout as a row of the rollouts table (``ROLLOUT_COLUMNS`` order)."""
+    return [r.rollout_id, dumps(r.input), r.mode, r.status, r.resources_version, r.config.timeout_s,
+            r.config.unresponsive_s, r.config.max_attempts, list(r.config.retry_on), dumps(r.metadata),
+            r.enqueue_time, r.start_time, r.end_time, r.num_attempts]
 
 
 def row_to_rollout(row: dict[str, Any]) -> Rollout:
@@ -74,14 +63,14 @@ def row_to_attempt(row: dict[str, Any]) -> Attempt:
 
 
 def get_rollout(cur: duckdb.DuckDBPyConnection, rollout_id: str) -> Rollout:
-    rows = fetch_dicts(cur.execute(f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = ?", [rollout_id]))
+    rows = fetch_dicts(cur.execute(f"SELECT {_ROLLOUTS} FROM rollouts WHERE rollout_id = ?", [rollout_id]))
     if not rows:
         raise NotFoundError(f"unknown rollout_id {rollout_id!r}")
     return row_to_rollout(rows[0])
 
 
 def get_attempt(cur: duckdb.DuckDBPyConnection, attempt_id: str) -> Attempt:
-    rows = fetch_dicts(cur.execute(f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE attempt_id = ?", [attempt_id]))
+    rows = fetch_dicts(cur.execute(f"SELECT {_ATTEMPTS} FROM attempts WHERE attempt_id = ?", [attempt_id]))
     if not rows:
         raise NotFoundError(f"unknown attempt_id {attempt_id!r}")
     return row_to_attempt(rows[0])
@@ -89,24 +78,21 @@ def get_attempt(cur: duckdb.DuckDBPyConnection, attempt_id: str) -> Attempt:
 
 def list_rollouts(cur: duckdb.DuckDBPyConnection, equals: dict[str, Any], limit: int, offset: int) -> list[Rollout]:
     """Rollouts in enqueue order, those whose columns equal the non-None values of ``equals``."""
-    where, params = where_equal(equals)
-    rows = fetch_dicts(cur.execute(
-        f"SELECT {ROLLOUT_COLUMNS} FROM rollouts {where} ORDER BY enqueue_time, rollout_id LIMIT ? OFFSET ?",
-        [*params, limit, offset]))
+    where = [(f"{k} = ?", v) for k, v in equals.items() if v is not None]
+    sql = f"SELECT {_ROLLOUTS} FROM rollouts {'WHERE ' + ' AND '.join(w for w, _ in where) if where else ''}"
+    rows = fetch_dicts(cur.execute(f"{sql} ORDER BY enqueue_time, rollout_id LIMIT ? OFFSET ?",
+                                   [*(v for _, v in where), limit, offset]))
     return [row_to_rollout(r) for r in rows]
-
-
 
 
 def enqueue(cur: duckdb.DuckDBPyConnection, rollouts: list[Rollout]) -> list[Rollout]:
     """Insert new rollouts (status ``queuing``); a rollout_id already stored is refused."""
-    found = cur.execute("SELECT rollout_id FROM rollouts WHERE rollout_id IN (SELECT unnest(?::VARCHAR[])) LIMIT 1",
+    found = cur.execute(f"SELECT rollout_id FROM rollouts WHERE rollout_id {_IN} LIMIT 1",
                         [[r.rollout_id for r in rollouts]]).fetchall()  # fetchall: DuckDB wants results finished
     if found:
-        found = found[0]
-        raise InvalidSpanError(f"enqueue: rollout_id {found[0]!r} already exists")
-    with registered(cur, "_new_rollouts", rollouts_to_arrow(rollouts)):
-        cur.execute(f"INSERT INTO rollouts ({ROLLOUT_COLUMNS}) SELECT * FROM _new_rollouts")
+        raise InvalidSpanError(f"enqueue: rollout_id {found[0][0]!r} already exists")
+    rows = pa.Table.from_pylist([dict(zip(ROLLOUT_COLUMNS, _rollout_row(r), strict=True)) for r in rollouts])
+    cur.from_arrow(rows).insert_into("rollouts")  # one statement for any number of rows, by column position
     return rollouts
 
 
@@ -121,7 +107,7 @@ def dequeue(cur: duckdb.DuckDBPyConnection, worker_id: str | None, mode: str | N
     """
     mode_filter = "AND mode = ?" if mode else ""
     rows = fetch_dicts(cur.execute(
-        f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE status IN {_WAITING} {mode_filter} "
+        f"SELECT {_ROLLOUTS} FROM rollouts WHERE status IN {_WAITING} {mode_filter} "
         "ORDER BY enqueue_time, rollout_id LIMIT 1", [mode] if mode else []))
     if not rows:
         return None
@@ -135,7 +121,7 @@ def dequeue(cur: duckdb.DuckDBPyConnection, worker_id: str | None, mode: str | N
                                          rollout.resources_version, rollout.rollout_id])
     attempt = Attempt(rollout_id=rollout.rollout_id, attempt_id=new_id("at"), sequence_id=rollout.num_attempts,
                       worker_id=worker_id, status="preparing", start_time=now, last_heartbeat_time=now)
-    cur.execute(f"INSERT INTO attempts ({ATTEMPT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    cur.execute(f"INSERT INTO attempts ({_ATTEMPTS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [attempt.attempt_id, attempt.rollout_id, attempt.sequence_id, attempt.worker_id, attempt.status,
                  attempt.start_time, attempt.end_time, attempt.last_heartbeat_time, dumps(attempt.metadata)])
     return rollout, attempt
@@ -146,7 +132,7 @@ def heartbeat(cur: duckdb.DuckDBPyConnection, attempt_id: str, now: float) -> At
     already ended is returned as it is, so its worker learns it was timed out."""
     rows = fetch_dicts(cur.execute(
         f"UPDATE attempts SET last_heartbeat_time = ?, status = 'running' "
-        f"WHERE attempt_id = ? AND status IN {_ACTIVE} RETURNING {ATTEMPT_COLUMNS}", [now, attempt_id]))
+        f"WHERE attempt_id = ? AND status IN {_ACTIVE} RETURNING {_ATTEMPTS}", [now, attempt_id]))
     if not rows:
         return get_attempt(cur, attempt_id)
     attempt = row_to_attempt(rows[0])
@@ -158,7 +144,7 @@ def heartbeat(cur: duckdb.DuckDBPyConnection, attempt_id: str, now: float) -> At
 def finish(cur: duckdb.DuckDBPyConnection, attempt_id: str, status: FinishedAttemptStatus, now: float) -> Rollout:
     """End a live attempt and apply the retry policy; an attempt that already ended changes nothing."""
     rows = fetch_dicts(cur.execute(  # the attempt's status and its rollout, in one statement
-        f"SELECT a.status AS attempt_status, {', '.join('r.' + c.strip() for c in ROLLOUT_COLUMNS.split(','))} "
+        f"SELECT a.status AS attempt_status, {', '.join('r.' + c for c in ROLLOUT_COLUMNS)} "
         "FROM attempts a JOIN rollouts r USING (rollout_id) WHERE a.attempt_id = ?", [attempt_id]))
     if not rows:
         raise NotFoundError(f"unknown attempt_id {attempt_id!r}")
@@ -204,20 +190,20 @@ def cancel(cur: duckdb.DuckDBPyConnection, rollout_id: str, now: float) -> Rollo
 
 def list_attempts(cur: duckdb.DuckDBPyConnection, rollout_id: str) -> list[Attempt]:
     rows = fetch_dicts(cur.execute(
-        f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE rollout_id = ? ORDER BY sequence_id", [rollout_id]))
+        f"SELECT {_ATTEMPTS} FROM attempts WHERE rollout_id = ? ORDER BY sequence_id", [rollout_id]))
     return [row_to_attempt(r) for r in rows]
 
 
 def last_attempts(cur: duckdb.DuckDBPyConnection, rollout_ids: Sequence[str]) -> list[tuple[Rollout, Attempt]]:
     """Each rollout with its latest attempt, in the order of ``rollout_ids`` (rollouts never dequeued: left out)."""
-    cols = ", ".join(f"a.{c.strip()}" for c in ATTEMPT_COLUMNS.split(","))
+    cols = ", ".join(f"a.{c}" for c in ATTEMPT_COLUMNS)
     rows = fetch_dicts(cur.execute(
         f"SELECT {cols} FROM attempts a JOIN (SELECT rollout_id, max(sequence_id) AS sequence_id FROM attempts "
-        f"WHERE rollout_id IN (SELECT unnest(?::VARCHAR[])) GROUP BY rollout_id) USING (rollout_id, sequence_id)",
+        f"WHERE rollout_id {_IN} GROUP BY rollout_id) USING (rollout_id, sequence_id)",
         [list(rollout_ids)]))
     attempts = {r["rollout_id"]: row_to_attempt(r) for r in rows}
     rollouts = fetch_dicts(cur.execute(
-        f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id IN (SELECT unnest(?::VARCHAR[]))", [list(attempts)]))
+        f"SELECT {_ROLLOUTS} FROM rollouts WHERE rollout_id {_IN}", [list(attempts)]))
     by_id = {r["rollout_id"]: row_to_rollout(r) for r in rollouts}
     return [(by_id[rid], attempts[rid]) for rid in dict.fromkeys(rollout_ids) if rid in attempts]
 
@@ -225,7 +211,7 @@ def last_attempts(cur: duckdb.DuckDBPyConnection, rollout_ids: Sequence[str]) ->
 def count_rollouts(cur: duckdb.DuckDBPyConnection, statuses: Sequence[str] | None) -> int:
     if statuses is None:
         return cur.execute("SELECT count(*) FROM rollouts").fetchall()[0][0]
-    return cur.execute("SELECT count(*) FROM rollouts WHERE status IN (SELECT unnest(?::VARCHAR[]))",
+    return cur.execute(f"SELECT count(*) FROM rollouts WHERE status {_IN}",
                        [list(statuses)]).fetchall()[0][0]
 
 

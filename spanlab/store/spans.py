@@ -52,28 +52,21 @@ def _lengths(col: pa.ChunkedArray) -> np.ndarray:
 
 
 class Insert(Batchable):
-    """One caller's span batch for the writer; batches queued together are inserted as one table."""
+    """One caller's span batch for the writer (its result: the span_ids it stored, the rest were stored
+    already); batches queued together are inserted as one table."""
 
     def __init__(self, tbl: pa.Table) -> None:
         self.tbl = tbl
 
     @classmethod
     def run_many(cls, cur: duckdb.DuckDBPyConnection, writes: list[Insert]) -> list[list[str]]:
-        """One :func:`insert` of every batch; each gets the span_ids stored from its own rows."""
-        tbl = pa.concat_tables([w.tbl for w in writes])
+        tbl = pa.concat_tables([w.tbl for w in writes]) if len(writes) > 1 else writes[0].tbl
         kept, ids, start = set(_insert_rows(cur, tbl)), tbl["span_id"].to_pylist(), 0
         out = []
         for w in writes:
-            end = start + w.tbl.num_rows
-            out.append([ids[i] for i in range(start, end) if i in kept])
-            start = end
+            out.append([ids[i] for i in range(start, start + w.tbl.num_rows) if i in kept])
+            start += w.tbl.num_rows
         return out
-
-
-def insert(cur: duckdb.DuckDBPyConnection, tbl: pa.Table) -> list[str]:
-    """Insert the rows of ``tbl`` not stored yet; returns their span_ids."""
-    ids = tbl["span_id"].to_pylist()
-    return [ids[i] for i in _insert_rows(cur, tbl)]
 
 
 def _insert_rows(cur: duckdb.DuckDBPyConnection, tbl: pa.Table) -> list[int]:

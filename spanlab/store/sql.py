@@ -6,8 +6,9 @@ the store's own writable connection), so :func:`fetch_user_query` holds three in
 
 1. the text must be exactly one plain ``SELECT`` (``FROM``, ``VALUES``, ``SUMMARIZE``, ``DESCRIBE``, ``SHOW``
    are SELECTs too): DuckDB's ``json_serialize_sql`` only serializes SELECT statements, and its tree is
-   checked for data-modifying CTEs (``WITH d AS (DELETE ... RETURNING *) SELECT``), which parse as SELECTs.
-   ``EXPLAIN`` is refused because ``EXPLAIN ANALYZE`` runs its statement;
+   checked for data-modifying CTEs (``WITH d AS (DELETE ... RETURNING *) SELECT``), which parse as SELECTs,
+   and for table functions that act on the file (``checkpoint()``): DuckDB's parser decides, not a regex of
+   ours (:func:`check_select`). ``EXPLAIN`` is refused because ``EXPLAIN ANALYZE`` runs its statement;
 2. it runs on a cursor of its own inside ``BEGIN TRANSACTION READ ONLY``, always rolled back: DuckDB itself
    refuses any write the check above might miss;
 3. user-facing surfaces open files read-only with external access disabled (:data:`SAFE_QUERY_CONFIG`), so
@@ -21,8 +22,6 @@ which rule it hit.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import csv
 import datetime as dt
 import decimal
@@ -42,7 +41,6 @@ import pyarrow as pa
 
 from spanlab.errors import QueryError
 from spanlab.store.connection import connect
-from spanlab.store.sql_guard import check_select
 
 DEFAULT_DB = "spanlab.duckdb"
 OutputFormat = Literal["table", "csv", "json"]
@@ -55,26 +53,66 @@ _BATCH_ROWS = 256  # rows per Arrow batch while counting bytes: small enough tha
 
 @dataclass(frozen=True)
 class QueryLimits:
-    """Limits a surface sets around a call that ends in :func:`fetch_user_query` somewhere below it."""
+    """What one user query may take: seconds, bytes of Arrow result; ``cancel`` set: stop it now."""
 
     timeout_s: float | None = None
     max_bytes: int | None = None
     cancel: threading.Event | None = None
 
 
-# A context variable rather than more arguments: the store server sets limits around ``StoreAPI`` calls
-# (``query``) whose signatures are the store's, and ``asyncio.to_thread`` carries it to the thread.
-_LIMITS: contextvars.ContextVar[QueryLimits | None] = contextvars.ContextVar("spanlab_query_limits", default=None)
+# Query nodes of a SELECT's tree; anything else (DELETE_QUERY_NODE, INSERT_QUERY_NODE, ...) writes.
+_READ_NODES = frozenset({"SELECT_NODE", "SET_OPERATION_NODE", "RECURSIVE_CTE_NODE", "CTE_NODE"})
+# Table functions that are SELECTs by syntax but act on the database file.
+_FORBIDDEN_FUNCTIONS = frozenset({"checkpoint", "force_checkpoint"})
 
 
-@contextlib.contextmanager
-def query_limits(limits: QueryLimits) -> Iterator[None]:
-    """Apply ``limits`` to every :func:`fetch_user_query` in the block (explicit arguments still win)."""
-    reset = _LIMITS.set(limits)
+def check_select(conn: duckdb.DuckDBPyConnection, sql: str) -> str:
+    """The one SELECT statement of ``sql`` (its text), or a ``QueryError`` naming what is not allowed."""
     try:
-        yield
-    finally:
-        _LIMITS.reset(reset)
+        statements = conn.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise QueryError(str(exc)) from exc
+    if not statements:
+        raise QueryError("empty query: send one SELECT")
+    if len(statements) != 1:
+        raise QueryError(f"not allowed: send exactly one SELECT statement, not {len(statements)}")
+    kind = statements[0].type
+    if kind != duckdb.StatementType.SELECT:
+        raise QueryError(f"not allowed: only SELECT queries run here (read-only), not {kind.name}")
+    text = statements[0].query
+    try:
+        (tree,) = conn.execute("SELECT json_serialize_sql(?::VARCHAR)", [text]).fetchone()
+    except duckdb.Error as exc:
+        raise QueryError(str(exc)) from exc
+    parsed = json.loads(tree)
+    if parsed.get("error"):
+        raise QueryError(f"not allowed or not parsed as one plain SELECT: {parsed.get('error_message')}")
+    bad = _writes(parsed)
+    if bad:
+        raise QueryError(f"not allowed: the query contains {bad} (only reads run here)")
+    return text
+
+
+def _writes(node: Any) -> str | None:
+    """The first part of a serialized SELECT tree that writes or touches the file, if any."""
+    if isinstance(node, dict):
+        kind = node.get("type")
+        if isinstance(kind, str) and "cte_map" in node and kind not in _READ_NODES:
+            return kind.removesuffix("_QUERY_NODE").removesuffix("_NODE") + " (a data-modifying statement)"
+        if kind == "TABLE_FUNCTION":
+            name = (node.get("function") or {}).get("function_name")
+            if isinstance(name, str) and name.lower() in _FORBIDDEN_FUNCTIONS:
+                return f"{name}()"
+        values: Any = node.values()
+    elif isinstance(node, list):
+        values = node
+    else:
+        return None
+    for value in values:
+        bad = _writes(value)
+        if bad:
+            return bad
+    return None
 
 
 def resolve_db(db: str | Path | None) -> Path:
@@ -83,20 +121,18 @@ def resolve_db(db: str | Path | None) -> Path:
 
 
 def fetch_user_query(conn: duckdb.DuckDBPyConnection, sql: str, max_rows: int | None = None, *,
-                     params: Sequence[Any] | None = None, timeout_s: float | None = None,
-                     max_bytes: int | None = None, cancel: threading.Event | None = None) -> pa.Table:
+                     params: Sequence[Any] | None = None, limits: QueryLimits | None = None) -> pa.Table:
     """Run a user's query where it cannot write (see the module docstring): at most ``max_rows`` rows,
-    ``timeout_s`` seconds and ``max_bytes`` bytes of Arrow result; ``cancel`` interrupts it early.
+    within ``limits``.
 
-    Any connection works: ``conn`` itself is not used to run the query (a cursor of it is, in the same
-    catalog), so a caller's open transaction or cursor state is neither needed nor touched. Limits left
-    None come from an enclosing :func:`query_limits`.
+    Any connection works: ``conn`` itself is not used to run the query (a cursor of it is), so a caller's
+    open transaction or cursor state is neither needed nor touched.
     """
-    ctx = _LIMITS.get() or QueryLimits()
-    timeout_s = ctx.timeout_s if timeout_s is None else timeout_s
-    max_bytes = ctx.max_bytes if max_bytes is None else max_bytes
-    cancel = ctx.cancel if cancel is None else cancel
-    cur = _cursor_like(conn)
+    timeout_s, max_bytes, cancel = (limits.timeout_s, limits.max_bytes, limits.cancel) if limits else (None,) * 3
+    try:
+        cur = conn.cursor()
+    except duckdb.Error as exc:
+        raise QueryError(f"cannot run the query: {exc}") from exc
     done = threading.Event()
     watchdog = None
     if timeout_s is not None or cancel is not None:
@@ -132,27 +168,6 @@ def fetch_user_query(conn: duckdb.DuckDBPyConnection, sql: str, max_rows: int | 
         if watchdog is not None and watchdog.is_alive():
             watchdog.join()
         cur.close()
-
-
-def _cursor_like(conn: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
-    """A new cursor on ``conn``'s database, in ``conn``'s current catalog and schema (a writable store
-    ATTACHes its file, so a bare cursor would land in the in-memory catalog)."""
-    try:
-        catalog, schema = conn.execute("SELECT current_database(), current_schema()").fetchone()
-        cur = conn.cursor()
-    except duckdb.Error as exc:
-        raise QueryError(f"cannot run the query: {exc}") from exc
-    try:
-        if cur.execute("SELECT current_database(), current_schema()").fetchone() != (catalog, schema):
-            cur.execute(f"USE {_ident(catalog)}.{_ident(schema)}")
-    except BaseException:
-        cur.close()
-        raise
-    return cur
-
-
-def _ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 def _watch(cur: duckdb.DuckDBPyConnection, timeout_s: float | None, cancel: threading.Event | None,
@@ -191,7 +206,7 @@ def run_query(db: str | Path, sql: str, *, max_rows: int | None = None, timeout_
     """Run one user query on the file, opened read-only; limits as in :func:`fetch_user_query`."""
     conn = connect(db, read_only=True, safe=True)
     try:
-        return fetch_user_query(conn, sql, max_rows, timeout_s=timeout_s, max_bytes=max_bytes)
+        return fetch_user_query(conn, sql, max_rows, limits=QueryLimits(timeout_s, max_bytes))
     finally:
         conn.close()
 

@@ -10,14 +10,13 @@ query whose client disconnects is interrupted (:class:`~spanlab.store.sql.QueryL
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from spanlab.errors import QueryError
-from spanlab.store.sql import QueryLimits, query_limits
+from spanlab.store.sql import QueryLimits
 
 T = TypeVar("T")
 _POLL_S = 0.1  # how often a waiting request checks whether its client is still there
@@ -38,7 +37,8 @@ class SqlPool:
         self._free = threading.BoundedSemaphore(workers)
 
     async def run(self, is_disconnected: Callable[[], Awaitable[bool]], fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` on a free worker, interrupted if ``is_disconnected()`` turns true; busy: error now."""
+        """``fn(*args, limits)`` on a free worker, interrupted (through ``limits.cancel``) if ``is_disconnected()``
+        turns true; busy: an error at once."""
         if not self._free.acquire(blocking=False):
             raise QueryBusyError(
                 f"all {self.workers} SQL workers are busy with other queries: retry in a few seconds")
@@ -47,13 +47,11 @@ class SqlPool:
 
         def call() -> T:
             try:
-                with query_limits(limits):
-                    return fn(*args)
+                return fn(*args, limits)
             finally:
                 self._free.release()  # here, not in run(): the slot stays taken until the thread is free
 
-        ctx = contextvars.copy_context()
-        future = asyncio.get_running_loop().run_in_executor(self._executor, ctx.run, call)
+        future = asyncio.get_running_loop().run_in_executor(self._executor, call)
         try:
             while True:
                 done, _ = await asyncio.wait({future}, timeout=_POLL_S)

@@ -6,7 +6,6 @@ columns' own bytes, so a 2,500-token span costs a memcpy on each side.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -15,6 +14,7 @@ import pyarrow.ipc as ipc
 from spanlab.errors import InvalidSpanError
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
+_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # continuation marker, then a 0-byte message
 
 
 def table_to_bytes(tbl: pa.Table) -> bytes:
@@ -32,52 +32,9 @@ def bytes_to_table(data: bytes) -> pa.Table:
 
 
 def reader_to_chunks(reader: pa.RecordBatchReader) -> Iterator[bytes]:
-    """An Arrow IPC stream, one HTTP chunk per record batch, so big reads never sit whole in memory."""
-    buf = io.BytesIO()
-    writer = ipc.new_stream(buf, reader.schema)
-
-    def drain() -> bytes:
-        data = buf.getvalue()
-        buf.seek(0)
-        buf.truncate()
-        return data
-
-    if first := drain():
-        yield first
+    """An Arrow IPC stream, one HTTP chunk per record batch, so big reads never sit whole in memory: the
+    stream format is the schema's message, each batch's message, then the end-of-stream marker."""
+    yield reader.schema.serialize().to_pybytes()
     for batch in reader:
-        writer.write_batch(batch)
-        yield drain()
-    writer.close()
-    if last := drain():
-        yield last
-
-
-def open_chunked_stream(chunks: Iterator[bytes]) -> pa.RecordBatchReader:
-    """A reader over an Arrow IPC stream arriving in chunks (the client side of reader_to_chunks).
-
-    Buffered because a raw reader returns at most one chunk per read, and pyarrow takes a short read of a
-    message body as a truncated stream: a record batch bigger than one HTTP chunk would fail to read.
-    """
-    return ipc.open_stream(io.BufferedReader(_ChunkReader(chunks)))
-
-
-class _ChunkReader(io.RawIOBase):
-    """A read-only file over an iterator of byte chunks (what pyarrow's stream reader wants)."""
-
-    def __init__(self, chunks: Iterator[bytes]) -> None:
-        self._chunks = chunks
-        self._pending = b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b) -> int:  # type: ignore[override]
-        while not self._pending:
-            try:
-                self._pending = next(self._chunks)
-            except StopIteration:
-                return 0
-        n = min(len(b), len(self._pending))
-        b[:n] = self._pending[:n]
-        self._pending = self._pending[n:]
-        return n
+        yield batch.serialize().to_pybytes()
+    yield _END_OF_STREAM

@@ -2,10 +2,10 @@
 
 Why one thread: DuckDB makes a change durable at COMMIT, and a COMMIT costs about the same for one row as
 for a thousand. Every write of the store (spans, enqueue, dequeue, heartbeat, finish, resources, metrics)
-is a function of the connection handed to :meth:`Writer.submit`; the thread runs what is queued when it is
-free (and what arrives within ``group_wait_s``) in one transaction, COMMITs, and only then answers each
-caller's future. So a write that returns is committed, and writers that arrive together share a commit.
-One thread also makes the queue atomic without locks: two dequeues never run at the same time.
+is a function of the connection handed to :meth:`Writer.submit`; the thread runs what queued up while it
+was busy in one transaction, COMMITs, and only then answers each caller's future. So a write that returns
+is committed, and writers that arrive together share a commit. One thread also makes the queue atomic
+without locks: two dequeues never run at the same time.
 
 Span batches that queue up together (concurrent gateway calls, server requests) run as one INSERT, not one
 each: a statement costs milliseconds whatever its size, so a commit shared by thirty calls that still ran
@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import logging
 import queue
 import threading
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -52,30 +52,20 @@ class Batchable(ABC):
 
 
 def _run_all(conn: duckdb.DuckDBPyConnection, fns: list[Write]) -> list[Any]:
-    """Every write in order, runs of the same :class:`Batchable` class as one ``run_many``."""
+    """Every write in order; writes of one :class:`Batchable` class queued one after another are one ``run_many``."""
     results: list[Any] = []
-    i = 0
-    while i < len(fns):
-        kind = type(fns[i])
-        j = i + 1
-        if issubclass(kind, Batchable):
-            while j < len(fns) and type(fns[j]) is kind:
-                j += 1
-            results.extend(kind.run_many(conn, fns[i:j]) if j - i > 1 else [fns[i](conn)])
-        else:
-            results.append(fns[i](conn))
-        i = j
+    for kind, run in itertools.groupby(fns, key=type):
+        batch = list(run)
+        results += kind.run_many(conn, batch) if issubclass(kind, Batchable) else [fn(conn) for fn in batch]
     return results
 
 
 class Writer:
     """Owns ``conn`` from now on: nothing else may use it until :meth:`close` returns."""
 
-    def __init__(self, conn: duckdb.DuckDBPyConnection, name: str, *, group_wait_s: float = 0.0,
-                 max_group: int = 256) -> None:
+    def __init__(self, conn: duckdb.DuckDBPyConnection, name: str, *, max_group: int = 256) -> None:
         self._conn = conn
         self._name = name
-        self.group_wait_s = group_wait_s
         self.max_group = max_group
         self._queue: queue.SimpleQueue[tuple[Write, Future[Any]] | None] = queue.SimpleQueue()
         self._closed = False
@@ -109,23 +99,16 @@ class Writer:
 
     # --- the thread ----------------------------------------------------------------------------
     def _run(self) -> None:
-        while True:
-            first = self._queue.get()
-            if first is None:
-                return
-            group, stopping = [first], False
-            deadline = time.monotonic() + self.group_wait_s
-            while len(group) < self.max_group:
+        while True:  # a group: the first write, and whatever queued up meanwhile (None: close)
+            group = [self._queue.get()]
+            while group[-1] is not None and len(group) < self.max_group:
                 try:
-                    wait = deadline - time.monotonic()
-                    item = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
+                    group.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-                if item is None:
-                    stopping = True
-                    break
-                group.append(item)
-            self._commit(group)
+            stopping = group[-1] is None
+            if writes := [item for item in group if item is not None]:
+                self._commit(writes)
             if stopping:
                 return
 

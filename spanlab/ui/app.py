@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from spanlab.errors import NotFoundError, QueryError, SpanlabError, StoreLockedError
 from spanlab.serving import LOOPBACK_NAMES
-from spanlab.store.sql import SURFACE_MAX_BYTES, SURFACE_TIMEOUT_S
+from spanlab.store.sql import SURFACE_MAX_BYTES, SURFACE_TIMEOUT_S, QueryLimits
 from spanlab.store.sql_pool import QueryBusyError, SqlPool
 from spanlab.ui import queries
 from spanlab.ui.db import ReadOnlyStore, fetch
@@ -145,9 +145,9 @@ def create_app(db: str | Path, tokenizer_loader: TokenizerLoader | None = None, 
         wanted = [n for n in names.split(",") if n][:20]
         return await read(queries.run_metrics, run_id, wanted)
 
-    def sql_json(query: str, max_rows: int) -> bytes:
+    def sql_json(query: str, max_rows: int, limits: QueryLimits) -> bytes:
         """On the SQL pool's thread, JSON included: a big result encoded on the event loop would stall the pages."""
-        columns, rows, truncated = store.user_query(query, max_rows)
+        columns, rows, truncated = store.user_query(query, max_rows, limits)
         return json.dumps({"columns": columns, "rows": rows, "truncated": truncated}, ensure_ascii=False).encode()
 
     @app.post("/api/sql", response_model=dict[str, Any])

@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from spanlab.errors import QueryError, StoreError
 from spanlab.store.connection import connect
-from spanlab.store.sql import fetch_user_query, rows
+from spanlab.store.sql import QueryLimits, fetch_user_query, rows
 
 
 def fetch_arrow(conn: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] = ()) -> pa.Table:
@@ -63,12 +63,13 @@ class ReadOnlyStore:
         with self.connection() as conn:
             return fetch(conn, sql, params)
 
-    def user_query(self, sql: str, max_rows: int) -> tuple[list[str], list[dict[str, Any]], bool]:
+    def user_query(self, sql: str, max_rows: int, limits: QueryLimits | None = None,
+                   ) -> tuple[list[str], list[dict[str, Any]], bool]:
         """The SQL box: the same locked-down path as ``spanlab sql`` (:func:`fetch_user_query`), capped at
         ``max_rows`` rows; returns (columns, rows, truncated)."""
         if not sql.strip():
             raise QueryError("empty query")
         with self.connection() as conn:
-            table = fetch_user_query(conn, sql, max_rows + 1)
+            table = fetch_user_query(conn, sql, max_rows + 1, limits=limits)
         truncated = table.num_rows > max_rows
         return table.column_names, list(rows(table.slice(0, max_rows))), truncated
