@@ -4,7 +4,8 @@ Used by tests/algos/test_async_loop.py and benchmarks/async_grpo.py. ``LongTailA
 lognormal time per (task, sample), then records one sampled call the way the gateway would (an ``llm_call``
 span with token IDs, the sampler's logprobs and ``attributes.policy_version``: the latest pushed version at
 the moment it samples, read from the store like an engine serving the latest push) and returns a seeded
-reward. ``TinyTrainer`` is the real ``iter_samples`` + ``grpo_step`` on a tiny random Llama; its push
+reward. A task marked ``straggler`` has a first sample that outlasts two weight pushes (or its cap).
+``TinyTrainer`` is the real ``iter_samples`` + ``grpo_step`` on a tiny random Llama; its push
 records a ``policy`` resource (what PolicySync records after an engine reload). ``train_s`` and ``push_s``
 of sleep stand in for a real model's update and reload: a sleep holds no core, as an update on a GPU would
 not hold the workers' CPU, so the figures isolate the scheduling.
@@ -32,9 +33,14 @@ from spanlab.types import LLMCall, Span
 VOCAB, PROMPT_LEN, RESPONSE_LEN = 16, 4, 6
 
 
-def toy_tasks(n: int, seed: int = 0) -> list[dict[str, Any]]:
+def toy_tasks(n: int, seed: int = 0, stragglers: dict[str, float] | None = None) -> list[dict[str, Any]]:
+    """``n`` tasks of random prompt tokens; ``stragglers`` maps task IDs whose first sample straggles to a cap (s)."""
     rng = random.Random(seed)
-    return [{"task_id": f"t{i}", "prompt": [rng.randrange(1, VOCAB) for _ in range(PROMPT_LEN)]} for i in range(n)]
+    tasks = [{"task_id": f"t{i}", "prompt": [rng.randrange(1, VOCAB) for _ in range(PROMPT_LEN)]} for i in range(n)]
+    for task in tasks:
+        if task["task_id"] in (stragglers or {}):
+            task["straggler"] = stragglers[task["task_id"]]  # type: ignore[index]
+    return tasks
 
 
 def rollout_delay(task_id: str, sample: int, *, median_s: float, sigma: float, max_s: float, seed: int = 0) -> float:
@@ -51,8 +57,11 @@ class LongTailAgent(Agent):
 
     async def run(self, task: Any, ctx: RolloutContext) -> float | None:
         sample = int(ctx.rollout.metadata.get("sample", 0))
-        await asyncio.sleep(rollout_delay(task["task_id"], sample, median_s=self.median_s, sigma=self.sigma,
-                                          max_s=self.max_s, seed=self.seed))
+        if task.get("straggler") and sample == 0:
+            await self._outlast(ctx, versions=2, cap_s=task["straggler"])
+        else:
+            await asyncio.sleep(rollout_delay(task["task_id"], sample, median_s=self.median_s, sigma=self.sigma,
+                                              max_s=self.max_s, seed=self.seed))
         version = await asyncio.to_thread(current_policy_version, ctx.store)
         rng = random.Random(f"{self.seed}-{task['task_id']}-{sample}-{version}")
         response = [rng.randrange(1, VOCAB) for _ in range(RESPONSE_LEN)]
@@ -62,6 +71,17 @@ class LongTailAgent(Agent):
                     kind="llm_call", llm=call, attributes={"policy_version": version})
         await asyncio.to_thread(ctx.store.add_spans, [span])
         return sum(t % 2 == 0 for t in response) / RESPONSE_LEN
+
+
+    @staticmethod
+    async def _outlast(ctx: RolloutContext, *, versions: int, cap_s: float) -> None:
+        """A straggler: run until the trainer pushed ``versions`` more versions, or ``cap_s`` (a sync loop pushes
+        none while it waits, so there it costs the whole ``cap_s``, as a real long-tail rollout would)."""
+        start, deadline = await asyncio.to_thread(current_policy_version, ctx.store), time.monotonic() + cap_s
+        while time.monotonic() < deadline:
+            if await asyncio.to_thread(current_policy_version, ctx.store) >= start + versions:
+                return
+            await asyncio.sleep(0.05)
 
 
 def tiny_model(seed: int = 0) -> torch.nn.Module:
