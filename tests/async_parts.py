@@ -17,6 +17,7 @@ import asyncio
 import math
 import random
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,13 @@ def toy_tasks(n: int, seed: int = 0, stragglers: dict[str, float] | None = None)
         if task["task_id"] in (stragglers or {}):
             task["straggler"] = stragglers[task["task_id"]]  # type: ignore[index]
     return tasks
+
+
+def task_draws(pool: list[dict[str, Any]], per_step: int, seed: int = 0) -> Iterator[list[dict[str, Any]]]:
+    """As ``Job.task_draws``: step k of a sync loop trains on draw k; an async loop queues them one by one."""
+    rng = random.Random(seed)
+    while True:
+        yield rng.sample(pool, per_step)
 
 
 def rollout_delay(task_id: str, sample: int, *, median_s: float, sigma: float, max_s: float, seed: int = 0) -> float:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import random
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +23,7 @@ from spanlab.algos.grpo.loop import run_sync
 from spanlab.jobs.groups import POLICY_RESOURCE, GroupQueue, policy_version
 from spanlab.jobs.rollouts import RolloutCollector
 from spanlab.store import SpanStore
-from tests.async_parts import TinyTrainer, rollout_delay, toy_tasks
+from tests.async_parts import TinyTrainer, rollout_delay, task_draws, toy_tasks
 
 AGENT = "tests.async_parts:LongTailAgent"
 DELAYS = {"median_s": 0.08, "sigma": 1.0, "max_s": 0.8, "seed": 0}
@@ -41,12 +40,6 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-def _draws(pool: list[dict[str, Any]], per_step: int, seed: int = 0) -> Iterator[list[dict[str, Any]]]:
-    rng = random.Random(seed)  # as Job.task_draws: step k of the sync loop is draw k
-    while True:
-        yield rng.sample(pool, per_step)
-
-
 def _collector(store: SpanStore) -> RolloutCollector:
     return RolloutCollector(store, "", AGENT, dict(DELAYS), concurrency=CONCURRENCY, timeout_s=30)
 
@@ -56,21 +49,21 @@ def _sync(db: Path, pool: list[dict[str, Any]]) -> tuple[TinyTrainer, float]:
         trainer, collector = TinyTrainer(store, train_s=TRAIN_S), _collector(store)
         started = time.monotonic()
         run_sync(trainer.parts(), lambda tasks, step: collector.collect(tasks, mode="train", group_size=GROUP),
-                 enumerate(itertools.islice(_draws(pool, PER_STEP), STEPS)))
+                 enumerate(itertools.islice(task_draws(pool, PER_STEP), STEPS)))
         return trainer, time.monotonic() - started
 
 
 def test_async_trains_only_fresh_groups_runs_faster_than_sync_and_ends_clean(tmp_path: Path) -> None:
     pool = toy_tasks(12, stragglers={"t4": 3.0})
     # The tail the rules must handle is there: a straggler among the first groups, and a lognormal tail.
-    first = [t for draw in itertools.islice(_draws(pool, PER_STEP), 2) for t in draw]
+    first = [t for draw in itertools.islice(task_draws(pool, PER_STEP), 2) for t in draw]
     assert any("straggler" in t for t in first)
     assert max(rollout_delay(t["task_id"], k, **DELAYS) for t in first for k in range(GROUP)) > 0.3
     sync_trainer, sync_s = _sync(tmp_path / "sync.duckdb", pool)
 
     with SpanStore(":memory:") as store:
         trainer, collector = TinyTrainer(store, train_s=TRAIN_S), _collector(store)
-        queue = GroupQueue(collector, itertools.chain.from_iterable(_draws(pool, PER_STEP)), GROUP,
+        queue = GroupQueue(collector, itertools.chain.from_iterable(task_draws(pool, PER_STEP)), GROUP,
                            in_flight=2 * PER_STEP, max_staleness=1)
         started = time.monotonic()
         end = run_async(trainer.parts(), queue, collector.background(), range(STEPS), PER_STEP)
