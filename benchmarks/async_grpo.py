@@ -1,7 +1,7 @@
 """Sync vs async GRPO (K=1, K=2) on the same work, side by side: wall time, steps/min, rollouts/s, idle workers.
 
 Isolates the scheduling, which is what the async loop changes: the agent is ``LongTailAgent``
-(tests/async_parts.py: a seeded lognormal time per rollout, plus straggler tasks whose first sample outlasts
+(tests/agents_for_tests.py: a seeded lognormal time per rollout, plus straggler tasks whose first sample outlasts
 two weight pushes or ``--straggler-s``), the trainer the real ``grpo_step`` on a tiny model plus
 ``--train-s`` of sleep for a real model's update (a sleep holds no core, as a GPU update would not hold the
 workers' CPU) and ``--push-s`` for the reload. Every arm runs the same task draws, delays and trainer through
@@ -36,9 +36,10 @@ from spanlab.algos.grpo.loop import run_sync  # noqa: E402
 from spanlab.jobs.groups import GroupQueue  # noqa: E402
 from spanlab.jobs.rollouts import RolloutCollector  # noqa: E402
 from spanlab.store import SpanStore  # noqa: E402
-from tests.async_parts import TinyTrainer, task_draws, toy_tasks  # noqa: E402
+from tests.agents_for_tests import task_draws, toy_tasks  # noqa: E402
+from tests.async_parts import TinyTrainer  # noqa: E402
 
-AGENT = "tests.async_parts:LongTailAgent"
+AGENT = "tests.agents_for_tests:LongTailAgent"
 
 
 def run_arm(args: argparse.Namespace, max_staleness: int | None) -> dict[str, Any]:

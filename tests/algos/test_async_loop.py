@@ -1,6 +1,6 @@
 """The async GRPO loop on a real store with real workers: stale groups dropped, faster than sync, a clean end.
 
-The agent (``tests.async_parts.LongTailAgent``) takes a seeded lognormal time per (task, sample) and records
+The agent (``tests.agents_for_tests.LongTailAgent``) takes a seeded lognormal time per (task, sample) and records
 its call with the policy version it sampled under; the trainer is the real ``grpo_step`` on a tiny model.
 The same tasks, delays and trainer run once through the sync loop and once through the async one. The queue's
 rules are also checked on their own with an injected ``sleep`` that moves the scenario on (no timing at all).
@@ -23,9 +23,10 @@ from spanlab.algos.grpo.loop import run_sync
 from spanlab.jobs.groups import POLICY_RESOURCE, GroupQueue, policy_version
 from spanlab.jobs.rollouts import RolloutCollector
 from spanlab.store import SpanStore
-from tests.async_parts import TinyTrainer, rollout_delay, task_draws, toy_tasks
+from tests.agents_for_tests import rollout_delay, task_draws, toy_tasks
+from tests.async_parts import TinyTrainer
 
-AGENT = "tests.async_parts:LongTailAgent"
+AGENT = "tests.agents_for_tests:LongTailAgent"
 DELAYS = {"median_s": 0.08, "sigma": 1.0, "max_s": 0.8, "seed": 0}
 TRAIN_S = 0.3  # a real model's update time, slept (module doc of tests.async_parts)
 STEPS, PER_STEP, GROUP, CONCURRENCY = 6, 2, 4, 8
