@@ -3,7 +3,8 @@
 # (decode throughput with 1 and 2 replicas, a weight push to both) and the data-parallel GRPO trainer
 # (update step time and peak memory with 1 vs 2 processes: on the GPU(s), and as gloo ranks on the CPU
 # cores), and sync vs async GRPO scheduling (issue #23), printing each figure; the whole run is bounded
-# (default 480 s, --budget-s). Results go to $OUT (or ./gpu-check-out) as JSON and a log; paste the printed summary into docs/gpu.md.
+# (default 480 s, --budget-s). Results go to $OUT (or ./gpu-check-out) as JSON and a log; paste the printed
+# summary into docs/gpu.md.
 #
 #   bash scripts/gpu_check.sh            # on the GPU machine (sets up .venv with PyPI vllm if it has none)
 #   bash scripts/gpu_check.sh --cpu      # the same stages, small, on CPU: proves the script runs (~5-10 min on 2 cores)

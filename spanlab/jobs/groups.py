@@ -77,7 +77,7 @@ class Take:
     """What one ``take`` hands the trainer, and what it saw on the way (the step's async metrics)."""
 
     groups: list[Group]
-    staleness: list[int]  # one per rollout of ``groups``: current version - the version it was dequeued under
+    staleness: list[int]  # per dequeued rollout of ``groups``: current version - the version it was dequeued under
     version: int  # the trainer's version at the take
     wait_s: float  # how long the trainer waited for the groups
     in_flight: int  # groups outstanding when the take began
