@@ -2,8 +2,9 @@
 # The GPU check of issue #22, for a session that gets a GPU machine: two vLLM replicas of one model
 # (decode throughput with 1 and 2 replicas, a weight push to both) and the data-parallel GRPO trainer
 # (update step time and peak memory with 1 vs 2 processes: on the GPU(s), and as gloo ranks on the CPU
-# cores), printing each figure; the whole run is bounded (default 480 s, --budget-s). Results go to
-# $OUT (or ./gpu-check-out) as JSON and a log; paste the printed summary into docs/gpu.md.
+# cores), and sync vs async GRPO scheduling (issue #23), printing each figure; the whole run is bounded
+# (default 480 s, --budget-s). Results go to $OUT (or ./gpu-check-out) as JSON and a log; paste the printed
+# summary into docs/gpu.md.
 #
 #   bash scripts/gpu_check.sh            # on the GPU machine (sets up .venv with PyPI vllm if it has none)
 #   bash scripts/gpu_check.sh --cpu      # the same stages, small, on CPU: proves the script runs (~5-10 min on 2 cores)
@@ -82,6 +83,14 @@ if [ "$mode" = gpu ]; then
   trainer "cpu (gloo)" --device cpu --model "$trainer_model" --samples 32 --steps 1 --threads "$(nproc)" --processes 1 2
 else
   trainer "cpu (gloo)" --device cpu --model tiny --samples 8 --steps 1 --threads "$(nproc)" --processes 1 2
+fi
+
+# --- 3. async vs sync GRPO scheduling (issue #23): the fake long-tail agent, sync vs async K=1, K=2 -------
+if [ "$(left)" -lt 90 ]; then say "async loop: SKIPPED: out of time"; status=1
+else
+  say "async loop: sync vs async K=1, K=2 (benchmarks/async_grpo.py: scheduling only, no engine)"
+  timeout "$(left)" "$py" benchmarks/async_grpo.py --steps 8 2>>"$log" | tee -a "$log" \
+    || { say "async loop: FAILED (see $log)"; status=1; }
 fi
 say "done in $(( budget - $(left) ))s, exit $status"
 exit $status

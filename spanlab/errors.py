@@ -37,3 +37,7 @@ class NotFoundError(SpanlabError, KeyError):
 
 class QueryError(SpanlabError, ValueError):
     """A user SQL query failed or tried something the read-only surface forbids."""
+
+
+class RolloutWorkersError(SpanlabError, RuntimeError):
+    """The workers running a job's rollouts in the background stopped with an error."""

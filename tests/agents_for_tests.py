@@ -1,12 +1,17 @@
-"""Agents used by the runner tests: deterministic crashes, hangs and resource reads."""
+"""Agents used by the runner tests: deterministic crashes, hangs and resource reads; long-tailed rollout times."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 import random
+import time
+from collections.abc import Iterator
 from typing import Any
 
+from spanlab.jobs.groups import current_policy_version
 from spanlab.runner import Agent, RolloutContext
+from spanlab.types import LLMCall, Span
 
 
 class FlakyAgent(Agent):
@@ -95,3 +100,68 @@ class BusyAgent(Agent):
                 pass
             await asyncio.to_thread(ctx.add_span, f"call-{call}")
         return 1.0
+
+
+# --- the async loop's agent (tests/algos/test_async_loop.py, benchmarks/async_grpo.py) -------------------
+VOCAB, PROMPT_LEN, RESPONSE_LEN = 16, 4, 6
+
+
+def toy_tasks(n: int, seed: int = 0, stragglers: dict[str, float] | None = None) -> list[dict[str, Any]]:
+    """``n`` tasks of random prompt tokens; ``stragglers`` maps task IDs whose first sample straggles to a cap (s)."""
+    rng = random.Random(seed)
+    tasks = [{"task_id": f"t{i}", "prompt": [rng.randrange(1, VOCAB) for _ in range(PROMPT_LEN)]} for i in range(n)]
+    for task in tasks:
+        if task["task_id"] in (stragglers or {}):
+            task["straggler"] = stragglers[task["task_id"]]  # type: ignore[index]
+    return tasks
+
+
+def task_draws(pool: list[dict[str, Any]], per_step: int, seed: int = 0) -> Iterator[list[dict[str, Any]]]:
+    """As ``Job.task_draws``: step k of a sync loop trains on draw k; an async loop queues them one by one."""
+    rng = random.Random(seed)
+    while True:
+        yield rng.sample(pool, per_step)
+
+
+def rollout_delay(task_id: str, sample: int, *, median_s: float, sigma: float, max_s: float, seed: int = 0) -> float:
+    """The seeded long-tailed time one rollout of ``task_id`` takes (the same in every loop that runs it)."""
+    z = random.Random(f"{seed}-{task_id}-{sample}").gauss(0.0, 1.0)
+    return min(max_s, median_s * math.exp(sigma * z))
+
+
+class LongTailAgent(Agent):
+    """Waits a seeded lognormal ``rollout_delay`` per (task, sample), then records one sampled call the way the
+    gateway would (an ``llm_call`` span: token IDs, the sampler's logprobs, ``attributes.policy_version`` = the
+    latest pushed version when it samples, like an engine serving the latest push) and returns the fraction of
+    even response tokens. A task's ``straggler`` first sample outlasts two weight pushes (or its cap)."""
+
+    def __init__(self, median_s: float = 0.05, sigma: float = 1.0, max_s: float = 2.0, seed: int = 0) -> None:
+        self.median_s, self.sigma, self.max_s, self.seed = median_s, sigma, max_s, seed
+
+    async def run(self, task: Any, ctx: RolloutContext) -> float | None:
+        sample = int(ctx.rollout.metadata.get("sample", 0))
+        if task.get("straggler") and sample == 0:
+            await self._outlast(ctx, versions=2, cap_s=task["straggler"])
+        else:
+            await asyncio.sleep(rollout_delay(task["task_id"], sample, median_s=self.median_s, sigma=self.sigma,
+                                              max_s=self.max_s, seed=self.seed))
+        version = await asyncio.to_thread(current_policy_version, ctx.store)
+        rng = random.Random(f"{self.seed}-{task['task_id']}-{sample}-{version}")
+        response = [rng.randrange(1, VOCAB) for _ in range(RESPONSE_LEN)]
+        call = LLMCall(model="tiny", prompt_token_ids=list(task["prompt"]), response_token_ids=response,
+                       response_logprobs=[-math.log(VOCAB)] * RESPONSE_LEN)
+        span = Span(rollout_id=ctx.rollout.rollout_id, attempt_id=ctx.attempt.attempt_id, name="chat.completions",
+                    kind="llm_call", llm=call, attributes={"policy_version": version})
+        await asyncio.to_thread(ctx.store.add_spans, [span])
+        return sum(t % 2 == 0 for t in response) / RESPONSE_LEN
+
+
+    @staticmethod
+    async def _outlast(ctx: RolloutContext, *, versions: int, cap_s: float) -> None:
+        """A straggler: run until the trainer pushed ``versions`` more versions, or ``cap_s`` (a sync loop pushes
+        none while it waits, so there it costs the whole ``cap_s``, as a real long-tail rollout would)."""
+        start, deadline = await asyncio.to_thread(current_policy_version, ctx.store), time.monotonic() + cap_s
+        while time.monotonic() < deadline:
+            if await asyncio.to_thread(current_policy_version, ctx.store) >= start + versions:
+                return
+            await asyncio.sleep(0.05)

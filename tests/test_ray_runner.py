@@ -168,3 +168,32 @@ def test_spanlab_train_runs_its_rollouts_on_ray_actors_through_the_gateway(
     assert len(rows) == 2 + 2 * 2 + 2  # base eval, one best-of-2 round of 2 tasks, final eval: one attempt each
     assert {r["worker_id"] for r in rows} <= {"ray-0", "ray-1"} and all(r["status"] == "succeeded" for r in rows)
     assert all(r["calls"] >= 1 for r in rows)  # every rollout's model calls went through the gateway
+
+
+@pytest.mark.slow
+def test_the_async_loop_keeps_ray_actors_working_and_ends_with_nothing_leased(
+        ray_cluster: Any, served: tuple[SpanStore, str]) -> None:
+    """``loop: {mode: async}`` on Ray: the actors take the groups the queue keeps outstanding for the whole loop
+    (``RayRunner.serve`` on the workers' thread), and the end cancels what they still hold."""
+    import itertools
+
+    from spanlab.algos.grpo.async_loop import run_async
+    from spanlab.jobs.groups import GroupQueue
+    from tests.agents_for_tests import task_draws, toy_tasks
+    from tests.async_parts import TinyTrainer
+
+    store, url = served
+    config = RolloutRunnerConfig(backend="ray", workers=2, heartbeat_s=1.0)
+    with RayRunner(config, store=store, store_url=url, store_token=TOKEN) as runner:
+        collector = RolloutCollector(store, "", "tests.agents_for_tests:LongTailAgent", {"median_s": 0.05},
+                                     timeout_s=60, remote=runner, worker_concurrency=2)
+        trainer = TinyTrainer(store)
+        queue = GroupQueue(collector, itertools.chain.from_iterable(task_draws(toy_tasks(6), 2)), 2, in_flight=4,
+                           max_staleness=1)
+        end = run_async(trainer.parts(), queue, collector.background(), range(3), 2)
+        assert all(len(ids) == 4 for _, ids in trainer.trained) and len(trainer.trained) == 3
+        assert all(m["staleness_max"] <= 1 for m in trainer.steps)
+        workers = {a.worker_id for _, ids in trainer.trained for rid in ids for a in store.list_attempts(rid)}
+        assert workers <= set(runner.actors) and workers
+    assert store.count_rollouts(("queuing", "requeuing", "preparing", "running")) == 0
+    assert end.cancelled_queued + end.cancelled_running + end.unused_finished == 4 * 2

@@ -95,7 +95,7 @@ def iter_samples(
     store: StoreAPI,
     rollout_ids: Sequence[str],
     *,
-    group_key: str = "task_id",
+    group_key: str | None = "task_id",
     reward: RewardMode = "final",
     batch_rows: int = 256,
     token_source: TokenSource = "exact",
@@ -105,7 +105,8 @@ def iter_samples(
 ) -> Iterator[Sample]:
     """Stream the samples of the given rollouts' last attempts, in rollout/attempt/call order.
 
-    ``agents``: only calls of these roles of a multi-agent attempt (None: every call).
+    ``agents``: only calls of these roles of a multi-agent attempt (None: every call). Samples are grouped by
+    ``input[group_key]``, else ``metadata.group_id`` (``group_key=None``: by ``metadata.group_id`` only).
     ``token_source="retokenized"`` needs the training-side ``tokenizer``; ``chat_template`` (a Jinja file)
     renders with another template than the tokenizer's, to model an inference/training stack mismatch.
     """
@@ -124,7 +125,7 @@ def iter_samples(
                            agents=agents)
 
 
-def _iter_exact(store: StoreAPI, rollout_ids: Sequence[str], *, group_key: str, reward: RewardMode,
+def _iter_exact(store: StoreAPI, rollout_ids: Sequence[str], *, group_key: str | None, reward: RewardMode,
                 batch_rows: int, agents: Sequence[str] | None = None) -> Iterator[Sample]:
     """The samples as the engine sampled them (the module docstring)."""
     rollout_ids = list(dict.fromkeys(rollout_ids))
@@ -221,11 +222,12 @@ def micro_batches(samples: Sequence[Sample], max_tokens: int) -> Iterator[list[S
 
 
 # --- reading the store ---------------------------------------------------------------------------
-def _group_id(input_json: str | None, metadata_json: str | None, group_key: str) -> str:
-    """``input[group_key]``, else ``metadata["group_id"]``, else the input itself as canonical JSON."""
+def _group_id(input_json: str | None, metadata_json: str | None, group_key: str | None) -> str:
+    """``input[group_key]`` (not when ``group_key`` is None), else ``metadata["group_id"]``, else the input itself
+    as canonical JSON."""
     task: Any = json.loads(input_json) if input_json is not None else None
     meta: Any = json.loads(metadata_json) if metadata_json is not None else None
-    if isinstance(task, dict) and group_key in task:
+    if group_key is not None and isinstance(task, dict) and group_key in task:
         value = task[group_key]
     elif isinstance(meta, dict) and "group_id" in meta:
         value = meta["group_id"]
@@ -234,7 +236,7 @@ def _group_id(input_json: str | None, metadata_json: str | None, group_key: str)
     return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
 
 
-def _last_attempts(store: StoreAPI, rollout_ids: list[str], group_key: str) -> dict[str, tuple[str, str]]:
+def _last_attempts(store: StoreAPI, rollout_ids: list[str], group_key: str | None) -> dict[str, tuple[str, str]]:
     return {a.attempt_id: (r.rollout_id, _group_id(json.dumps(r.input), json.dumps(r.metadata), group_key))
             for r, a in store.last_attempts(rollout_ids)}
 

@@ -86,11 +86,24 @@ class WeightSyncClient:
         return resp
 
     # ------------------------------------------------------------------ LoRA
-    def load_lora(self, name: str, path: str | Path, *, inplace: bool = True) -> SyncTiming:
-        """Load (or, with ``inplace``, replace) adapter ``name``; requests then use ``model=name``."""
+    def load_lora(self, name: str, path: str | Path, *, inplace: bool = True, pause: bool = False) -> SyncTiming:
+        """Load (or, with ``inplace``, replace) adapter ``name``; requests then use ``model=name``.
+
+        vLLM swaps an adapter in place between two decoding steps, so a request running meanwhile would go on
+        with the new adapter. ``pause`` (dev routes) lets running requests finish on the old one first, and
+        drops the prefix cache the old adapter computed; the async loop asks for it (docs/async.md).
+        """
         t0 = time.perf_counter()
-        self._call("POST", "/v1/load_lora_adapter",
-                   json={"lora_name": name, "lora_path": str(path), "load_inplace": inplace})
+        if pause:
+            self.pause("wait")
+        try:
+            self._call("POST", "/v1/load_lora_adapter",
+                       json={"lora_name": name, "lora_path": str(path), "load_inplace": inplace})
+            if pause:
+                self.reset_prefix_cache()
+        finally:
+            if pause:
+                self.resume()
         dt = time.perf_counter() - t0
         logger.info("loaded LoRA %s from %s in %.3fs", name, path, dt)
         return SyncTiming(method="lora", total_s=dt, steps_s={"load_lora_adapter": dt})
@@ -206,8 +219,14 @@ class ReplicaWeightSync:
         steps = {f"{k}@{i}": v for i, t in enumerate(timings) for k, v in t.steps_s.items()}
         return SyncTiming(method=timings[0].method, total_s=time.perf_counter() - t0, steps_s=steps, version=version)
 
-    def load_lora(self, name: str, path: str | Path, *, inplace: bool = True, version: str | None = None) -> SyncTiming:
-        return self._each(lambda c: c.load_lora(name, path, inplace=inplace), version)
+    def load_lora(self, name: str, path: str | Path, *, inplace: bool = True, version: str | None = None,
+                  pause: bool = False) -> SyncTiming:
+        return self._each(lambda c: c.load_lora(name, path, inplace=inplace, pause=pause), version)
+
+    def check_can_pause(self) -> None:
+        """Every replica serves ``/is_paused`` (vLLM's dev routes), so pushes can let running requests finish."""
+        for client in self.clients:
+            client.is_paused()
 
     def reload_weights(self, weights_path: str | Path, *, version: str | None = None,
                        pause: bool = True) -> SyncTiming:

@@ -46,6 +46,7 @@ class Algorithm(ABC, Generic[SettingsT]):
     data_parallel: ClassVar[bool] = False  # True: its update honours trainer.processes > 1
     steps_key: ClassVar[str | None] = None  # the field of the section that ``spanlab train --steps N`` sets
     resumable: ClassVar[bool] = False  # True: steps from ``job.steps``, optimizer via ``job.attach_optimizer``
+    async_loop: ClassVar[bool] = False  # True: its run honours ``loop: {mode: async}`` (docs/async.md)
 
     def __init__(self, config: TrainConfig) -> None:
         self.config = config

@@ -66,5 +66,8 @@ def check_resumable(job_algorithm: Any, config: Any) -> None:
         raise ConfigError(f"--resume: algorithm {config.algorithm!r} cannot resume a run (grpo can)")
     if not config.checkpoints.resume_state:
         raise ConfigError("--resume: checkpoints.resume_state is off, so no run state was saved")
+    if config.loop.mode == "async":  # the groups in flight at the kill live in no saved state
+        raise ConfigError("--resume: a loop.mode: async run keeps groups in flight that no saved state holds; "
+                          "it cannot resume")
     if config.trainer.processes > 1:  # rank 0's optimizer lives in the data-parallel group, not in the job
         raise ConfigError("--resume: a run with trainer.processes > 1 saves no optimizer state; it cannot resume")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
@@ -29,9 +29,11 @@ from spanlab.training.settings import SFTConfig
 from spanlab.training.trainer_config import TrainerConfig
 
 # Keys of earlier versions, each with the one line that says where it went.
+_LOOP_SPLIT = ("loop: was split up: loop.steps/tasks_per_step -> grpo.steps/tasks_per_step; loop.concurrency/"
+               "rollout_timeout_s -> rollouts.concurrency/timeout_s; loop.torch_threads -> torch_threads")
 MIGRATIONS: dict[str, str] = {
-    "loop": "loop: was split up: loop.steps/tasks_per_step -> grpo.steps/tasks_per_step; loop.concurrency/"
-            "rollout_timeout_s -> rollouts.concurrency/timeout_s; loop.torch_threads -> torch_threads",
+    **{f"loop.{old}": _LOOP_SPLIT for old in ("steps", "tasks_per_step", "concurrency", "rollout_timeout_s",
+                                              "torch_threads")},
     "sft.temperature": "sft.temperature: moved to rollouts.temperature (shared by every algorithm)",
     "apo.test_tasks": "apo.test_tasks: moved to eval.tasks (the framework's held-out evaluation)",
 }
@@ -87,6 +89,36 @@ class RolloutsConfig(_Section):
                                       "the agent's (APO scores at eval.temperature unless this is set)")
 
 
+class LoopConfig(_Section):
+    """How an RL algorithm's steps meet their rollouts (docs/async.md).
+
+    ``sync``: each step queues its groups, waits for all of them, updates, pushes. ``async``: a producer keeps
+    ``in_flight_groups`` groups queued or running in the store at all times while the trainer updates; each
+    step trains on the next full groups sampled at most ``max_staleness`` policy versions ago (older ones are
+    dropped and counted), with truncated importance sampling against the engine's logprobs.
+    """
+
+    mode: Literal["sync", "async"] = "sync"
+    max_staleness: int | None = Field(default=None, ge=0, le=1000, description="async: train on groups sampled "
+                                      "at most this many policy versions before the current one; default 1")
+    in_flight_groups: int | None = Field(default=None, ge=1, le=100_000, description="async: groups kept queued "
+                                         "or running; default twice a step's groups")
+
+    @model_validator(mode="after")
+    def _async_settings_need_async(self) -> LoopConfig:
+        given = sorted(k for k in ("max_staleness", "in_flight_groups") if getattr(self, k) is not None)
+        if self.mode == "sync" and given:
+            raise ValueError(f"{', '.join(given)}: only used with mode: async")
+        return self
+
+    @property
+    def staleness(self) -> int:
+        return 1 if self.max_staleness is None else self.max_staleness
+
+    def groups_in_flight(self, groups_per_step: int) -> int:
+        return self.in_flight_groups or 2 * groups_per_step
+
+
 class WarmStartConfig(SFTConfig):
     """SFT on generated demonstrations before training, for a model that would otherwise never earn a reward."""
 
@@ -123,6 +155,7 @@ class TrainConfig(_Section):
     rollouts: RolloutsConfig = Field(default_factory=RolloutsConfig)
     runner: RolloutRunnerConfig = Field(default_factory=RolloutRunnerConfig,
                                         description="where rollouts run: in this process, or on Ray actors")
+    loop: LoopConfig = Field(default_factory=LoopConfig, description="sync steps, or async with a staleness bound")
     warm_start: WarmStartConfig | None = None
     torch_threads: int | None = Field(default=None, ge=1, le=1024, description="default: all cores")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="data-parallel ranks of the update")
@@ -202,7 +235,8 @@ def parse_train_config(data: dict[str, Any], source: str = "config", *, steps: i
         raise ConfigError(f"{source}: algorithm must be a name, got {name!r}")
     for key, message in MIGRATIONS.items():
         section, _, sub = key.partition(".")
-        if section in data and (not sub or (section == name and sub in (data[section] or {}))):
+        ours = section == name or section not in available()  # another algorithm's section fails below
+        if section in data and (not sub or (ours and isinstance(data[section], dict) and sub in data[section])):
             raise ConfigError(f"{source}: {message}")
     for other in sorted(set(available()) - {name}):
         if other in data:

@@ -116,13 +116,18 @@ class Job:
         self.rig.gateway.flush()
         return batch
 
-    def steps(self, n: int, tasks_per_step: int, label: str) -> Iterator[tuple[int, Tasks]]:
-        """``(step, tasks)`` for ``n`` steps, tasks drawn from the ``rl`` split with the dataset seed, with a bar."""
+    def task_draws(self, tasks_per_step: int) -> Iterator[Tasks]:
+        """The ``rl`` split's tasks, ``tasks_per_step`` distinct ones per draw, seeded by the dataset seed: step k
+        of a sync loop trains on draw k; an async loop queues the draws' tasks one group after another."""
         rng, pool = random.Random(self.config.dataset.seed), self.splits["rl"]
+        while True:
+            yield rng.sample(pool, min(tasks_per_step, len(pool)))
+
+    def steps(self, n: int, tasks_per_step: int, label: str) -> Iterator[tuple[int, Tasks]]:
+        """``(step, tasks)`` for ``n`` steps, tasks from :meth:`task_draws`, with a bar."""
         bar = self.progress.add_task(label, total=n)
         done = len(self.report.steps)  # steps a resumed run already did: their draws are replayed, not yielded
-        for step in range(n):
-            tasks = rng.sample(pool, min(tasks_per_step, len(pool)))
+        for step, tasks in zip(range(n), self.task_draws(tasks_per_step), strict=False):
             if step < done:
                 self.progress.update(bar, advance=1)
                 continue
@@ -209,6 +214,8 @@ def build_algorithm(config: TrainConfig) -> Algorithm:
         raise ConfigError(f"warm_start: algorithm {config.algorithm!r} trains no weights; remove warm_start")
     if config.trainer.processes > 1 and not algorithm.data_parallel:
         raise ConfigError(f"trainer.processes: algorithm {config.algorithm!r} trains in one process; remove trainer")
+    if config.loop.mode == "async" and not algorithm.async_loop:
+        raise ConfigError(f"loop.mode: algorithm {config.algorithm!r} has no async loop (grpo has); remove loop")
     algorithm.check()
     return algorithm
 

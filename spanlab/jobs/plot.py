@@ -1,11 +1,18 @@
-"""``spanlab plot``: a PNG of a run's reward curve (and held-out accuracy) from the store's ``train_metrics``."""
+"""``spanlab plot``: a PNG of a run's reward curve (and held-out accuracy) from the store's ``train_metrics``.
+
+A run that trained on older policies' samples (``loop: {mode: async}``, docs/async.md) gets a second panel:
+staleness, importance weights and mismatch KL per step, with the rollouts dropped as stale as bars.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from spanlab.errors import NotFoundError
 from spanlab.store.base import StoreAPI
+
+OFF_POLICY_LINES = ("staleness_mean", "tis_weight_mean", "mismatch_kl")
 
 
 def latest_run_id(store: StoreAPI) -> str:
@@ -29,7 +36,10 @@ def plot_run(store: StoreAPI, out: Path, run_id: str | None = None) -> Path:
     series: dict[str, dict[int, float]] = {}
     for r in rows:
         series.setdefault(r["name"], {})[r["step"]] = r["value"]
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
+    off_policy = "staleness_mean" in series
+    fig, axes = plt.subplots(2 if off_policy else 1, 1, figsize=(7, 6.5 if off_policy else 4), dpi=120,
+                             squeeze=False)
+    ax = axes[0][0]
     if mean := series.get("reward_mean"):
         steps = sorted(mean)
         ys = [mean[s] for s in steps]
@@ -46,8 +56,27 @@ def plot_run(store: StoreAPI, out: Path, run_id: str | None = None) -> Path:
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set(xlabel="GRPO step", ylabel="reward", title=f"spanlab run {run_id}", ylim=(-0.05, 1.05))
     ax.legend(loc="lower right")
+    if off_policy:
+        _plot_off_policy(axes[1][0], series)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)
     plt.close(fig)
     return out
+
+
+def _plot_off_policy(ax: Any, series: dict[str, dict[int, float]]) -> None:
+    """Staleness, TIS weight and mismatch KL per step (lines), rollouts dropped as stale (bars, right axis)."""
+    for name in OFF_POLICY_LINES:
+        if values := series.get(name):
+            steps = sorted(values)
+            ax.plot(steps, [values[s] for s in steps], marker=".", label=name)
+    ax.set(xlabel="GRPO step", ylabel="per step")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.legend(loc="upper left", fontsize=8)
+    if dropped := series.get("dropped_stale_rollouts"):
+        bars = ax.twinx()
+        steps = sorted(dropped)
+        bars.bar(steps, [dropped[s] for s in steps], alpha=0.25, color="gray", label="dropped as stale")
+        bars.set_ylabel("rollouts dropped as stale")
+        bars.legend(loc="upper right", fontsize=8)

@@ -14,8 +14,10 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from spanlab.jobs.background import BackgroundRollouts, serve_locally
 from spanlab.runner.agent import load_agent
 from spanlab.runner.worker import Worker, run_then_close
 from spanlab.store.base import StoreAPI
@@ -72,13 +74,7 @@ class RolloutCollector:
         ``done`` maps ``(group_id, sample)`` to a finished rollout already in the store (a resumed run's
         interrupted step): those are not run again, only counted in the batch at their place.
         """
-        config = RolloutConfig(timeout_s=self.timeout_s, max_attempts=1)
-        rollouts = [
-            Rollout(input=task, mode=mode, config=config,
-                    metadata={**(metadata or {}), "group_id": str(task.get("task_id", i)), "sample": k})
-            for i, task in enumerate(tasks)
-            for k in range(group_size)
-        ]
+        rollouts = self.rollouts_for(tasks, mode=mode, group_size=group_size, metadata=metadata)
         if not done:
             return self.run(rollouts, **agent_overrides)
         key = lambda r: (r.metadata["group_id"], r.metadata["sample"])  # noqa: E731
@@ -90,12 +86,36 @@ class RolloutCollector:
         logger.info("reused %d finished rollouts of an interrupted run, ran %d", len(rollouts) - len(todo), len(todo))
         return RolloutBatch(ids, [rewards.get(i, 0.0) for i in ids], ran.seconds, ran.failed)
 
+    def rollouts_for(self, tasks: Sequence[dict[str, Any]], *, mode: RolloutMode, group_size: int = 1,
+                     metadata: dict[str, Any] | None = None) -> list[Rollout]:
+        """``group_size`` rollouts per task (not queued yet), each tagged with its group and sample index."""
+        config = RolloutConfig(timeout_s=self.timeout_s, max_attempts=1)
+        return [Rollout(input=task, mode=mode, config=config,
+                        metadata={**(metadata or {}), "group_id": str(task.get("task_id", i)), "sample": k})
+                for i, task in enumerate(tasks) for k in range(group_size)]
+
+    def enqueue(self, rollouts: Sequence[Rollout]) -> list[str]:
+        """Queue rollouts (on Ray with the lost-worker retry policy); their IDs in order."""
+        if self.remote is not None:
+            rollouts = [r.model_copy(update={"config": self._lost_worker_policy(r.config)}) for r in rollouts]
+        return [r.rollout_id for r in self.store.enqueue(list(rollouts))]
+
+    def background(self, mode: RolloutMode = "train", **agent_overrides: Any) -> BackgroundRollouts:
+        """Workers that run whatever ``mode`` rollouts the store queues until closed (the async loop's)."""
+        kwargs = {**self.agent_kwargs, **agent_overrides}
+        if self.remote is None:
+            serve = serve_locally(self.store, self.agent_name, kwargs, gateway_url=self.gateway_url,
+                                  concurrency=self.concurrency, mode=mode)
+        else:
+            remote, concurrency = self.remote, self.worker_concurrency
+            serve = partial(remote.serve, agent_name=self.agent_name, agent_kwargs=kwargs,
+                            gateway_url=self.gateway_url, mode=mode, concurrency=concurrency)
+        return BackgroundRollouts(serve, join_timeout_s=self.timeout_s)
+
     def run(self, rollouts: Sequence[Rollout], **agent_overrides: Any) -> RolloutBatch:
         """Queue these rollouts (all of one mode), run the agent on them, return their rewards in order."""
         started = time.monotonic()
-        if self.remote is not None:
-            rollouts = [r.model_copy(update={"config": self._lost_worker_policy(r.config)}) for r in rollouts]
-        ids = [r.rollout_id for r in self.store.enqueue(list(rollouts))]
+        ids = self.enqueue(rollouts)
         kwargs = {**self.agent_kwargs, **agent_overrides}
         mode = rollouts[0].mode if rollouts else None
         if self.remote is not None:

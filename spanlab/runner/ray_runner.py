@@ -5,6 +5,8 @@ for those rollout IDs to end in the store, not for the actors. Heartbeats, timeo
 store's, so a lost actor (killed, its node gone) is only a worker that stopped heartbeating: its attempt
 ends ``unresponsive`` after ``unresponsive_s`` and the retry policy requeues the rollout for the others.
 A dead actor is replaced, so the pool keeps its size. Ray is imported here only, when a runner starts.
+In an async training loop (docs/async.md) the actors instead work for as long as the loop keeps groups queued
+(:meth:`RayRunner.serve`, in a thread of the job's).
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import logging
 import math
 import os
 import socket
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -27,6 +31,7 @@ from spanlab.types import RolloutMode
 
 logger = logging.getLogger(__name__)
 TERMINAL = ("succeeded", "failed", "cancelled")
+WAITING = ("queuing", "requeuing")
 LOCAL_OBJECT_STORE_BYTES = 128 * 1024 * 1024  # rollouts pass IDs and small dicts; Ray's default takes 30% of RAM
 
 
@@ -153,19 +158,39 @@ class RayRunner:
         """Have every actor work on the queue, and return once each of ``rollout_ids`` has ended in the store."""
         if not rollout_ids:
             return
-        ray = self._ray
-        args = (agent_name, agent_kwargs, gateway_url, mode, concurrency)
-        calls = {slot: self.actors[wid].work.remote(*args) for slot, wid in enumerate(self._slots)}
         pending = set(rollout_ids)
-        while pending:
-            self.store.expire_stale_attempts()  # a lost worker's attempt ends even while nobody dequeues
-            pending -= {s.rollout_id for s in self.store.rollout_summaries(list(pending), statuses=TERMINAL)}
-            if not pending:
+
+        def ended() -> bool:
+            pending.difference_update(s.rollout_id for s in self.store.rollout_summaries(list(pending),
+                                                                                          statuses=TERMINAL))
+            return not pending
+
+        self._keep_working((agent_name, agent_kwargs, gateway_url, mode, concurrency), until=ended)
+
+    def serve(self, stop: threading.Event, *, agent_name: str, agent_kwargs: dict[str, Any],
+              gateway_url: str | None, mode: RolloutMode | None, concurrency: int) -> None:
+        """Keep the actors working on whatever the queue holds until ``stop`` is set (the async loop's workers,
+        run in a thread of their own); then wait for their calls to end (the caller cancels what is left)."""
+        self._keep_working((agent_name, agent_kwargs, gateway_url, mode, concurrency), until=stop.is_set)
+
+    def _keep_working(self, args: tuple[Any, ...], until: Callable[[], bool]) -> None:
+        """Actor calls work until the queue is empty, so a slot whose call ended gets a new one when rollouts wait;
+        stale attempts are expired meanwhile (a lost worker's attempt ends even while nobody dequeues)."""
+        ray = self._ray
+        calls: dict[int, Any] = {}
+        while True:
+            self.store.expire_stale_attempts()
+            if until():
                 break
+            if len(calls) < len(self._slots) and self.store.count_rollouts(WAITING):
+                for slot in set(range(len(self._slots))) - set(calls):
+                    calls[slot] = self.actors[self._slots[slot]].work.remote(*args)
+            if not calls:
+                time.sleep(self.poll_s)
+                continue
             done, _ = ray.wait(list(calls.values()), num_returns=len(calls), timeout=self.poll_s)
             for slot in [s for s, ref in calls.items() if ref in done]:
-                self._reap(slot, calls[slot])
-                calls[slot] = self.actors[self._slots[slot]].work.remote(*args)
+                self._reap(slot, calls.pop(slot))
         for slot, ref in calls.items():  # they stop once the queue is empty; wait so the next run starts clean
             self._reap(slot, ref, timeout_s=max(30.0, 4 * self.config.heartbeat_s))
 

@@ -63,12 +63,23 @@ class Worker:
         self.concurrency, self.heartbeat_s, self.poll_s = concurrency, heartbeat_s, poll_s
         self.mode, self.exit_when_idle = mode, exit_when_idle
         self.stats = WorkerStats()
+        self._stopping = False
+
+    def stop(self) -> None:
+        """Make ``run`` return within ``poll_s``: nothing more is taken and the agents still running are cancelled
+        (call it in the worker's event loop; their attempts are the caller's to end in the store, e.g. cancelled)."""
+        self._stopping = True
 
     async def run(self, max_rollouts: int | None = None) -> WorkerStats:
-        """Work until the store has nothing left (or ``max_rollouts`` were taken)."""
+        """Work until the store has nothing left (or ``max_rollouts`` were taken, or ``stop`` was called)."""
         in_flight: set[asyncio.Task[None]] = set()
         taken = 0
         while True:
+            if self._stopping:
+                for task in in_flight:
+                    task.cancel()
+                await asyncio.gather(*in_flight, return_exceptions=True)
+                break
             can_take = len(in_flight) < self.concurrency and (max_rollouts is None or taken < max_rollouts)
             if can_take:
                 got = await asyncio.to_thread(self.store.dequeue, self.worker_id, self.mode)

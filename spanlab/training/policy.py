@@ -62,6 +62,7 @@ class PolicySync:
     timings: list[SyncTiming] = field(default_factory=list)
     served_name: str = ""  # what agents must ask for: the base name (full reload) or the adapter's (LoRA)
     pushed_dir: Path | None = None  # the last folder push_dir served (the policy's weights live there, not in torch)
+    pause_lora: bool = False  # LoRA pushes pause the engine too, so running requests end on the old adapter
 
     def __post_init__(self) -> None:
         self.served_name = self.served_name or self.base_served_name
@@ -83,7 +84,7 @@ class PolicySync:
             path = self.out_dir / "adapter"
             model.save_pretrained(str(path))
             self.served_name = "policy"
-            return path, self.client.load_lora("policy", path, inplace=True, version=tag)
+            return path, self.client.load_lora("policy", path, inplace=True, version=tag, pause=self.pause_lora)
         path = save_weights(model.state_dict(), self.out_dir / "weights")
         self.served_name = self.base_served_name
         return path, self.client.reload_weights(path, version=tag)

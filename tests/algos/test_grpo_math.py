@@ -149,6 +149,16 @@ def test_tis_weight_is_capped_and_ignores_unknown_engine_logprobs() -> None:
     assert float(off) == pytest.approx(-1.0) and "tis_weight_mean" not in m_off
 
 
+def test_mismatch_kl_is_zero_on_policy_and_the_k3_estimate_off_it() -> None:
+    old = [[0.0, -1.0, -2.0, -1.0]]
+    _, same = _loss(old, old, [1.0], [[0, 1, 1, 1]], engine_logprobs=torch.tensor(old), tis_cap=2.0)
+    assert same["mismatch_kl"] == 0.0
+    engine = torch.tensor([[0.0, -2.0, -1.5, float("nan")]])  # log r = trainer - engine: 1, -0.5, unknown (0)
+    _, off = _loss(old, old, [1.0], [[0, 1, 1, 1]], engine_logprobs=engine, tis_cap=2.0)
+    k3 = [math.exp(1) - 1 - 1, math.exp(-0.5) + 0.5 - 1, 0.0]
+    assert off["mismatch_kl"] == pytest.approx(sum(k3) / 3, rel=1e-6)
+
+
 # --- config and logprobs ---------------------------------------------------------------------------
 def test_config_rejects_bad_options() -> None:
     with pytest.raises(ValidationError, match="group_size"):

@@ -44,3 +44,21 @@ def test_plot_without_runs_is_a_clear_error(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "no training metrics" in result.output
     assert not (tmp_path / "x.png").exists()
+
+
+def test_an_async_run_gets_the_off_policy_panel(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from spanlab.jobs.plot import plot_run
+
+    with SpanStore(":memory:") as store:
+        for step in range(3):
+            store.add_metrics("run-a", "grpo", step, {"reward_mean": 0.5, "reward_std": 0.5, "n_samples": 8})
+        plain = plot_run(store, tmp_path / "plain.png", "run-a")
+        for step, (stale, dropped) in enumerate([(0.0, 0), (0.5, 4), (0.75, 0)]):
+            store.add_metrics("run-b", "grpo", step, {"reward_mean": 0.5, "staleness_mean": stale,
+                                                      "dropped_stale_rollouts": dropped, "tis_weight_mean": 0.98,
+                                                      "mismatch_kl": 0.01})
+        both = plot_run(store, tmp_path / "async.png", "run-b")
+    from PIL import Image
+
+    assert Image.open(both).height > Image.open(plain).height  # the second panel

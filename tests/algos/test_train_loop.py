@@ -89,6 +89,33 @@ def test_one_grpo_step_runs_the_whole_data_path(tmp_path: Path, restored_engine:
         assert sessions == step["n_samples"]
 
 
+@pytest.mark.slow
+def test_an_async_grpo_run_trains_within_its_bound_and_ends_with_nothing_leased(tmp_path: Path,
+                                                                                 restored_engine: str) -> None:
+    """``loop: {mode: async}`` through the whole job: calc agent, gateway, full reloads paused with ``mode=wait``."""
+    db = tmp_path / "run.duckdb"
+    config = parse_train_config({
+        "algorithm": "grpo", "run_name": "async", "out_dir": str(tmp_path / "runs"), "db": str(db),
+        "engine_url": restored_engine,
+        "agent": {"name": "calc", "kwargs": {"max_tokens": 16, "max_turns": 1}},
+        "dataset": {"name": "calc", "seed": 1, "levels": [1]},
+        "eval": {"tasks": 1},
+        "grpo": {"group_size": 2, "lr": 1e-6, "steps": 2, "tasks_per_step": 1},
+        "rollouts": {"concurrency": 2},
+        "loop": {"mode": "async", "max_staleness": 1},
+        "checkpoints": {"final": False, "resume_state": False},
+    })
+    report = train(config)
+    assert len(report.steps) == 2
+    assert all(m["staleness_max"] <= 1 and m["staleness_0"] + m["staleness_1"] == 2 for m in report.steps)
+    with SpanStore(db) as store:
+        assert [r.version for r in store.list_resources("policy")] == [1, 2]  # one push per step
+        assert store.count_rollouts(("queuing", "requeuing", "preparing", "running")) == 0
+        names = {m.name: m.value for m in store.metrics()}
+        assert {"end_cancelled_queued", "end_cancelled_running", "end_unused_finished", "mismatch_kl"} <= set(names)
+        assert names["end_cancelled_queued"] + names["end_cancelled_running"] + names["end_unused_finished"] == 2 * 2
+
+
 def test_one_sft_round_trains_on_the_filtered_exact_ids(tmp_path: Path, restored_engine: str) -> None:
     """collect -> filter -> train -> serve once, on the plain torch trainer (the CI path)."""
     from spanlab.adapters.sft import read_dataset

@@ -6,6 +6,8 @@ the rest of the session shares it. Outputs are compared with greedy decoding and
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +21,11 @@ pytestmark = pytest.mark.vllm
 PROMPT = "<|im_start|>user\nName three colors.<|im_end|>\n<|im_start|>assistant\n"
 
 
-def _greedy(vllm_server: Any, model: str | None = None) -> tuple[list[int], list[float]]:
+def _greedy(vllm_server: Any, model: str | None = None, max_tokens: int = 6,
+            ignore_eos: bool = False) -> tuple[list[int], list[float]]:
     resp = httpx.post(f"{vllm_server.base_url}/completions", timeout=120, json={
-        "model": model or vllm_server.model, "prompt": PROMPT, "max_tokens": 6, "temperature": 0,
-        "logprobs": 0, "return_token_ids": True})
+        "model": model or vllm_server.model, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0,
+        "logprobs": 0, "return_token_ids": True, "ignore_eos": ignore_eos})
     assert resp.status_code == 200, resp.text
     choice = resp.json()["choices"][0]
     return choice["token_ids"], choice["logprobs"]["token_logprobs"]
@@ -63,6 +66,28 @@ def test_lora_hot_load_replace_and_unload(vllm_server: Any, sync: WeightSyncClie
     finally:
         sync.unload_lora("policy")
     assert "policy" not in sync.list_models()
+
+
+def test_a_paused_lora_push_lets_a_running_request_finish_on_the_old_adapter(
+        vllm_server: Any, sync: WeightSyncClient, tmp_path: Path) -> None:
+    """The async loop's push (docs/async.md): a request decoding during the push ends as it would have without it."""
+    sync.load_lora("policy", random_lora(tmp_path / "a", seed=1))
+    try:
+        alone = _greedy(vllm_server, "policy", max_tokens=64, ignore_eos=True)
+        adapter_b = random_lora(tmp_path / "b", seed=2)
+        ended: list[float] = []
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(_greedy, vllm_server, "policy", 64, True)
+            running.add_done_callback(lambda _: ended.append(time.monotonic()))
+            time.sleep(0.3)  # 64 tokens take seconds on CPU: the request is decoding when the push starts
+            push_started = time.monotonic()
+            sync.load_lora("policy", adapter_b, inplace=True, pause=True)
+            assert running.result()[0] == alone[0]  # every token sampled on adapter a
+        assert ended[0] > push_started  # it was running when the push began
+        assert not sync.is_paused()
+        assert _greedy(vllm_server, "policy")[0] != alone[0][:6]  # later requests get adapter b
+    finally:
+        sync.unload_lora("policy")
 
 
 def test_full_reload_changes_outputs_and_restores(vllm_server: Any, sync: WeightSyncClient,

@@ -56,6 +56,14 @@ BAD = {
                         r"eval\.extra_splits: .*no depth split beyond level 5"),
     "unknown dataset kwarg": (BASE.replace("levels: [1]", "levels: [1], kwargs: {wording: x}"), (),
                               r"dataset\.kwargs: .*wording"),
+    "negative max_staleness": (BASE + "loop: {mode: async, max_staleness: -1}\n", (),
+                               r"loop\.max_staleness: Input should be greater than or equal to 0"),
+    "too few groups in flight": (BASE + "grpo: {tasks_per_step: 4}\nloop: {mode: async, in_flight_groups: 3}\n",
+                                 (), r"loop\.in_flight_groups: 3 is fewer than a step's groups"),
+    "async settings in sync": (BASE + "loop: {max_staleness: 2}\n", (),
+                               r"loop: .*max_staleness: only used with mode: async"),
+    "async for sft": (BASE.replace("grpo", "sft") + "loop: {mode: async}\n", (),
+                      r"loop\.mode: algorithm 'sft' has no async loop"),
     "bad phrasings": (BASE.replace("levels: [1]", "levels: [1], kwargs: {phrasings: some}"), (),
                       r"dataset: .*phrasings must be 'original' or 'all'"),
 }
@@ -84,3 +92,13 @@ def test_lora_serving_is_turned_on_for_an_adapter_policy() -> None:
     assert config.engine.enable_lora and config.engine.dev_routes
     with pytest.raises(ConfigError, match=r"grpo: .*group_size must be >= 2"):
         parse_train_config({"grpo": {"group_size": 1}})
+
+
+def test_an_async_run_cannot_resume_and_its_defaults_follow_the_step() -> None:
+    from spanlab.jobs.checkpoints import check_resumable
+    from spanlab.jobs.job import build_algorithm
+
+    config = parse_train_config({"algorithm": "grpo", "grpo": {"tasks_per_step": 3}, "loop": {"mode": "async"}})
+    assert (config.loop.staleness, config.loop.groups_in_flight(3)) == (1, 6)
+    with pytest.raises(ConfigError, match=r"--resume: a loop\.mode: async run keeps groups in flight"):
+        check_resumable(build_algorithm(config), config)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from spanlab.algos.grpo.config import GRPOSection
+from spanlab.errors import ConfigError
 from spanlab.jobs.algorithm import Algorithm
 
 if TYPE_CHECKING:
@@ -22,10 +23,15 @@ class GRPO(Algorithm[GRPOSection]):
     data_parallel = True
     steps_key = "steps"
     resumable = True
+    async_loop = True
 
     def check(self) -> None:
         if self.config.trainer.processes > 1:
             self.config.trainer.check_devices()
+        loop, per_step = self.config.loop, self.settings.tasks_per_step
+        if loop.mode == "async" and loop.groups_in_flight(per_step) < per_step:
+            raise ConfigError(f"loop.in_flight_groups: {loop.in_flight_groups} is fewer than a step's groups "
+                              f"(grpo.tasks_per_step: {per_step}); no step could ever fill")
 
     def train_tasks(self) -> int:
         return self.settings.steps * self.settings.tasks_per_step

@@ -5,13 +5,17 @@ through the recording gateway against vLLM; the adapter reads the exact sampled 
 the store; the GRPO step updates the policy; the engine reloads the new weights before the next
 collection. Per-step metrics go into the store's ``train_metrics`` table. With ``trainer.processes: N``
 the update runs on N data-parallel ranks (:mod:`spanlab.training.data_parallel`); this process stays
-rank 0: it alone reads the samples from the store and pushes the weights.
+rank 0: it alone reads the samples from the store and pushes the weights. ``loop: {mode: async}`` runs the
+same parts with rollouts that never wait for the trainer (:mod:`spanlab.algos.grpo.async_loop`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 import torch
 
@@ -19,7 +23,19 @@ from spanlab.adapters.grpo import Sample, iter_samples
 from spanlab.algos.grpo.config import GRPOSection
 from spanlab.algos.grpo.update import grpo_step
 from spanlab.jobs.job import Job
+from spanlab.jobs.rollouts import RolloutBatch
 from spanlab.training.data_parallel import DataParallel, load_trainable_model
+
+
+@dataclass(frozen=True)
+class StepParts:
+    """What a GRPO loop does with rollouts, whichever loop runs: the update of given rollouts, the weight push
+    (its seconds), the metrics sink. The job wires the real ones; tests and benchmarks wire a tiny trainer."""
+
+    update: Callable[[list[str]], dict[str, float]]  # rollout IDs -> the update's metrics
+    push: Callable[[], float]
+    log_step: Callable[[dict[str, float]], None]
+    clock: Callable[[], float] = field(default=time.monotonic)
 
 
 def train_grpo(job: Job, settings: GRPOSection) -> None:
@@ -27,14 +43,38 @@ def train_grpo(job: Job, settings: GRPOSection) -> None:
     assert job.policy is not None, "GRPO trains weights: the framework loads the policy"
     policy, config = job.policy, job.config
     update = _update(job, settings)
-    for step, tasks in job.steps(settings.steps, settings.tasks_per_step, "GRPO"):
-        batch = job.collect(tasks, group_size=settings.group_size, step=step)
-        samples = list(iter_samples(job.rig.store, batch.rollout_ids, token_source=config.token_source,
-                                    tokenizer=policy.tokenizer, chat_template=config.retokenize_template,
-                                    agents=config.agents))
-        metrics = update(samples)
-        metrics.update(rollout_s=batch.seconds, rollout_failed=batch.failed, sync_s=policy.push())
-        job.log_step(metrics)
+    group_key = None if config.loop.mode == "async" else "task_id"  # async groups carry their own group_id
+
+    def adapt_and_update(rollout_ids: list[str]) -> dict[str, float]:
+        return update(list(iter_samples(job.rig.store, rollout_ids, group_key=group_key,
+                                        token_source=config.token_source, tokenizer=policy.tokenizer,
+                                        chat_template=config.retokenize_template, agents=config.agents)))
+
+    parts = StepParts(adapt_and_update, policy.push, job.log_step)
+    if config.loop.mode == "async":
+        from spanlab.algos.grpo.async_loop import train_grpo_async
+
+        train_grpo_async(job, settings, parts)
+        return
+    collect = partial(_collect, job, settings.group_size)
+    run_sync(parts, collect, job.steps(settings.steps, settings.tasks_per_step, "GRPO"))
+
+
+def _collect(job: Job, group_size: int, tasks: list[dict[str, Any]], step: int) -> RolloutBatch:
+    return job.collect(tasks, group_size=group_size, step=step)
+
+
+def run_sync(parts: StepParts, collect: Callable[[list[dict[str, Any]], int], RolloutBatch],
+             steps: Iterable[tuple[int, list[dict[str, Any]]]]) -> None:
+    """Each step: queue its groups and wait for every rollout, update on them, push, log."""
+    started, finished = parts.clock(), 0
+    for step, tasks in steps:
+        batch = collect(tasks, step)
+        finished += len(batch.rollout_ids)
+        metrics = parts.update(batch.rollout_ids)
+        metrics.update(rollout_s=batch.seconds, rollout_failed=batch.failed, sync_s=parts.push())
+        metrics.update(loop_s=parts.clock() - started, rollouts_finished=float(finished))
+        parts.log_step(metrics)
 
 
 def _update(job: Job, settings: GRPOSection) -> Callable[[list[Sample]], dict[str, float]]:

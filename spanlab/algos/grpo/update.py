@@ -100,7 +100,8 @@ def policy_loss(
 
     Per token: ``-min(rho*A, clip(rho, 1-clip_low, 1+clip_high)*A) * w + kl_beta * k3`` with
     ``rho = exp(logp - old)``, ``w = min(exp(old - engine), tis_cap)`` (detached; 1 where the engine
-    logprob is unknown/NaN) and ``k3 = exp(ref - logp) - (ref - logp) - 1``. Aggregation: token_mean sums
+    logprob is unknown/NaN; ``mismatch_kl`` reports the k3 KL of engine to trainer behind it) and
+    ``k3 = exp(ref - logp) - (ref - logp) - 1``. Aggregation: token_mean sums
     over the batch's loss tokens and divides by their count; seq_mean averages each sequence then the
     batch; constant divides the sum by ``batch_seqs * constant_divisor`` (Dr.GRPO). ``batch_tokens`` and
     ``batch_seqs`` are the whole batch's totals when this call sees one micro-batch of it (default: this
@@ -121,6 +122,9 @@ def policy_loss(
         per_token_B_T = per_token_B_T * weight_B_T
         metrics["tis_weight_mean"] = _masked_mean(weight_B_T, mask_B_T)
         metrics["tis_capped_frac"] = _masked_mean((torch.exp(delta_B_T) > tis_cap).to(mask_B_T.dtype), mask_B_T)
+        # k3 estimate of KL(engine || trainer) on the engine's own samples (prime-rl's mismatch_kl): how far the
+        # policy that sampled (an older version, in an async loop) is from the one being trained.
+        metrics["mismatch_kl"] = _masked_mean(torch.exp(delta_B_T) - delta_B_T - 1, mask_B_T)
     if kl_beta != 0.0:
         if ref_logprobs is None:
             raise ValueError("kl_beta > 0 needs ref_logprobs")
