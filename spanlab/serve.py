@@ -97,7 +97,9 @@ def serve(config: ServeConfig, *, console: Console | None = None, stop: threadin
             console.print(f"store server:  {store_srv.url}  (StoreClient / spanlab run workers)")
         g = config.gateway
         gateway = stack.enter_context(
-            GatewayServer(store, upstream_urls=upstreams, host=g.host, port=g.port, tito=g.tito, tokenizer=g.tokenizer)
+            GatewayServer(store, upstream_urls=upstreams, host=g.host, port=g.port, tito=g.tito, tokenizer=g.tokenizer,
+                          tool_call_parser=config.engine.tool_call_parser,
+                          reasoning_parser=config.engine.reasoning_parser)
         )
         console.print(f"engine:        {', '.join(upstreams)}")
         console.print(f"span store:    {config.db}")

@@ -221,6 +221,27 @@ def test_token_level_can_fail_where_string_level_passes() -> None:
     assert report.token_level is not None and not report.token_level.ok and report.exit_code == 1
 
 
+NO_TOOL_RESULTS = """{%- for m in messages -%}{%- if m.role != 'tool' -%}
+<|im_start|>{{ m.role }}
+{{ m.content }}{% for c in m.tool_calls or [] %}<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}<|im_end|>
+{% endif -%}{%- endfor -%}{%- if add_generation_prompt -%}<|im_start|>assistant
+{% endif -%}"""
+
+
+def test_a_template_that_renders_no_tool_result_is_not_usable(tmp_path: Path) -> None:
+    """Skipping tool messages keeps every render a prefix, yet the model never sees what its tools answered:
+    the verdict is "not usable for tool calls" with exit 1, not "preserving" with a note."""
+    report = check_template(NO_TOOL_RESULTS)
+    assert report.tool_append_prefix_preserving and report.renders_tool_calls and not report.renders_tool_results
+    assert not report.usable_for_tools and report.exit_code == 1
+    path = tmp_path / "no_results.jinja"
+    path.write_text(NO_TOOL_RESULTS, encoding="utf-8")
+    done = spanlab("template", "check", str(path))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "not usable for tool calls (it renders no tool result)" in done.stdout
+    assert "tool appends are prefix-preserving" not in done.stdout
+
+
 # --- quirks and errors on small templates ------------------------------------------------------------------
 
 KIMI_LIKE = """{%- set seen = [] -%}

@@ -27,7 +27,8 @@ Device = Literal["cpu", "gpu"]
 MANAGED_FLAGS: frozenset[str] = frozenset(
     {"--model", "--port", "--host", "--served-model-name", "--max-model-len", "--dtype",
      "--enable-lora", "--max-lora-rank", "--max-loras", "--enable-auto-tool-choice",
-     "--tool-call-parser", "--chat-template", "--gpu-memory-utilization"}
+     "--tool-call-parser", "--chat-template", "--gpu-memory-utilization", "--reasoning-parser",
+     "--enable-scale-out"}
 )
 
 
@@ -67,7 +68,11 @@ class EngineConfig(BaseModel):
         description="VLLM_SERVER_DEV_MODE=1: /pause, /collective_rpc, /reset_prefix_cache ... "
         "(needed for full in-place weight reload; never expose such a server beyond loopback)",
     )
-    tool_call_parser: str | None = Field(default="hermes", description="None: no --enable-auto-tool-choice")
+    tool_call_parser: str | None = Field(default="hermes", description="vLLM's --tool-call-parser (hermes, "
+                                         "llama3_json, mistral, qwen3_xml, ...); None: no --enable-auto-tool-choice")
+    reasoning_parser: str | None = Field(default=None, description="vLLM's --reasoning-parser (qwen3, deepseek_r1)")
+    scale_out: bool = Field(default=True, description="--enable-scale-out: the render / generate / derender routes "
+                            "a TITO gateway uses (docs/tito.md)")
     chat_template: Path | None = Field(default=None, description="override the model folder's template")
     startup_timeout_s: float = Field(default=600.0, gt=0)
     stop_grace_s: float = Field(default=10.0, ge=0)
@@ -127,6 +132,10 @@ def build_command(config: EngineConfig, *, model_path: str, port: int, python: s
         cmd += ["--gpu-memory-utilization", str(config.gpu_memory_utilization)]
     if config.tool_call_parser:
         cmd += ["--enable-auto-tool-choice", "--tool-call-parser", config.tool_call_parser]
+    if config.reasoning_parser:
+        cmd += ["--reasoning-parser", config.reasoning_parser]
+    if config.scale_out:
+        cmd.append("--enable-scale-out")
     if config.chat_template is not None:
         cmd += ["--chat-template", str(config.chat_template)]
     if config.enable_lora:

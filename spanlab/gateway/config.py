@@ -11,7 +11,7 @@ one of them (:mod:`spanlab.gateway.routing`, docs/replicas.md); ``upstream_base_
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -43,6 +43,12 @@ class GatewayConfig(BaseModel):
         description="TITO: the served model's folder (tokenizer + chat template); default: the folder the engine "
         "reports as its model root in /v1/models",
     )
+    tito_render: Literal["auto", "engine", "local"] = Field(
+        default="auto", description="TITO: the engine's render/generate/derender when it serves them (auto), "
+        "always (engine: refuse without them), or the gateway's own renderer and hermes parser (local)")
+    tool_call_parser: str | None = Field(default=None, description="the engine's --tool-call-parser, recorded in "
+                                         "TITO spans (spanlab serve/train fill it in from the engine config)")
+    reasoning_parser: str | None = Field(default=None, description="the engine's --reasoning-parser, recorded")
     tito_max_sessions: int = Field(default=16_384, ge=1, description="TITO buffers kept (least recently used go)")
 
     @model_validator(mode="before")
@@ -78,6 +84,8 @@ class GatewayConfig(BaseModel):
                              "upstream_urls")
         if self.tokenizer is not None and not self.tito:
             raise ValueError("tokenizer is only used in TITO mode: set tito=True, or drop tokenizer")
+        if self.tokenizer is not None and self.tito_render == "engine":
+            raise ValueError("tokenizer is only read by the gateway's own renderer: set tito_render to local or auto")
         return self
 
 

@@ -1,5 +1,10 @@
 """TITO mode of the gateway: attributed chat calls served from one token buffer per attempt.
 
+Two paths. When the engine serves vLLM's render / generate / derender (``--enable-scale-out``), every render,
+the sampling and the parse of the answer are the engine's own (:mod:`.tito_engine_path`). The rest of this
+module is the **fallback** for an upstream without those routes, described below: our renderer, our hermes
+parser, vLLM's ``/v1/completions`` with token IDs.
+
 A chat call of an attempt whose messages extend the previous call (same messages + the assistant message
 the gateway returned + new tool/user messages) gets the prompt ``buffer + stop gap + delta``, sent as token
 IDs to vLLM's ``/v1/completions``; the sampled IDs go into the buffer verbatim (loss mask 1), and the text
@@ -32,6 +37,8 @@ from spanlab.gateway.config import GatewayConfig
 from spanlab.gateway.protocol import dumps, loads
 from spanlab.gateway.recording import CallContext, spans_from_record
 from spanlab.gateway.records import ChoiceRecord, ResponseRecord, clean_message, sampled_logprobs
+from spanlab.gateway.tito_engine import check_engine_template, detect_routes
+from spanlab.gateway.tito_engine_path import EnginePath
 from spanlab.gateway.tito_protocol import chat_response, completion_body, parses_tools, per_call_reason, sse_events
 from spanlab.gateway.tito_sessions import Session, TitoSessions, TitoTurn
 from spanlab.gateway.upstream import UpstreamError
@@ -59,12 +66,13 @@ _PROBE = [
 _NULL_MESSAGE_FIELDS = {"refusal": None, "annotations": None, "audio": None, "function_call": None}
 
 
-def _engine_model(config: GatewayConfig) -> tuple[str, str]:
-    """(served name, model root) from the engine's ``/v1/models``."""
+def _engine_model(config: GatewayConfig) -> tuple[str, str, int | None]:
+    """(served name, model root, max_model_len) from the engine's ``/v1/models``."""
     try:
         data = httpx.get(f"{config.upstream_base_url}/v1/models", timeout=config.connect_timeout_s + 5).json()
         model = data["data"][0]
-        return str(model["id"]), str(model.get("root") or model["id"])
+        max_len = model.get("max_model_len")
+        return str(model["id"]), str(model.get("root") or model["id"]), int(max_len) if max_len else None
     except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
         raise TitoUnavailableError(
             f"TITO refused: cannot ask the engine at {config.upstream_base_url} which model it serves: {exc}"
@@ -94,15 +102,40 @@ def _check_engine_render(config: GatewayConfig, model: str, tokenizer: Any, temp
 class TitoMode:
     """The TITO request path; the :class:`~spanlab.gateway.proxy.Gateway` hands it every chat call."""
 
-    def __init__(self, sessions: TitoSessions) -> None:
+    def __init__(self, sessions: TitoSessions, engine: EnginePath | None = None) -> None:
         self.sessions = sessions
+        self.engine = engine  # None: the fallback path (our renderer and hermes parser, /v1/completions)
         self._limiter = anyio.CapacityLimiter(1)  # one tokenizer user at a time (HF tokenizers are not re-entrant)
         self._call_ids = 0
 
     @classmethod
     def load(cls, config: GatewayConfig) -> TitoMode:
-        """Load and check the tokenizer and template (seconds: imports transformers); raises TitoUnavailableError."""
-        model, root = _engine_model(config)
+        """Pick the path and check the template; raises TitoUnavailableError with the reason.
+
+        ``tito_render: auto`` uses the engine's render / generate / derender when the upstream serves them
+        (vLLM with ``--enable-scale-out``, detected once here) and checks the template through the engine's own
+        render; otherwise (or with ``local``) the fallback: load the tokenizer (seconds: imports transformers),
+        check and fix its template locally, render deltas and parse hermes tool calls here.
+        """
+        model, root, max_len = _engine_model(config)
+        timeout = config.connect_timeout_s + 30
+        has_routes = config.tito_render != "local" and detect_routes(config.upstream_base_url, timeout)
+        if config.tito_render == "engine" and not has_routes:
+            raise TitoUnavailableError(
+                f"TITO refused: tito_render is 'engine' but {config.upstream_base_url} serves no render / generate / "
+                "derender routes (start vLLM with --enable-scale-out, or set tito_render: auto)")
+        if has_routes:
+            try:
+                checked = check_engine_template(config.upstream_base_url, model, _PROBE_TOOLS, timeout)
+            except TitoUnavailableError as exc:  # a known fix may still make the fallback path work
+                if config.tito_render == "engine":
+                    raise
+                logger.warning("%s; trying the gateway's own renderer (it applies known template fixes)", exc)
+            else:
+                sessions = TitoSessions(None, None, config.tito_max_sessions, close_ids=checked.close_ids)
+                parsers = {"tool_call_parser": config.tool_call_parser, "reasoning_parser": config.reasoning_parser}
+                logger.info("TITO on: the engine's render / generate / derender (%s)", model)
+                return cls(sessions, EnginePath(sessions, max_model_len=max_len, parsers=parsers))
         path = config.tokenizer or Path(root)
         if not path.is_dir():
             raise TitoUnavailableError(
@@ -134,8 +167,10 @@ class TitoMode:
         if session is None:
             ctx.extra_attributes = {"tito": {"mode": "per_call", "reason": reason}}
             return None
-        turn: TitoTurn | None = None
         t0 = time.perf_counter()
+        if self.engine is not None:
+            return await self.engine.serve(gw, ctx, session, headers, t0)
+        turn: TitoTurn | None = None
         messages, tools = ctx.body["messages"], ctx.body.get("tools") or None
         try:
             turn = await anyio.to_thread.run_sync(self.sessions.plan, session, messages, tools, limiter=self._limiter)

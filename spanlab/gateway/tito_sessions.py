@@ -39,6 +39,8 @@ class Session:
     busy: bool = False
     calls: int = 0
     last_finish_reason: str | None = None
+    last_turn_closed: bool = False  # engine path: the last turn ended on its stop token (not cut)
+    opened: list[int] | None = None  # engine path: the render that prompted the last turn (for the stop gap)
 
 
 @dataclass
@@ -54,6 +56,7 @@ class TitoTurn:
     segment: int = 0
     offset: int = 0  # where the segment starts in the whole session
     added_tokens: int = 0  # prompt tokens this call added (gap + delta, or the whole new segment)
+    rendered: list[int] | None = None  # engine path: the engine's render of this call's conversation
 
     def attributes(self) -> dict[str, Any]:
         """``attributes.tito`` of the call's span: what the ``tito_sessions`` view and drift report read."""
@@ -67,10 +70,12 @@ class TitoTurn:
 class TitoSessions:
     """Buffers of the attributed sessions, the tokenizer and the template they are rendered with."""
 
-    def __init__(self, tokenizer: Any, template: TitoTemplate, max_sessions: int) -> None:
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer: Any, template: TitoTemplate | None, max_sessions: int,
+                 close_ids: list[int] | None = None) -> None:
+        self.tokenizer = tokenizer  # None on the engine path (the engine renders)
         self.template = template
         self.max_sessions = max_sessions
+        self.close_ids = close_ids if template is None else template.close_ids
         self._sessions: OrderedDict[SessionKey, Session] = OrderedDict()
 
     def __len__(self) -> int:
@@ -102,31 +107,41 @@ class TitoSessions:
     def plan(self, session: Session, messages: list[Message], tools: list[Message] | None) -> TitoTurn:
         """Extend the session's buffer for ``messages`` (worker thread). A turn whose ``prompt_ids`` is empty
         needs a new segment: the caller gets the engine's render and calls :meth:`start_segment`."""
+        turn = self.begin(session)
+        buf = session.buffer
+        if buf is None:
+            return turn
+        before = len(buf.ids)
+        if buf.extend(engine_form(messages), self.tokenizer, tools, close_ids=self.close_ids) is None:
+            turn.event, turn.reason = "new_segment", self.why_not(buf, messages, tools, session.last_finish_reason)
+            return turn
+        turn.added_tokens = len(buf.ids) - before
+        return self.fill(turn, buf)
+
+    @staticmethod
+    def begin(session: Session) -> TitoTurn:
+        """A new call of ``session``: ``start`` without a buffer, else ``extend`` (with a checkpoint to undo)."""
         session.calls += 1
         buf = session.buffer
         if buf is None:
             return TitoTurn(session, session.calls - 1, "start")
-        turn = TitoTurn(session, session.calls - 1, "extend", checkpoint=buf.checkpoint())
-        before = len(buf.ids)
-        if buf.extend(engine_form(messages), self.tokenizer, tools, close_ids=self.template.close_ids) is None:
-            turn.event, turn.reason = "new_segment", self._why_not(buf, messages, tools, session.last_finish_reason)
-            return turn
-        turn.added_tokens = len(buf.ids) - before
-        return self._fill(turn, buf)
+        return TitoTurn(session, session.calls - 1, "extend", checkpoint=buf.checkpoint())
 
     def start_segment(self, turn: TitoTurn, prompt_ids: list[int], messages: list[Message],
                       tools: list[Message] | None) -> TitoTurn:
         """Begin the session (or a new segment) with the engine's render of ``messages`` (all prompt, mask 0)."""
         session = turn.session
+        # The local renderer wants transformers' form (arguments as dicts); the engine's render the OpenAI form.
+        kept = engine_form(messages) if self.tokenizer is not None else [dict(m) for m in messages]
         if session.buffer is None:
-            session.buffer = SessionBuffer.start(prompt_ids, engine_form(messages), tools)
+            session.buffer = SessionBuffer.start(prompt_ids, kept, tools)
         else:
-            session.buffer.new_segment(prompt_ids, engine_form(messages), tools)
+            session.buffer.new_segment(prompt_ids, kept, tools)
         turn.added_tokens = len(prompt_ids)
-        return self._fill(turn, session.buffer)
+        return self.fill(turn, session.buffer)
 
     @staticmethod
-    def _fill(turn: TitoTurn, buf: SessionBuffer) -> TitoTurn:
+    def fill(turn: TitoTurn, buf: SessionBuffer) -> TitoTurn:
         turn.segment, turn.offset = len(buf.segments) - 1, buf.segments[-1]
         turn.prompt_ids = buf.ids[turn.offset :]
         return turn
@@ -150,7 +165,7 @@ class TitoSessions:
         session.busy = False
 
     @staticmethod
-    def _why_not(buf: SessionBuffer, messages: list[Message], tools: list[Message] | None,
+    def why_not(buf: SessionBuffer, messages: list[Message], tools: list[Message] | None,
                  last_finish: str | None) -> str:
         """Why a call did not extend the buffer, for ``attributes.tito.reason``."""
         if json.dumps(tools, sort_keys=True) != json.dumps(buf.tools, sort_keys=True):

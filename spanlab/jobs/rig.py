@@ -81,7 +81,9 @@ def open_rig(stack: ExitStack, config: TrainConfig, console: Console) -> Rig:
     # Ray before the engine: a cluster that cannot host the workers fails in seconds, not after vLLM's minute.
     remote = open_ray_runner(stack, runner, store, store_url, store_token) if store_url is not None else None
     root_urls, served = engines(stack, config, console)
-    gateway = stack.enter_context(GatewayServer(store, upstream_urls=root_urls, tito=config.tito))
+    gateway = stack.enter_context(GatewayServer(store, upstream_urls=root_urls, tito=config.tito,
+                                                tool_call_parser=config.engine.tool_call_parser,
+                                                reasoning_parser=config.engine.reasoning_parser))
     collector = RolloutCollector(store, gateway.url, config.agent.name, dict(config.agent.kwargs),
                                  concurrency=config.rollouts.concurrency, timeout_s=config.rollouts.timeout_s,
                                  remote=remote,

@@ -17,7 +17,7 @@ append make ``extend`` return None. The gateway (``spanlab/gateway/tito.py``) dr
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -156,18 +156,47 @@ class SessionBuffer:
             raise BufferStateError("extend needs the sampled turn of the previous prompt first")
         if not self.sampled or not self.extends(request_messages, tools):
             return None
-        n = len(self.messages)
+        conv = self.conversation(request_messages)
         closed = render_ids(tokenizer, self.messages, add_generation_prompt=False, tools=tools)
+        full = render_ids(tokenizer, conv, add_generation_prompt=True, tools=tools)
+        opened = render_ids(tokenizer, self.messages[:-1], add_generation_prompt=True, tools=self.tools)
+
+        def is_gap(gap: list[int]) -> bool:
+            # A real gap is whitespace (ChatML "\n", Gemma "\n") or empty (Llama 3). Anything else means the
+            # last sampled token was not an end-of-turn token (a truncated turn) and was found in the content.
+            return not tokenizer.decode(gap, skip_special_tokens=False).strip()
+
+        return self.append_delta(conv, opened=opened, closed=closed, full=full, close_ids=close_ids, is_gap=is_gap)
+
+    def conversation(self, request_messages: Sequence[Message]) -> list[Message]:
+        """The buffer's own messages plus the request's new ones (what the next prompt renders)."""
+        return [*self.messages, *(dict(m) for m in request_messages[len(self.messages) :])]
+
+    def append_delta(self, conv: list[Message], *, opened: Sequence[int], closed: Sequence[int],
+                     full: Sequence[int], close_ids: Sequence[int] | None = None,
+                     is_gap: Callable[[list[int]], bool] | None = None) -> list[int] | None:
+        """Append stop gap + ``full[len(closed):]`` for ``conv`` from three renders, whoever made them.
+
+        ``opened``: the render that prompted the last sampled turn (``self.messages[:-1]``, generation prompt);
+        ``closed``: ``self.messages`` without one; ``full``: ``conv`` with one. The gateway gets them from the
+        engine's ``/v1/chat/completions/render`` (so the delta is exactly what the engine renders) or from a
+        local tokenizer (:meth:`extend`). ``is_gap`` vets a found gap (None: trust it). None (buffer
+        unchanged) when no safe seam exists or ``closed`` is not a token prefix of ``full``.
+        """
+        if self.awaiting_sample:
+            raise BufferStateError("append_delta needs the sampled turn of the previous prompt first")
         start, end = self.sampled[-1]
         if close_ids and (end == start or self.ids[end - 1] != close_ids[0]):
             gap: list[int] | None = [int(i) for i in close_ids]  # a cut turn: close it as the template would
+        elif end == start:
+            gap = None
         else:
-            gap = self._stop_gap(tokenizer, closed)
-        conv = [*self.messages, *(dict(m) for m in request_messages[n:])]
-        full = render_ids(tokenizer, conv, add_generation_prompt=True, tools=tools)
+            gap = stop_gap_ids(opened, closed, self.ids[end - 1])
+            if gap is not None and is_gap is not None and not is_gap(gap):
+                gap = None
         if gap is None or first_mismatch(closed, full) is not None:
             return None
-        added = gap + full[len(closed) :]
+        added = gap + [int(i) for i in full[len(closed) :]]
         self.ids.extend(added)
         self.mask.extend([0] * len(added))
         self.messages, self.awaiting_sample = conv, True
@@ -188,20 +217,6 @@ class SessionBuffer:
         """Undo everything since :meth:`checkpoint`: IDs, masks and offsets only grow, so truncating is enough."""
         n_ids, n_segments, n_sampled, self.messages, self.tools, self.awaiting_sample = state
         del self.ids[n_ids:], self.mask[n_ids:], self.segments[n_segments:], self.sampled[n_sampled:]
-
-    def _stop_gap(self, tokenizer: ChatTokenizer, closed: list[int]) -> list[int] | None:
-        """The gap after the last sampled turn (None: not found, see :func:`stop_gap_ids`); ``closed`` is the
-        render of ``self.messages`` without a generation prompt (the caller needs it too: one render less)."""
-        start, end = self.sampled[-1]
-        if end == start:
-            return None
-        opened = render_ids(tokenizer, self.messages[:-1], add_generation_prompt=True, tools=self.tools)
-        gap = stop_gap_ids(opened, closed, self.ids[end - 1])
-        # A real gap is whitespace (ChatML "\n", Gemma "\n") or empty (Llama 3). Anything else means the
-        # last sampled token was not an end-of-turn token (a truncated turn) and was found in the content.
-        if gap is None or tokenizer.decode(gap, skip_special_tokens=False).strip():
-            return None
-        return gap
 
     def segment(self, index: int = -1) -> tuple[list[int], list[int]]:
         """``(ids, mask)`` of one segment: a standalone training sequence."""

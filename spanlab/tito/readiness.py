@@ -92,6 +92,9 @@ def prepare_template(tokenizer: Any, *, name: str = "the served model") -> TitoT
             logger.warning("TITO: applied known chat-template fix %s to %s (%s), line %d: %r -> %r",
                            change.fix, name, change.why, change.line, change.before.strip(), change.after.strip())
         final, report = fixed, fixed_report
+    if not report.renders_tool_results:
+        raise TitoUnavailableError(f"TITO refused: the chat template of {name} renders no tool result (not usable "
+                                   "for tool calls): serve a tool-capable template, or run the gateway with tito off")
     for note in report.notes:
         logger.info("TITO template note (%s): %s", name, note)
     return TitoTemplate(text=final, original=text, report=report, changes=changes,

@@ -138,9 +138,16 @@ class TemplateReport(BaseModel):
     error: str | None = None
 
     @property
+    def usable_for_tools(self) -> bool:
+        """Prefix-preserving and renders a tool result: a template whose prompts never show what a tool answered
+        cannot serve a tool agent, however well its renders line up."""
+        return self.error is None and self.tool_append_prefix_preserving and self.renders_tool_results
+
+    @property
     def exit_code(self) -> int:
-        """0 preserving, 1 not preserving, 2 the check could not run (the CLI's exit status)."""
-        return 2 if self.error is not None else 0 if self.tool_append_prefix_preserving else 1
+        """0 usable for TITO tool sessions, 1 not (not preserving, or no tool result rendered), 2 the check could
+        not run (the CLI's exit status)."""
+        return 2 if self.error is not None else 0 if self.usable_for_tools else 1
 
 
 @dataclass(frozen=True)
@@ -273,6 +280,8 @@ def check_template(
         notes.append("renders tool calls only when the assistant's content is None (not \"\")")
     elif not primary.renders_calls:
         notes.append("renders no tool call: the assistant's call is dropped from later prompts")
+    if not primary.renders_results:
+        notes.append("renders no tool result: the model would never see what its tools answered")
     report = TemplateReport(
         template=name, tool_append_prefix_preserving=string.ok and (token is None or token.ok),
         renders_tool_calls=primary.renders_calls, renders_tool_results=primary.renders_results,

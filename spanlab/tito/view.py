@@ -19,6 +19,10 @@ def print_verdict(report: TemplateReport, console: Console) -> None:
     """One line: preserving, not preserving (with where), or why the check could not run."""
     if report.error is not None:
         console.print(Text.assemble(("error: ", "bold red"), report.error), soft_wrap=True)
+    elif report.tool_append_prefix_preserving and not report.renders_tool_results:
+        console.print(Text.assemble((f"{report.template}: ", "bold"),
+                                    ("not usable for tool calls (it renders no tool result)", "bold red")),
+                      soft_wrap=True)
     elif report.tool_append_prefix_preserving:
         console.print(Text.assemble((f"{report.template}: ", "bold"), ("tool appends are prefix-preserving", "green")),
                       soft_wrap=True)

