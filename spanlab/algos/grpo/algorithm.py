@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from spanlab.algos.grpo.config import GRPOSection
+from spanlab.errors import ConfigError
 from spanlab.jobs.algorithm import Algorithm
 
 if TYPE_CHECKING:
@@ -26,6 +27,9 @@ class GRPO(Algorithm[GRPOSection]):
     def check(self) -> None:
         if self.config.trainer.processes > 1:
             self.config.trainer.check_devices()
+        if self.config.trainer.sharding == "fsdp" and self.settings.lora is not None:
+            raise ConfigError("trainer.sharding: fsdp trains full weights, not a LoRA adapter; "
+                              "set grpo.lora: null or trainer.sharding: none")
 
     def train_tasks(self) -> int:
         return self.settings.steps * self.settings.tasks_per_step
