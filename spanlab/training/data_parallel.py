@@ -9,14 +9,18 @@ summed over ranks (:func:`all_reduce_grads`) before clipping and the optimizer s
 same step and the models never drift apart. The process group is gloo on CPU and nccl with one GPU per
 rank, rendezvous over a TCPStore on 127.0.0.1.
 
-Why an explicit all-reduce and not DDP: ``token_logprobs`` calls the decoder and the LM head directly (to
-run a shared prefix once and the head only on trained positions), which bypasses DDP's forward and its
-reducer; and ranks get uneven numbers of micro-batches (or none). Summing every gradient once per
-optimizer step is what DDP's ``no_sync`` plus a final synced backward would compute.
+Why an explicit all-reduce and not DDP (``sharding: none``): ``token_logprobs`` calls the decoder and the LM
+head directly (to run a shared prefix once and the head only on trained positions), which bypasses DDP's
+forward and its reducer; and ranks get uneven numbers of micro-batches (or none). Summing every gradient
+once per optimizer step is what DDP's ``no_sync`` plus a final synced backward would compute.
 
-Left out: FSDP2 (``fully_shard``): the same direct submodule calls would skip the root module's unshard
-hook, so models that do not fit one GPU are not supported yet; ranks on several machines (all ranks run
-on the job's host).
+``sharding: fsdp`` shards the model with FSDP2 instead (:mod:`spanlab.training.sharding`): each rank holds
+1/N of the parameters, gradients and optimizer state; the gradients are reduce-scattered (summed) in
+backward, every forward and backward is a collective, so the ranks run the same number of micro-batches
+(:meth:`Ranks.lockstep`). Rank 0 holds only its shard too: the weights it pushes are gathered from all
+ranks (:meth:`DataParallel.full_state_dict`).
+
+Left out: ranks on several machines (all ranks run on the job's host).
 
     with DataParallel(policy.model, make_model, make_optimizer, TrainerConfig(processes=2)) as dp:
         metrics = dp.run(grpo_step, samples=samples, config=settings, pad_id=pad_id)
@@ -31,7 +35,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -49,6 +53,7 @@ logger = logging.getLogger(__name__)
 ModelFactory = Callable[[], nn.Module]
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 _READY = "spanlab/ready/{}"
+T = TypeVar("T")
 
 
 class TrainerError(SpanlabError, RuntimeError):
@@ -57,14 +62,33 @@ class TrainerError(SpanlabError, RuntimeError):
 
 @dataclass(frozen=True)
 class Ranks:
-    """This process's place in the update: rank ``rank`` of ``world``; the default process group is theirs."""
+    """This process's place in the update: rank ``rank`` of ``world``; the default process group is theirs.
+
+    ``sharded``: the model is FSDP-sharded, so its gradients are already reduced in backward and every rank
+    must run each forward and backward together.
+    """
 
     rank: int
     world: int
+    sharded: bool = False
 
     def shard(self, items: list[Any]) -> list[Any]:
         """Every ``world``-th item from ``rank``: on a length-sorted list, each rank gets about as many tokens."""
         return items[self.rank::self.world]
+
+    def lockstep(self, count: int) -> int:
+        """How many micro-batches every rank runs when this one has ``count``: the most any rank has when the
+        model is sharded (a rank with fewer runs weightless ones), else its own ``count``."""
+        if not self.sharded:
+            return count
+        most = torch.tensor([count])
+        dist.all_reduce(most, op=dist.ReduceOp.MAX)
+        return int(most)
+
+    def reduce_grads(self, params: Iterable[nn.Parameter]) -> None:
+        """Sum the gradients over ranks (FSDP already reduce-scattered a sharded model's in backward)."""
+        if not self.sharded:
+            all_reduce_grads(params)
 
 
 def all_reduce_grads(params: Iterable[nn.Parameter]) -> None:
@@ -106,11 +130,30 @@ def _device(config: TrainerConfig, rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def _broadcast_state(model: nn.Module) -> None:
-    """Rank 0's parameters and buffers into every rank's model, in place (the optimizers keep their tensors)."""
+def _broadcast_state(model: nn.Module, device: torch.device) -> None:
+    """Rank 0's parameters and buffers into every rank's model, in place; a tensor off ``device`` (a model
+    FSDP is about to shard onto the GPU) goes through a copy there, as nccl sends only GPU tensors."""
     with torch.no_grad():
         for tensor in model.state_dict().values():
-            dist.broadcast(tensor, src=0)
+            if tensor.device == device:
+                dist.broadcast(tensor, src=0)
+            else:
+                moved = tensor.to(device)
+                dist.broadcast(moved, src=0)
+                tensor.copy_(moved)
+
+
+def _prepare(model: nn.Module, config: TrainerConfig, device: torch.device) -> nn.Module:
+    """The module this rank trains: ``model`` with rank 0's weights, on ``device``, or sharded over the ranks
+    (FSDP2 moves each shard to the device itself, so a model too big for one never lands there whole)."""
+    if config.sharding == "none":
+        model.to(device)
+    _broadcast_state(model, device)
+    if config.sharding == "none":
+        return model
+    from spanlab.training.sharding import shard_model
+
+    return shard_model(model, device)
 
 
 def _init_group(config: TrainerConfig, store: dist.TCPStore, rank: int) -> None:
@@ -123,15 +166,15 @@ def _worker(rank: int, port: int, config: TrainerConfig, make_model: ModelFactor
     """A helper rank: build the model, join the group, take rank 0's weights, then run each broadcast update."""
     torch.set_num_threads(threads)
     device = _device(config, rank)
-    model = make_model().to(device)
-    optimizer = make_optimizer(p for p in model.parameters() if p.requires_grad)
+    model = make_model()
     store = dist.TCPStore("127.0.0.1", port, config.processes, is_master=False,
                           timeout=timedelta(seconds=config.timeout_s))
     store.set(_READY.format(rank), "1")
     _init_group(config, store, rank)
     try:
-        _broadcast_state(model)
-        ranks = Ranks(rank, config.processes)
+        model = _prepare(model, config, device)
+        optimizer = make_optimizer(p for p in model.parameters() if p.requires_grad)
+        ranks = Ranks(rank, config.processes, sharded=config.sharding == "fsdp")
         while True:
             message: list[Any] = [None]
             dist.broadcast_object_list(message, src=0, device=device)
@@ -149,6 +192,8 @@ class DataParallel:
     ``make_model`` builds the same architecture in a helper (its weights are replaced by rank 0's);
     ``make_optimizer`` is called with the trainable parameters on every rank, so all ranks step alike.
     Both are pickled into the helpers (module-level functions or ``functools.partial`` of them).
+    With ``sharding: fsdp`` the updates get ``trained`` (``model`` sharded in place, wrapped in a
+    ``TokenLogprobs``); ``model`` then holds only rank 0's shard, also after the context ends.
     """
 
     def __init__(self, model: nn.Module, make_model: ModelFactory, make_optimizer: OptimizerFactory,
@@ -163,7 +208,8 @@ class DataParallel:
         self._procs: list[Any] = []
         self._saved_threads = torch.get_num_threads()
         self.optimizer: torch.optim.Optimizer | None = None
-        self.ranks = Ranks(0, config.processes)
+        self.trained: nn.Module = model
+        self.ranks = Ranks(0, config.processes, sharded=config.sharding == "fsdp")
 
     def __enter__(self) -> DataParallel:
         port = _free_port()
@@ -179,11 +225,9 @@ class DataParallel:
         try:
             self._wait_ready(store)
             torch.set_num_threads(self._threads)
-            device = _device(self.config, 0)
-            self.model.to(device)
-            self.optimizer = self._make_optimizer(p for p in self.model.parameters() if p.requires_grad)
             _init_group(self.config, store, 0)
-            _broadcast_state(self.model)
+            self.trained = _prepare(self.model, self.config, _device(self.config, 0))
+            self.optimizer = self._make_optimizer(p for p in self.trained.parameters() if p.requires_grad)
         except BaseException:
             self._stop_helpers()
             raise
@@ -206,17 +250,26 @@ class DataParallel:
                                    f"({self.config.timeout_s:g} s)")
             time.sleep(0.05)
 
-    def run(self, fn: Callable[..., dict[str, float]], **kwargs: Any) -> dict[str, float]:
-        """Run ``fn(model, optimizer, ranks=..., **kwargs)`` on every rank (the helpers get it by broadcast)."""
+    def run(self, fn: Callable[..., T], **kwargs: Any) -> T:
+        """Run ``fn(model, optimizer, ranks=..., **kwargs)`` on every rank (the helpers get it by broadcast);
+        rank 0's result."""
         for rank, proc in enumerate(self._procs, start=1):
             if not proc.is_alive():
                 raise TrainerError(f"trainer.processes: rank {rank} died (exit code {proc.exitcode})")
         dist.broadcast_object_list([(fn, kwargs)], src=0, device=_device(self.config, 0))
-        return fn(self.model, self.optimizer, ranks=self.ranks, **kwargs)
+        return fn(self.trained, self.optimizer, ranks=self.ranks, **kwargs)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole model's state dict (HF names) on rank 0: what a weight push sends. Sharded, it is gathered
+        from every rank into CPU memory; otherwise it is rank 0's own copy."""
+        if not self.ranks.sharded:
+            return self.model.state_dict()
+        return self.run(_full_state_dict)
 
     def fingerprints(self) -> list[tuple[float, float]]:
-        """(sum, sum of squares) of every rank's parameters, in float64: equal on all ranks when in sync."""
-        return self.run(_fingerprint)["ranks"]  # type: ignore[return-value]
+        """(sum, sum of squares) of every rank's parameters, in float64: equal on all ranks when in sync
+        (unsharded ranks: a sharded rank holds its own part)."""
+        return self.run(_fingerprint)["ranks"]
 
     def __exit__(self, exc_type: object, *_: object) -> None:
         try:
@@ -240,6 +293,12 @@ class DataParallel:
                 proc.kill()
                 proc.join(timeout=10)
         self._procs.clear()
+
+
+def _full_state_dict(model: nn.Module, optimizer: object, *, ranks: Ranks) -> dict[str, torch.Tensor]:
+    from spanlab.training.sharding import full_state_dict
+
+    return full_state_dict(model)  # type: ignore[arg-type]  # sharded: the TokenLogprobs shard_model built
 
 
 def _fingerprint(model: nn.Module, optimizer: object, *, ranks: Ranks) -> dict[str, Any]:

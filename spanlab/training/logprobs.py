@@ -4,19 +4,28 @@ Why: the vocabulary is 49k and prompts are long while responses are short, so fu
 cost far more memory (and time in the LM head) than the ``[N, V]`` logits of the N positions that are
 trained on. The decoder runs on every token; the LM head and log-softmax only on the selected positions.
 
+A model sharded with FSDP2 is wrapped in :class:`TokenLogprobs`, whose ``forward`` is this computation:
+FSDP gathers the parameters outside the decoder layers (embeddings, final norm, LM head) in its root
+module's forward hook, which the direct calls to the decoder and the head would skip. Every call of a
+sharded layer is a collective, so all ranks must call the decoder as often: they agree on one prefix
+length per forward (the shortest any rank's rows share; none when one rank has no shared prefix).
+
 Left out: models that post-process logits (Gemma's soft-capping, Cohere's logit scale) are refused
 rather than silently computed wrong; the selected logits are not chunked.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from spanlab.errors import ConfigError
 
-__all__ = ["shared_prefix_len", "token_logprobs"]
+__all__ = ["TokenLogprobs", "shared_prefix_len", "token_logprobs"]
 
 _LOGIT_POSTPROCESSING = ("final_logit_softcapping", "logit_scale")
 
@@ -35,16 +44,19 @@ def shared_prefix_len(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> 
 
 
 def _hidden_states(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   share_prefix: bool) -> torch.Tensor:
+                   share_prefix: bool, agree: Callable[[int], int] | None = None) -> torch.Tensor:
     """``[B, T, H]`` last hidden states; a prefix shared by all rows is run once, not once per row.
 
     Exact, gradient included: the prefix's keys/values are computed once (with grad when enabled) and
     broadcast to every row, so backprop sums each row's gradient into that one computation, as it would
     into B identical ones. Agent prompts share long system + tools prefixes (~230 of ~330 tokens for the
-    calc agent), so this cuts the trainer's work about 3x there.
+    calc agent), so this cuts the trainer's work about 3x there. ``agree`` turns this rank's prefix length
+    into the one all ranks use (a shorter prefix is still shared).
     """
     decoder = model.get_decoder()
     P = shared_prefix_len(input_ids, attention_mask) if share_prefix else 0
+    if agree is not None:
+        P = agree(P)
     if P < 16:  # not worth a second forward call
         return decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     B = input_ids.shape[0]
@@ -54,6 +66,26 @@ def _hidden_states(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
     suffix_B_S_H = decoder(input_ids=input_ids[:, P:], attention_mask=attention_mask, past_key_values=cache,
                            use_cache=True).last_hidden_state
     return torch.cat([prefix.last_hidden_state.expand(B, -1, -1), suffix_B_S_H], dim=1)
+
+
+class TokenLogprobs(nn.Module):
+    """A causal LM ``lm`` whose forward is :func:`token_logprobs`: the module a wrapper such as FSDP2's
+    ``fully_shard`` hooks, so every parameter the computation touches is gathered first."""
+
+    def __init__(self, lm: nn.Module) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions_mask: torch.Tensor | None,
+                temperature: float, share_prefix: bool) -> torch.Tensor:
+        return _token_logprobs(self.lm, input_ids, attention_mask, positions_mask, temperature, share_prefix,
+                               agree=_shortest_over_ranks)
+
+
+def _shortest_over_ranks(prefix_len: int) -> int:
+    shortest = torch.tensor([prefix_len])
+    dist.all_reduce(shortest, op=dist.ReduceOp.MIN)
+    return int(shortest)
 
 
 def token_logprobs(
@@ -69,8 +101,17 @@ def token_logprobs(
 
     Position 0 and padding (``attention_mask`` 0) are always 0. Differentiable when grad is enabled.
     ``temperature`` divides the logits as the engine did when it sampled. ``share_prefix`` runs a
-    prefix common to all rows once (exact; see :func:`_hidden_states`).
+    prefix common to all rows once (exact; see :func:`_hidden_states`). ``model`` may be a
+    :class:`TokenLogprobs` (a sharded model): the call then goes through its forward.
     """
+    if isinstance(model, TokenLogprobs):
+        return model(input_ids, attention_mask, positions_mask, temperature, share_prefix)
+    return _token_logprobs(model, input_ids, attention_mask, positions_mask, temperature, share_prefix)
+
+
+def _token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    positions_mask: torch.Tensor | None, temperature: float, share_prefix: bool,
+                    agree: Callable[[int], int] | None = None) -> torch.Tensor:
     config = getattr(model, "config", None)
     for name in _LOGIT_POSTPROCESSING:
         if getattr(config, name, None) not in (None, 1.0):
@@ -78,7 +119,7 @@ def token_logprobs(
     need_B_T = attention_mask.bool() if positions_mask is None else positions_mask.bool() & attention_mask.bool()
     need_B_T = need_B_T.clone()
     need_B_T[:, 0] = False
-    hidden_B_T_H = _hidden_states(model, input_ids, attention_mask, share_prefix)
+    hidden_B_T_H = _hidden_states(model, input_ids, attention_mask, share_prefix, agree)
     rows_N, cols_N = need_B_T.nonzero(as_tuple=True)
     logits_N_V = model.get_output_embeddings()(hidden_B_T_H[rows_N, cols_N - 1]).float()
     if temperature != 1.0:

@@ -89,6 +89,11 @@ class PolicySync:
         self.served_name = self.base_served_name
         return path, self.client.reload_weights(path, version=tag)
 
+    def push_state(self, state: dict[str, torch.Tensor]) -> SyncTiming:
+        """Serve full weights given as a state dict: a sharded trainer's, gathered on rank 0, whose torch model
+        holds only a shard (so checkpoints then take these files, see :meth:`push_dir`)."""
+        return self.push_dir(save_weights(state, self.out_dir / "weights"))
+
     def push_dir(self, path: Path) -> SyncTiming:
         """Serve full weights another trainer saved (an HF folder with safetensors, e.g. Unsloth's merged save)."""
         self.version += 1

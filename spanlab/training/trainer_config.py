@@ -1,4 +1,5 @@
-"""The ``trainer:`` section: how many data-parallel processes run the weight update, and on which device.
+"""The ``trainer:`` section: how many data-parallel processes run the weight update, on which device, and
+whether the model is sharded over them (FSDP2) or copied to each.
 
 Light on import (no torch at module level) so ``spanlab train --check`` stays cheap; the device count is
 looked up only when :meth:`TrainerConfig.check_devices` runs, and torch only for ``device: gpu``.
@@ -14,13 +15,17 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from spanlab.errors import ConfigError
 
 TrainerDevice = Literal["cpu", "gpu"]
+Sharding = Literal["none", "fsdp"]
 
 
 class TrainerConfig(BaseModel):
-    """``trainer: {processes: N, device: cpu|gpu}``: N ranks of one update (gloo on CPU, nccl with one GPU each).
+    """``trainer: {processes: N, device: cpu|gpu, sharding: none|fsdp}``: N ranks of one update (gloo on CPU,
+    nccl with one GPU each).
 
     ``processes: 1`` (the default) is the single-process trainer, unchanged. With N > 1 the job's process is
     rank 0 (it reads the samples and pushes weights) and N - 1 helper processes on the same machine join it.
+    ``sharding: none`` keeps a whole copy of the model and its optimizer state on every rank; ``fsdp``
+    (torch's FSDP2, ``fully_shard``) keeps 1/N of each on each rank, for models that do not fit one device.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -29,12 +34,15 @@ class TrainerConfig(BaseModel):
     device: TrainerDevice = Field(default="cpu", description="cpu: gloo, ranks share the cores; gpu: nccl, a GPU each")
     timeout_s: float = Field(default=600.0, gt=0, le=86_400,
                              description="how long a rank waits in a collective (a dead rank fails the step then)")
+    sharding: Sharding = Field(default="none", description="none: a whole model per rank; fsdp: 1/N of it (FSDP2)")
 
     @model_validator(mode="after")
-    def _gpu_is_data_parallel(self) -> TrainerConfig:
+    def _consistent(self) -> TrainerConfig:
         if self.device == "gpu" and self.processes < 2:
             raise ValueError("device: gpu is the data-parallel trainer's; set processes >= 2 "
                              "(the one-process trainer runs on CPU)")
+        if self.sharding == "fsdp" and self.processes < 2:
+            raise ValueError("sharding: fsdp shards the model over the ranks; set processes >= 2")
         return self
 
     def check_devices(self) -> None:

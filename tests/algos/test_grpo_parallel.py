@@ -5,7 +5,9 @@ whole batch, within atol 1e-6 in float32 (only the summation order differs: each
 gradients, then gloo sums the ranks). SGD without clipping (lr 1.0, max_grad_norm 1e9) so the update is
 the gradient itself: a gradient averaged instead of summed over ranks, or a loss normalized by a shard's
 own token count, moves the parameters by a visibly different amount (Adam's first step would hide a scale
-error). The helper's parameters are compared with rank 0's through their float64 fingerprints.
+error). The helper's parameters are compared with rank 0's through their float64 fingerprints. The same
+check for ``sharding: fsdp`` compares the full state dict gathered from both ranks' shards (what the
+weight push sends) with the single process's.
 """
 
 from __future__ import annotations
@@ -28,30 +30,36 @@ from spanlab.training.trainer_config import TrainerConfig
 VOCAB = 16
 
 
-@pytest.fixture(scope="module")
-def toy_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A random 2-layer Llama (32 hidden, vocab 16) saved as an HF folder: what a helper rank loads."""
+def _toy_model(out: Path, *, tied: bool) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, head_dim=16, pad_token_id=0)
-    out = tmp_path_factory.mktemp("toy") / "model"
+                         num_attention_heads=2, num_key_value_heads=2, head_dim=16, pad_token_id=0,
+                         tie_word_embeddings=tied)
     LlamaForCausalLM(config).save_pretrained(out)
     return out
 
 
-def _batch(seed: int, n: int) -> list[Sample]:
-    """``n`` samples of varied prompt/response lengths in groups of 4, rewards with variance in each group."""
+@pytest.fixture(scope="module")
+def toy_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random 2-layer Llama (32 hidden, vocab 16) saved as an HF folder: what a helper rank loads."""
+    return _toy_model(tmp_path_factory.mktemp("toy") / "model", tied=False)
+
+
+def _batch(seed: int, n: int, shared: int = 0) -> list[Sample]:
+    """``n`` samples of varied prompt/response lengths in groups of 4, rewards with variance in each group;
+    the first ``shared`` prompt tokens are the same in all (an agent's system prompt: run once per micro-batch)."""
     rng = np.random.default_rng(seed)
+    prefix = rng.integers(1, VOCAB, shared).astype(np.int32)
     out = []
     for i in range(n):
-        n_prompt, n_resp = 3 + i % 5, 2 + (i * 7) % 6
+        n_prompt, n_resp = shared + 3 + i % 5, 2 + (i * 7) % 6
         mask = np.r_[np.zeros(n_prompt, np.uint8), np.ones(n_resp, np.uint8)]
         engine = np.where(mask == 1, -rng.random(len(mask)), 0).astype(np.float32)
         reward = float(rng.integers(0, 2)) if i % 4 else float(i % 8 == 0)  # first of a group: 1 or 0
-        out.append(Sample(f"r{i}", f"g{i // 4}", rng.integers(1, VOCAB, len(mask)).astype(np.int32), mask, engine,
-                          reward))
+        ids = np.r_[prefix, rng.integers(1, VOCAB, len(mask) - shared)].astype(np.int32)
+        out.append(Sample(f"r{i}", f"g{i // 4}", ids, mask, engine, reward))
     return out
 
 
@@ -90,6 +98,33 @@ def test_two_gloo_ranks_take_the_single_process_step(toy_model_dir: Path) -> Non
     assert sum0 == pytest.approx(sum1, rel=1e-12) and sq0 == pytest.approx(sq1, rel=1e-12)  # the ranks agree
 
 
+def test_two_fsdp_ranks_take_the_single_process_step(tmp_path: Path) -> None:
+    """FSDP2 over 2 gloo ranks: tied embeddings (SmolLM2's; one FSDP group must hold both), a 16-token shared
+    prefix (the decoder runs twice in a forward) and 3 vs 4 micro-batches on the ranks (rank 0 runs a filler)."""
+    model_dir = _toy_model(tmp_path / "tied", tied=True)
+    samples = _batch(1, 12, shared=16)
+    config = GRPOConfig(micro_batch_tokens=56, max_grad_norm=1e9)
+    sgd = partial(torch.optim.SGD, lr=1.0)
+    single = load_trainable_model(model_dir)
+    start = {k: v.clone() for k, v in single.state_dict().items()}
+    one = grpo_step(single, sgd(single.parameters()), samples, config, pad_id=0)
+
+    rank0 = load_trainable_model(model_dir)
+    with DataParallel(rank0, partial(load_trainable_model, model_dir), sgd,
+                      TrainerConfig(processes=2, sharding="fsdp"), threads=2) as dp:
+        two = dp.run(grpo_step, samples=samples, config=config, pad_id=0)
+        gathered = dp.full_state_dict()
+
+    assert one["n_samples_used"] == two["n_samples_used"] == 12
+    expected = single.state_dict()
+    assert gathered.keys() == expected.keys()
+    assert max(float((expected[k] - start[k]).abs().max()) for k in expected) > 1e-2  # the step moved them
+    for key, tensor in expected.items():
+        torch.testing.assert_close(gathered[key], tensor, rtol=0, atol=1e-6, msg=key)
+    for key in ("loss", "grad_norm", "loss_tokens", "clip_frac", "ratio_mean", "tokens"):
+        assert two[key] == pytest.approx(one[key], rel=1e-5), key
+
+
 def _fail_to_build() -> torch.nn.Module:
     raise RuntimeError("no model here")
 
@@ -113,3 +148,8 @@ def test_more_processes_than_devices_is_a_config_error_naming_the_key() -> None:
         parse_train_config({"trainer": {"processes": 0}})
     with pytest.raises(ConfigError, match=r"trainer: Value error, device: gpu is the data-parallel"):
         parse_train_config({"trainer": {"device": "gpu"}})  # one process: there is no GPU trainer for it
+    with pytest.raises(ConfigError, match=r"trainer: Value error, sharding: fsdp shards the model over the ranks"):
+        parse_train_config({"trainer": {"sharding": "fsdp"}})
+    lora = parse_train_config({"trainer": {"processes": 2, "sharding": "fsdp"}, "grpo": {"lora": {"rank": 4}}})
+    with pytest.raises(ConfigError, match=r"^trainer.sharding: fsdp trains full weights, not a LoRA adapter"):
+        build_algorithm(lora)

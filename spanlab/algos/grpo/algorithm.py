@@ -32,6 +32,9 @@ class GRPO(Algorithm[GRPOSection]):
         if loop.mode == "async" and loop.groups_in_flight(per_step) < per_step:
             raise ConfigError(f"loop.in_flight_groups: {loop.in_flight_groups} is fewer than a step's groups "
                               f"(grpo.tasks_per_step: {per_step}); no step could ever fill")
+        if self.config.trainer.sharding == "fsdp" and self.settings.lora is not None:
+            raise ConfigError("trainer.sharding: fsdp trains full weights, not a LoRA adapter; "
+                              "set grpo.lora: null or trainer.sharding: none")
 
     def train_tasks(self) -> int:
         return self.settings.steps * self.settings.tasks_per_step

@@ -5,8 +5,9 @@ through the recording gateway against vLLM; the adapter reads the exact sampled 
 the store; the GRPO step updates the policy; the engine reloads the new weights before the next
 collection. Per-step metrics go into the store's ``train_metrics`` table. With ``trainer.processes: N``
 the update runs on N data-parallel ranks (:mod:`spanlab.training.data_parallel`); this process stays
-rank 0: it alone reads the samples from the store and pushes the weights. ``loop: {mode: async}`` runs the
-same parts with rollouts that never wait for the trainer (:mod:`spanlab.algos.grpo.async_loop`).
+rank 0: it alone reads the samples from the store and pushes the weights (with ``sharding: fsdp``,
+the weights gathered from all ranks). ``loop: {mode: async}`` runs the same parts with rollouts that
+never wait for the trainer (:mod:`spanlab.algos.grpo.async_loop`).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def train_grpo(job: Job, settings: GRPOSection) -> None:
     """``settings.steps`` GRPO updates of the job's policy, each on ``tasks_per_step`` x ``group_size`` rollouts."""
     assert job.policy is not None, "GRPO trains weights: the framework loads the policy"
     policy, config = job.policy, job.config
-    update = _update(job, settings)
+    update, push = _update(job, settings)
     group_key = None if config.loop.mode == "async" else "task_id"  # async groups carry their own group_id
 
     def adapt_and_update(rollout_ids: list[str]) -> dict[str, float]:
@@ -50,7 +51,7 @@ def train_grpo(job: Job, settings: GRPOSection) -> None:
                                         token_source=config.token_source, tokenizer=policy.tokenizer,
                                         chat_template=config.retokenize_template, agents=config.agents)))
 
-    parts = StepParts(adapt_and_update, policy.push, job.log_step)
+    parts = StepParts(adapt_and_update, push, job.log_step)
     if config.loop.mode == "async":
         from spanlab.algos.grpo.async_loop import train_grpo_async
 
@@ -77,17 +78,27 @@ def run_sync(parts: StepParts, collect: Callable[[list[dict[str, Any]], int], Ro
         parts.log_step(metrics)
 
 
-def _update(job: Job, settings: GRPOSection) -> Callable[[list[Sample]], dict[str, float]]:
-    """One GRPO update of a step's samples: in this process, or on the configured data-parallel ranks."""
+def _update(job: Job, settings: GRPOSection) -> tuple[Callable[[list[Sample]], dict[str, float]], Callable[[], float]]:
+    """One GRPO update of a step's samples (in this process, or on the configured data-parallel ranks), and the
+    push of the updated weights to the engine (its seconds)."""
     assert job.policy is not None
     policy, trainer = job.policy, job.config.trainer
     make_optimizer = partial(torch.optim.AdamW, lr=settings.lr, weight_decay=settings.weight_decay)
     if trainer.processes == 1:  # the job keeps the optimizer: its state is saved with each step for --resume
         optimizer = job.attach_optimizer(make_optimizer(p for p in policy.model.parameters() if p.requires_grad))
-        return lambda samples: grpo_step(policy.model, optimizer, samples, settings, pad_id=policy.pad_id)
+        def update_here(samples: list[Sample]) -> dict[str, float]:
+            return grpo_step(policy.model, optimizer, samples, settings, pad_id=policy.pad_id)
+
+        return update_here, policy.push
     from spanlab.engine.model import resolve_model
 
     make_model = partial(load_trainable_model, resolve_model(job.config.engine.model), settings.lora)
     dp = job.stack.enter_context(DataParallel(policy.model, make_model, make_optimizer, trainer,
                                               threads=job.config.torch_threads))
-    return lambda samples: dp.run(grpo_step, samples=samples, config=settings, pad_id=policy.pad_id)
+
+    def update(samples: list[Sample]) -> dict[str, float]:
+        return dp.run(grpo_step, samples=samples, config=settings, pad_id=policy.pad_id)
+
+    if trainer.sharding == "none":
+        return update, policy.push
+    return update, lambda: policy.sync.push_state(dp.full_state_dict()).total_s  # rank 0 holds only its shard

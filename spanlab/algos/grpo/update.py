@@ -26,11 +26,12 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from spanlab.adapters.grpo import Batch, Sample, collate, micro_batches
 from spanlab.adapters.retokenize import drift_stats
 from spanlab.algos.grpo.config import Aggregation, GRPOConfig
-from spanlab.training.data_parallel import Ranks, all_reduce_grads, gather
+from spanlab.training.data_parallel import Ranks, gather
 from spanlab.training.logprobs import token_logprobs
 from spanlab.training.model import apply_lora, peak_rss_mb
 from spanlab.training.settings import LoraConfig
@@ -209,6 +210,8 @@ def grpo_step(
     samples and computes the same advantages and loss totals (``batch_tokens``, ``batch_seqs``) from the
     whole batch, trains on its shard of the kept samples, and the gradients are summed over ranks before
     clipping: the update equals one process on the whole batch. Metrics are the whole batch's on every rank.
+    A sharded model (``ranks.sharded``) needs every rank in each forward and backward: a rank with fewer
+    micro-batches than another runs copies of one with a zero weight.
     """
     if config.kl_beta > 0 and ref_model is None:
         raise ValueError("kl_beta > 0 needs a ref_model")
@@ -236,6 +239,10 @@ def grpo_step(
     for chunk in micro_batches([samples[i] for i in mine], config.micro_batch_tokens):
         batches.append(_to(collate(chunk, [adv_by_sample[i] for i in mine[pos:pos + len(chunk)]], pad_id), device))
         pos += len(chunk)
+    n_real = len(batches)
+    if ranks is not None and (n_pad := ranks.lockstep(n_real) - n_real):
+        filler = batches[-1] if batches else _to(collate(kept[:1], [0.0], pad_id), device)
+        batches += [filler] * n_pad
     batch_tokens = float(sum(int(s.loss_mask.sum()) for s in kept))
     old = _frozen_logprobs(model, batches, config.temperature) if config.epochs_per_batch > 1 else None
     ref = _frozen_logprobs(ref_model, batches, config.temperature) if config.kl_beta > 0 and ref_model else None
@@ -255,6 +262,9 @@ def grpo_step(
                 kl_beta=config.kl_beta, engine_logprobs=b.engine_logprobs, tis_cap=config.tis_cap,
                 batch_tokens=batch_tokens, batch_seqs=len(kept),
             )
+            if j >= n_real:  # a filler: the sharded model's collectives run, its gradient is zero
+                (loss * 0.0).backward()
+                continue
             loss.backward()
             total_loss += float(loss.detach())
             if _epoch == 0:
@@ -263,8 +273,8 @@ def grpo_step(
             for k, v in m.items():  # token-weighted sums, averaged below
                 sums[k] += v * m["loss_tokens"] if k != "loss_tokens" else v
         if ranks is not None:
-            all_reduce_grads(params)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm))
+            ranks.reduce_grads(params)
+        grad_norm = _norm_value(torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     rss_all_ranks = peak_rss_mb()
@@ -286,6 +296,11 @@ def grpo_step(
         "peak_rss_mb_all_ranks": rss_all_ranks,
         "drift_logp_abs_diff": drift_sum / drift_n if drift_n else math.nan,
     }
+
+
+def _norm_value(norm: torch.Tensor) -> float:
+    """A gradient norm as a float; over sharded gradients it is a DTensor, made whole first."""
+    return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
 
 
 def _to(batch: Batch, device: torch.device) -> Batch:
