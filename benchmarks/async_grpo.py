@@ -97,13 +97,13 @@ def main() -> None:
     torch.set_num_threads(1)
     arms = {"sync": None, "async K=1": 1, "async K=2": 2}
     results = {name: run_arm(args, k) for name, k in arms.items()}
+    cells = {name: {c: f"{v:.3g}" if isinstance(v, float) else str(v) for c, v in row.items()}
+             for name, row in results.items()}
     cols = list(next(iter(results.values())))
-    widths = [max(len(c), 8) + 2 for c in cols]
-    print(f"{'':10}" + "".join(f"{c:>{w}}" for c, w in zip(cols, widths, strict=True)))
-    for name, row in results.items():
-        cells = [f"{v:>{w}.3g}" if isinstance(v, float) else f"{v:>{w}}" for v, w in zip(row.values(), widths,
-                                                                                         strict=True)]
-        print(f"{name:10}" + "".join(cells))
+    widths = {c: max(len(c), *(len(row[c]) for row in cells.values())) + 2 for c in cols}
+    print(f"{'':10}" + "".join(f"{c:>{widths[c]}}" for c in cols))
+    for name, row in cells.items():
+        print(f"{name:10}" + "".join(f"{row[c]:>{widths[c]}}" for c in cols))
     print(f"({args.steps} steps of {args.per_step} groups x {args.group}, {args.concurrency} rollouts at once, "
           f"train {args.train_s}s + push {args.push_s}s per step)")
 
