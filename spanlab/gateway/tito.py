@@ -35,11 +35,17 @@ from starlette.responses import Response
 
 from spanlab.gateway.config import GatewayConfig
 from spanlab.gateway.protocol import dumps, loads
-from spanlab.gateway.recording import CallContext, spans_from_record
+from spanlab.gateway.recording import CallContext
 from spanlab.gateway.records import ChoiceRecord, ResponseRecord, clean_message, sampled_logprobs
 from spanlab.gateway.tito_engine import check_engine_template, detect_routes
 from spanlab.gateway.tito_engine_path import EnginePath
-from spanlab.gateway.tito_protocol import chat_response, completion_body, parses_tools, per_call_reason, sse_events
+from spanlab.gateway.tito_protocol import (
+    chat_response,
+    completion_body,
+    parses_tools,
+    per_call_reason,
+    record_and_answer,
+)
 from spanlab.gateway.tito_sessions import Session, TitoSessions, TitoTurn
 from spanlab.gateway.upstream import UpstreamError
 from spanlab.tito.hermes import ParsedTurn, parse_hermes
@@ -248,12 +254,5 @@ class TitoMode:
         )
         reply = chat_response(data, message, finish, ctx.asked)
         attrs["gateway_ms"] = round((prep_s + time.perf_counter() - t1) * 1000, 3)
-        ctx.extra_attributes = {"tito": attrs}
-        end = time.time()
-        if (refused := await gw.record_call(lambda: spans_from_record(ctx, record, end_time=end))) is not None:
-            return refused
-        headers = {"x-spanlab-span-ids": ctx.span_ids[0]}
-        if ctx.asked.stream:
-            usage = bool((ctx.body.get("stream_options") or {}).get("include_usage"))
-            return Response(sse_events(reply, usage), 200, media_type="text/event-stream", headers=headers)
-        return Response(dumps(reply), 200, media_type="application/json", headers=headers)
+        return await record_and_answer(gw, ctx, record, reply, attrs)
+

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.responses import Response
 
 from spanlab.gateway.protocol import dumps, loads
-from spanlab.gateway.recording import CallContext, spans_from_record
+from spanlab.gateway.recording import CallContext
 from spanlab.gateway.records import ChoiceRecord, ResponseRecord, clean_message
 from spanlab.gateway.tito_engine import (
     DERENDER,
@@ -38,7 +38,7 @@ from spanlab.gateway.tito_engine import (
     generate_body,
     render_body,
 )
-from spanlab.gateway.tito_protocol import sse_events
+from spanlab.gateway.tito_protocol import record_and_answer
 from spanlab.gateway.tito_sessions import Session, TitoSessions, TitoTurn
 from spanlab.gateway.upstream import UpstreamClient, UpstreamError
 
@@ -193,15 +193,7 @@ class EnginePath:
                                 choices=[ChoiceRecord(0, kept, finish, sampled, logprobs, loss_mask=mask)])
         reply = _reply(chat, out, message, finish, usage, ctx, turn.prompt_ids, sampled)
         attrs["gateway_ms"] = round((own_s + time.perf_counter() - t3) * 1000, 3)
-        ctx.extra_attributes = {"tito": attrs}
-        end = time.time()
-        if (refused := await gw.record_call(lambda: spans_from_record(ctx, record, end_time=end))) is not None:
-            return refused
-        headers = {"x-spanlab-span-ids": ctx.span_ids[0]}
-        if ctx.asked.stream:
-            include = bool((ctx.body.get("stream_options") or {}).get("include_usage"))
-            return Response(sse_events(reply, include), 200, media_type="text/event-stream", headers=headers)
-        return Response(dumps(reply), 200, media_type="application/json", headers=headers)
+        return await record_and_answer(gw, ctx, record, reply, attrs)
 
 
 def _reply(chat: dict[str, Any], out: dict[str, Any], message: Message, finish: str | None,

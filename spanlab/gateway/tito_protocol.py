@@ -13,7 +13,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from starlette.responses import Response
+
 from spanlab.gateway.protocol import AgentAsked, dumps
+from spanlab.gateway.recording import CallContext, spans_from_record
+from spanlab.gateway.records import ResponseRecord
 
 # Chat-only fields: the gateway renders the prompt itself, maps logprobs and max tokens, and parses tool calls.
 _CHAT_ONLY = frozenset({
@@ -147,3 +151,18 @@ def sse_events(response: dict[str, Any], include_usage: bool) -> bytes:
         events.append(b"data: " + dumps({**base, "choices": [], "usage": response["usage"]}) + b"\n\n")
     events.append(b"data: [DONE]\n\n")
     return b"".join(events)
+
+async def record_and_answer(gw: Any, ctx: CallContext, record: ResponseRecord, reply: dict[str, Any],
+                            attrs: dict[str, Any]) -> Response:
+    """Store the call's span (a refusal if it could not be), then answer the agent: JSON, or SSE if it streamed.
+
+    Both TITO paths (the fallback's and the engine's) end here, so the span is durable before the agent hears."""
+    ctx.extra_attributes = {"tito": attrs}
+    end = time.time()
+    if (refused := await gw.record_call(lambda: spans_from_record(ctx, record, end_time=end))) is not None:
+        return refused
+    headers = {"x-spanlab-span-ids": ctx.span_ids[0]}
+    if ctx.asked.stream:
+        usage = bool((ctx.body.get("stream_options") or {}).get("include_usage"))
+        return Response(sse_events(reply, usage), 200, media_type="text/event-stream", headers=headers)
+    return Response(dumps(reply), 200, media_type="application/json", headers=headers)
