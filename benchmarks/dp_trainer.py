@@ -1,4 +1,5 @@
-"""GRPO update step time and peak memory with 1 vs 2 data-parallel trainer processes (issue #22), same batch.
+"""GRPO update step time and peak memory with 1 vs 2 data-parallel trainer processes (issue #22), same batch;
+with ``--sharding fsdp`` also 2 processes under FSDP2 (``trainer: {processes: 2, sharding: fsdp}``) beside them.
 
 The batch is ``grpo_step.py``'s: --samples sequences (groups of 4, 0/1 rewards with signal in each) of ~--prompt
 prompt tokens plus ~--response sampled ones, the first --shared-prefix prompt tokens common to all (an agent's
@@ -11,7 +12,7 @@ alternating the configurations). Not a test: on a machine with
 memory, the gradient all-reduce), not a speed-up.
 
 Run: .venv/bin/python benchmarks/dp_trainer.py [--model default|tiny|smol-random|DIR] [--device cpu|gpu]
-     [--samples 32] [--steps 2] [--threads 2] [--processes 1 2]
+     [--samples 32] [--steps 2] [--threads 2] [--processes 1 2] [--sharding none fsdp]
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def model_dir(name: str, scratch: Path) -> Path:
     return scratch / name
 
 
-def run_one(processes: int, args: argparse.Namespace) -> dict[str, float | int | str]:
+def run_one(processes: int, sharding: str, args: argparse.Namespace) -> dict[str, float | int | str]:
     torch.set_num_threads(args.threads)
     config = GRPOConfig(micro_batch_tokens=args.micro_batch_tokens)
     batches = [make_samples(args.samples, args.prompt, args.response, seed=s, shared=args.shared_prefix)
@@ -77,13 +78,14 @@ def run_one(processes: int, args: argparse.Namespace) -> dict[str, float | int |
             ready_s = time.perf_counter() - t0
             runs = [grpo_step(model, optimizer, b, config, pad_id=0) for b in batches][1:]
         else:
-            trainer = TrainerConfig(processes=processes, device=args.device)
+            trainer = TrainerConfig(processes=processes, device=args.device, sharding=sharding)
             with DataParallel(model, partial(load_trainable_model, path), make_optimizer, trainer,
                               threads=args.threads) as dp:
                 ready_s = time.perf_counter() - t0
                 runs = [dp.run(grpo_step, samples=b, config=config, pad_id=0) for b in batches][1:]
     return {
         "processes": processes,
+        "sharding": sharding if processes > 1 else "none",
         "device": args.device,
         "model": args.model,
         "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
@@ -113,30 +115,34 @@ def main() -> None:
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--reps", type=int, default=1, help="runs of each configuration, alternating (1, 2, 1, 2, ...) "
                         "so a load swing on a shared machine hits both; the table gives medians")
+    parser.add_argument("--sharding", nargs="+", choices=["none", "fsdp"], default=["none"],
+                        help="for processes > 1: whole model per rank (none), FSDP2 shards (fsdp), or both")
     parser.add_argument("--only", type=int, help=argparse.SUPPRESS)  # one configuration, in this process
+    parser.add_argument("--only-sharding", default="none", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.only is not None:
-        print(json.dumps(run_one(args.only, args)))
+        print(json.dumps(run_one(args.only, args.only_sharding, args)))
         return
-    runs: dict[int, list[dict]] = {n: [] for n in args.processes}
-    for n in [n for _ in range(args.reps) for n in args.processes]:
+    arms = [(n, s) for n in args.processes for s in (args.sharding if n > 1 else ["none"])]
+    runs: dict[tuple[int, str], list[dict]] = {arm: [] for arm in arms}
+    for n, sharding in [arm for _ in range(args.reps) for arm in arms]:
         argv = ["--model", args.model, "--device", args.device, "--samples", str(args.samples),
                 "--prompt", str(args.prompt), "--response", str(args.response),
                 "--shared-prefix", str(args.shared_prefix),
                 "--micro-batch-tokens", str(args.micro_batch_tokens), "--steps", str(args.steps),
-                "--threads", str(args.threads), "--only", str(n)]
+                "--threads", str(args.threads), "--only", str(n), "--only-sharding", sharding]
         out = subprocess.run([sys.executable, __file__, *argv], check=True, stdout=subprocess.PIPE, text=True).stdout
-        runs[n].append(json.loads(out.strip().splitlines()[-1]))
-        print(json.dumps(runs[n][-1]), file=sys.stderr)
+        runs[n, sharding].append(json.loads(out.strip().splitlines()[-1]))
+        print(json.dumps(runs[n, sharding][-1]), file=sys.stderr)
     rows = [{k: statistics.median(r[k] for r in rs) if isinstance(rs[0][k], float) else rs[0][k] for k in rs[0]}
             for rs in runs.values()]
-    print("| device | processes | ready s | step s (median) | tokens/s | peak RSS rank 0 | peak RSS all ranks "
-          "| GPU peak rank 0 |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| device | processes | sharding | ready s | step s (median) | tokens/s | peak RSS rank 0 "
+          "| peak RSS all ranks | GPU peak rank 0 | first loss |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['device']} | {r['processes']} | {r['ready_s']:.1f} | {r['step_s']:.2f} | {r['tokens_per_s']:.0f} "
+        print(f"| {r['device']} | {r['processes']} | {r['sharding']} | {r['ready_s']:.1f} | {r['step_s']:.2f} | {r['tokens_per_s']:.0f} "
               f"| {r['peak_rss_rank0_mb']:.0f} MB | {r['peak_rss_all_ranks_mb']:.0f} MB "
-              f"| {r['gpu_peak_rank0_mb']:.0f} MB |")
+              f"| {r['gpu_peak_rank0_mb']:.0f} MB | {r['loss_first']:.7g} |")
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ class ArithmeticAgent(Agent):
         self.model, self.max_tokens = model, max_tokens
 
     async def run(self, task: Any, ctx: RolloutContext) -> float:
-        client = AsyncOpenAI(base_url=ctx.llm_base_url, api_key="spanlab")
+        client = AsyncOpenAI(base_url=ctx.llm_base_url, api_key=ctx.llm_api_key)
         reply = await client.chat.completions.create(
             model=self.model,
             messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": task["question"]}],

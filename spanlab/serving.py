@@ -1,7 +1,8 @@
 """Serving an ASGI app with uvicorn on a daemon thread: the store server and gateway inside a process.
 
 ``port=0`` binds any free port, and the socket is bound before the thread starts, so ``url`` is
-known immediately and two servers never race for a port.
+known immediately and two servers never race for a port. :class:`ListenConfig` is the config side of a
+server a job starts for its workers: where it binds, and the URL the workers are given.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ import socket
 import threading
 import time
 from typing import Any
+from urllib.parse import urlparse
 
 import uvicorn
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # The names a server bound to loopback answers to; a bind to anything else is reachable from other machines.
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -73,3 +76,64 @@ class ThreadedServer:
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         self.stop(force=exc_type is not None and not issubclass(exc_type, Exception))
+
+
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})  # bind every interface: an address to listen on, not to call
+
+
+class ListenConfig(BaseModel):
+    """Where a server the job starts listens (``host``, ``port``) and the URL its workers are given to call it.
+
+    The two differ as soon as workers run on other machines: ``0.0.0.0`` is where a server listens, not an
+    address anyone can call, and behind a reverse proxy or NAT the callers' URL names another host and port.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = Field(default="127.0.0.1", description="the interface to bind: 127.0.0.1 (this machine only), "
+                      "0.0.0.0 (every interface), or one address of this machine")
+    port: int = Field(default=0, ge=0, le=65_535, description="0: any free port (only for workers on this machine)")
+    advertise_url: str | None = Field(default=None, description="the URL workers call, e.g. http://10.0.0.5:8701; "
+                                      "default: http://host:port (127.0.0.1 for a 0.0.0.0 bind)")
+
+    @field_validator("host")
+    @classmethod
+    def _host_is_a_host(cls, host: str) -> str:
+        if not host or any(c in host for c in "/ ") or "://" in host:
+            raise ValueError(f"{host!r} is not a host to bind, such as 127.0.0.1 or 0.0.0.0")
+        return host
+
+    @field_validator("advertise_url")
+    @classmethod
+    def _advertise_url_is_callable(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
+        parts = urlparse(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"advertise_url {url!r} is not an http(s) URL such as http://10.0.0.5:8701")
+        if parts.hostname in WILDCARD_HOSTS:
+            raise ValueError(f"advertise_url {url!r} names {parts.hostname}, which no worker can call; "
+                             "give this machine's address or name")
+        return url.rstrip("/")
+
+    @model_validator(mode="after")
+    def _advertised_port_is_fixed(self) -> ListenConfig:
+        if self.advertise_url is not None and self.port == 0:
+            raise ValueError("port: 0 picks a free port at start, which advertise_url cannot name; set port")
+        return self
+
+    @property
+    def reachable_elsewhere(self) -> bool:
+        """Whether workers on other machines can be given this server: advertised, or bound to a real address."""
+        return self.advertise_url is not None or self.host not in WILDCARD_HOSTS | LOOPBACK_NAMES
+
+    @property
+    def loopback(self) -> bool:
+        return self.host in LOOPBACK_NAMES
+
+    def url(self, server: ThreadedServer) -> str:
+        """The URL callers are given: ``advertise_url``, else the bound address (loopback for a wildcard bind)."""
+        if self.advertise_url is not None:
+            return self.advertise_url
+        host = "127.0.0.1" if self.host in WILDCARD_HOSTS else self.host
+        return f"http://{f'[{host}]' if ':' in host else host}:{server.port}"

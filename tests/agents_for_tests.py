@@ -76,7 +76,7 @@ class OneCallAgent(Agent):
     async def run(self, task: Any, ctx: RolloutContext) -> float | None:
         from openai import AsyncOpenAI
 
-        async with AsyncOpenAI(base_url=ctx.llm_base_url, api_key="unused", max_retries=0) as client:
+        async with AsyncOpenAI(base_url=ctx.llm_base_url, api_key=ctx.llm_api_key, max_retries=0) as client:
             out = await client.chat.completions.create(
                 model=self.model, max_tokens=self.max_tokens, temperature=self.temperature,
                 messages=[{"role": "user", "content": task["question"]}])

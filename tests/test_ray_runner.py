@@ -1,33 +1,45 @@
 """Rollout workers on a real local Ray cluster: killing an actor mid-rollout loses and duplicates nothing.
 
 One cluster per module (``ray.init`` with 2 CPUs, no dashboard), stopped in the fixture's teardown. The
-actors reach a real store server on 127.0.0.1 with a bearer token, as they do in ``spanlab train``.
+actors reach a real store server on 127.0.0.1 with a bearer token, as they do in ``spanlab train``. Workers on
+other machines are given *advertised* URLs (``gateway.advertise_url``, ``runner.store_server.advertise_url``):
+here each points at a TCP forwarder on another loopback port, so a worker that called the bound URL instead
+would leave the forwarder's count at zero.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 from spanlab.errors import ConfigError
 from spanlab.jobs.rollouts import RolloutCollector
-from spanlab.runner.config import RolloutRunnerConfig
+from spanlab.jobs.runner_rig import open_gateway, open_store
+from spanlab.runner.config import GatewayListenConfig, RolloutRunnerConfig
 from spanlab.runner.ray_runner import RayRunner
-from spanlab.serving import ThreadedServer
+from spanlab.serving import ListenConfig, ThreadedServer
 from spanlab.store import SpanStore
 from spanlab.store.server import create_store_app
 from spanlab.types import Rollout, RolloutConfig
 from tests.jobs.test_plugin import _config as plugin_config
 from tests.jobs.test_plugin import _train as train
 from tests.jobs.test_plugin import plugin_path  # noqa: F401  (the fixture: the best-of-n plugin, installed apart)
+from tests.stores import free_port
 
 TOKEN = "ray-test-token"
 MEMORY_MONITOR = "RAY_memory_monitor_refresh_ms"
@@ -136,6 +148,97 @@ def test_killing_an_actor_mid_rollout_ends_in_a_retry_with_exact_spans(ray_clust
     assert all(spans[store.list_attempts(r.rollout_id)[0].attempt_id] == done for r in others)
     counts = store.query("SELECT count(*) AS n, count(DISTINCT span_id) AS distinct_ids FROM spans").to_pylist()[0]
     assert counts == {"n": 3 + 4 * len(ids), "distinct_ids": 3 + 4 * len(ids)}
+
+
+class Forwarder:
+    """A TCP forwarder from its own loopback port to ``target_port`` (on a thread): an advertised address that is
+    not the bound one, the way a NAT or a proxy is; ``connections`` counts who came through it."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port, self.port, self.connections = target_port, free_port(), 0
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65_536):
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+
+    def __enter__(self) -> Forwarder:
+        self._thread.start()
+        self._server = asyncio.run_coroutine_threadsafe(
+            asyncio.start_server(self._serve, "127.0.0.1", self.port), self._loop).result(10)
+        return self
+
+    async def _close(self) -> None:
+        self._server.close()
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in others:  # the pipes of connections a client keeps open
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+
+
+def _engine(seen_auth: list[str]) -> Starlette:
+    """A chat engine (a stand-in: the gateway, store, Ray and HTTP here are real) noting each call's Authorization."""
+
+    async def chat(request: Request) -> JSONResponse:
+        seen_auth.append(request.headers.get("authorization", ""))
+        return JSONResponse({"id": "c", "object": "chat.completion", "model": "m", "prompt_token_ids": [1, 2],
+                             "choices": [{"index": 0, "finish_reason": "stop", "token_ids": [7, 8],
+                                          "message": {"role": "assistant", "content": "four"}}],
+                             "usage": {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}})
+
+    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+def test_workers_call_the_advertised_gateway_and_store_urls_with_the_gateway_token(ray_cluster: Any,
+                                                                                 tmp_path: Path) -> None:
+    """The rig's own ``open_store``/``open_gateway`` with ``runner.store_server`` and ``gateway:`` bound on one port
+    and advertised on another: the actors dequeue through the advertised store URL and call the advertised gateway
+    with its token as their api_key; the token stops at the gateway (the engine never sees it)."""
+    seen_auth: list[str] = []
+    store_port, gateway_port = free_port(), free_port()
+    with ExitStack() as stack, Forwarder(store_port) as store_fwd, Forwarder(gateway_port) as gateway_fwd, \
+            ThreadedServer(_engine(seen_auth), name="engine") as engine:
+        runner = RolloutRunnerConfig(backend="ray", workers=2, heartbeat_s=0.5, store_server=ListenConfig(
+            port=store_port, advertise_url=f"http://127.0.0.1:{store_fwd.port}"))
+        store, store_url, store_token = open_store(stack, runner, tmp_path / "spans.duckdb")
+        gateway = GatewayListenConfig(port=gateway_port, advertise_url=f"http://127.0.0.1:{gateway_fwd.port}",
+                                      token="gw-s3cret")
+        server, gateway_url, gateway_token = open_gateway(stack, gateway, store, [engine.url], tito=False)
+        assert (store_url, gateway_url, gateway_token) == (runner.store_server.advertise_url,  # type: ignore[union-attr]
+                                                           gateway.advertise_url, "gw-s3cret")
+        refused = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": []}, timeout=30)
+        assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key", refused.text
+        assert store_fwd.connections == gateway_fwd.connections == 0
+
+        remote = stack.enter_context(RayRunner(runner, store=store, store_url=store_url, store_token=store_token))
+        collector = RolloutCollector(store, gateway_url, "tests.agents_for_tests:OneCallAgent", {"model": "m"},
+                                     timeout_s=120, remote=remote, worker_concurrency=2, gateway_token=gateway_token)
+        batch = collector.run([Rollout(input={"question": f"2+{i}?"}) for i in range(4)])
+        assert batch.rewards == [1.0] * 4 and batch.failed == 0, batch
+        server.flush()
+        calls = store.query("SELECT a.worker_id, (SELECT count(*) FROM llm_calls c WHERE c.attempt_id = a.attempt_id)"
+                            " AS calls FROM attempts a").to_pylist()
+    assert len(calls) == 4 and all(c["calls"] == 1 and c["worker_id"].startswith("ray-") for c in calls), calls
+    assert store_fwd.connections > 0 and gateway_fwd.connections > 0  # the actors used the advertised URLs
+    assert seen_auth == [""] * 4  # the gateway's token is not forwarded to the engine
 
 
 def test_workers_the_cluster_cannot_place_are_one_error_naming_the_settings(ray_cluster: Any,

@@ -22,6 +22,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from spanlab.gateway.auth import BearerTokenMiddleware
 from spanlab.gateway.config import GatewayConfig
 from spanlab.gateway.protocol import error_body
 from spanlab.gateway.proxy import Gateway
@@ -48,7 +49,8 @@ def create_app(
     """A gateway in front of ``upstream_base_url`` recording into ``store`` (which the caller owns).
 
     Pass a full ``config``, or the URL plus any :class:`GatewayConfig` fields as keywords. The app's
-    lifespan starts the upstream client and span writer, and on shutdown flushes every queued span.
+    lifespan starts the upstream client and span writer, and on shutdown flushes every queued span. With
+    ``config.token`` every request must carry it as a bearer token (:mod:`spanlab.gateway.auth`).
     """
     if config is None:
         if upstream_base_url is None and not overrides.get("upstream_urls"):
@@ -70,6 +72,8 @@ def create_app(
             await gateway.stop()
 
     app = Starlette(routes=gateway.routes(), lifespan=lifespan, exception_handlers={404: _not_found})
+    if config.token is not None:
+        app.add_middleware(BearerTokenMiddleware, token=config.token.get_secret_value())
     app.state.gateway = gateway
     return app
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 
 class GatewayConfig(BaseModel):
@@ -50,6 +50,8 @@ class GatewayConfig(BaseModel):
                                          "TITO spans (spanlab serve/train fill it in from the engine config)")
     reasoning_parser: str | None = Field(default=None, description="the engine's --reasoning-parser, recorded")
     tito_max_sessions: int = Field(default=16_384, ge=1, description="TITO buffers kept (least recently used go)")
+    token: SecretStr | None = Field(default=None, description="a bearer token every call must carry (the agents' "
+                                    "api_key); the gateway's own, not forwarded to the engine")
 
     @model_validator(mode="before")
     @classmethod
@@ -84,6 +86,8 @@ class GatewayConfig(BaseModel):
                              "upstream_urls")
         if self.tokenizer is not None and not self.tito:
             raise ValueError("tokenizer is only used in TITO mode: set tito=True, or drop tokenizer")
+        if self.token is not None and not self.token.get_secret_value():
+            raise ValueError("token is empty: give a token, or none")
         if self.tokenizer is not None and self.tito_render == "engine":
             raise ValueError("tokenizer is only read by the gateway's own renderer: set tito_render to local or auto")
         return self

@@ -380,9 +380,10 @@ class Gateway:
             )
         return body
 
-    @staticmethod
-    def _upstream_headers(request: Request) -> dict[str, str]:
+    def _upstream_headers(self, request: Request) -> dict[str, str]:
         headers = {"content-type": "application/json"}
+        if self.config.token is not None:  # the agents' Authorization carries the gateway's own token
+            return headers
         for name in _FORWARDED_HEADERS:
             if name in request.headers:
                 headers[name] = request.headers[name]

@@ -65,13 +65,14 @@ class BackgroundRollouts:
 
 
 def serve_locally(store: StoreAPI, agent_name: str, agent_kwargs: dict[str, Any], *, gateway_url: str,
-                  concurrency: int, mode: str = "train", poll_s: float = 0.05) -> Callable[[threading.Event], None]:
+                  concurrency: int, mode: str = "train", poll_s: float = 0.05,
+                  gateway_token: str | None = None) -> Callable[[threading.Event], None]:
     """A ``serve`` that runs one Worker (``concurrency`` rollouts at once) in an event loop until ``stop``."""
     agent = load_agent(agent_name, agent_kwargs)  # here, so a bad agent fails in the caller's thread
 
     async def work(stop: threading.Event) -> None:
         worker = Worker(store, agent, gateway_url=gateway_url, concurrency=concurrency, mode=mode, poll_s=poll_s,
-                        exit_when_idle=False)
+                        exit_when_idle=False, gateway_token=gateway_token)
         running = asyncio.create_task(run_then_close(worker, agent))
         while not stop.is_set() and not running.done():
             await asyncio.sleep(poll_s)

@@ -24,7 +24,7 @@ from spanlab.jobs.algorithm import Algorithm, AlgorithmConfig
 from spanlab.jobs.checkpoints import CheckpointsConfig
 from spanlab.jobs.registry import available, load_algorithm
 from spanlab.jobs.tracking import TrackingConfig
-from spanlab.runner.config import RolloutRunnerConfig
+from spanlab.runner.config import GatewayListenConfig, RolloutRunnerConfig, unreachable
 from spanlab.training.settings import SFTConfig
 from spanlab.training.trainer_config import TrainerConfig
 
@@ -140,6 +140,8 @@ class TrainConfig(_Section):
         default=None, min_length=1, description="several running vLLMs (replicas of engine.model, dev routes on) "
         "behind the gateway, instead of starting engine.replicas of them (docs/replicas.md)"
     )
+    gateway: GatewayListenConfig = Field(default_factory=GatewayListenConfig, description="where the recording "
+                                         "gateway listens, the URL workers are given, its token (docs/scale.md)")
     tito: bool = Field(default=True, description="record TITO session buffers (one sequence per agent session)")
     token_source: str = Field(default="exact", pattern="^(exact|retokenized)$",
                               description="train on the engine's IDs, or 'retokenized' stored text (drift)")
@@ -200,6 +202,8 @@ class TrainConfig(_Section):
         if running and self.engine.replicas > 1:
             raise ValueError(f"engine.replicas: {self.engine.replicas} engines to start, but {running} names "
                              "running ones; drop one of them")
+        if self.runner.backend == "ray" and (problem := unreachable(self.gateway, "gateway", "gateway")):
+            raise ValueError(problem)
         if self.retokenize_template is not None:
             if self.token_source != "retokenized":
                 raise ValueError("retokenize_template is only used with token_source: retokenized")

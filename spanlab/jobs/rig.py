@@ -24,7 +24,7 @@ from rich.console import Console
 from spanlab.errors import ConfigError
 from spanlab.jobs.config import TrainConfig
 from spanlab.jobs.rollouts import RolloutCollector, cancel_leftovers
-from spanlab.jobs.runner_rig import open_ray_runner, open_store
+from spanlab.jobs.runner_rig import open_gateway, open_ray_runner, open_store
 from spanlab.store.base import StoreAPI
 
 
@@ -71,8 +71,6 @@ def check_writable(*paths: Path, keep: bool = False) -> None:
 
 def open_rig(stack: ExitStack, config: TrainConfig, console: Console) -> Rig:
     """Open everything on ``stack`` (closed in reverse order when the job ends, also on errors and Ctrl-C)."""
-    from spanlab.gateway import GatewayServer
-
     check_writable(config.db, config.run_dir, keep=True)
     runner = config.runner
     store, store_url, store_token = open_store(stack, runner, config.db)
@@ -81,14 +79,15 @@ def open_rig(stack: ExitStack, config: TrainConfig, console: Console) -> Rig:
     # Ray before the engine: a cluster that cannot host the workers fails in seconds, not after vLLM's minute.
     remote = open_ray_runner(stack, runner, store, store_url, store_token) if store_url is not None else None
     root_urls, served = engines(stack, config, console)
-    gateway = stack.enter_context(GatewayServer(store, upstream_urls=root_urls, tito=config.tito,
-                                                tool_call_parser=config.engine.tool_call_parser,
-                                                reasoning_parser=config.engine.reasoning_parser))
-    collector = RolloutCollector(store, gateway.url, config.agent.name, dict(config.agent.kwargs),
+    gateway, gateway_url, gateway_token = open_gateway(stack, config.gateway, store, root_urls, tito=config.tito,
+                                                       tool_call_parser=config.engine.tool_call_parser,
+                                                       reasoning_parser=config.engine.reasoning_parser)
+    collector = RolloutCollector(store, gateway_url, config.agent.name, dict(config.agent.kwargs),
                                  concurrency=config.rollouts.concurrency, timeout_s=config.rollouts.timeout_s,
                                  remote=remote,
                                  worker_concurrency=runner.worker_concurrency(config.rollouts.concurrency),
-                                 max_attempts=runner.max_attempts, unresponsive_s=runner.unresponsive_s)
+                                 max_attempts=runner.max_attempts, unresponsive_s=runner.unresponsive_s,
+                                 gateway_token=gateway_token)
     return Rig(store, root_urls[0], served, gateway, collector, tuple(root_urls))
 
 

@@ -58,6 +58,7 @@ class RolloutCollector:
     worker_concurrency: int = 8
     max_attempts: int = 1
     unresponsive_s: float | None = None
+    gateway_token: str | None = None  # the gateway's bearer token, given to the agents as their api_key
 
     def collect(
         self,
@@ -105,11 +106,12 @@ class RolloutCollector:
         kwargs = {**self.agent_kwargs, **agent_overrides}
         if self.remote is None:
             serve = serve_locally(self.store, self.agent_name, kwargs, gateway_url=self.gateway_url,
-                                  concurrency=self.concurrency, mode=mode)
+                                  concurrency=self.concurrency, mode=mode, gateway_token=self.gateway_token)
         else:
             remote, concurrency = self.remote, self.worker_concurrency
             serve = partial(remote.serve, agent_name=self.agent_name, agent_kwargs=kwargs,
-                            gateway_url=self.gateway_url, mode=mode, concurrency=concurrency)
+                            gateway_url=self.gateway_url, mode=mode, concurrency=concurrency,
+                            gateway_token=self.gateway_token)
         return BackgroundRollouts(serve, join_timeout_s=self.timeout_s)
 
     def run(self, rollouts: Sequence[Rollout], **agent_overrides: Any) -> RolloutBatch:
@@ -120,11 +122,12 @@ class RolloutCollector:
         mode = rollouts[0].mode if rollouts else None
         if self.remote is not None:
             self.remote.run(ids, agent_name=self.agent_name, agent_kwargs=kwargs, gateway_url=self.gateway_url,
-                            mode=mode, concurrency=self.worker_concurrency)
+                            mode=mode, concurrency=self.worker_concurrency, gateway_token=self.gateway_token)
             failed = sum(a.status in ("failed", "timeout") for _, a in self.store.last_attempts(ids))
         else:
             agent = load_agent(self.agent_name, kwargs)
-            worker = Worker(self.store, agent, gateway_url=self.gateway_url, concurrency=self.concurrency, mode=mode)
+            worker = Worker(self.store, agent, gateway_url=self.gateway_url, concurrency=self.concurrency, mode=mode,
+                            gateway_token=self.gateway_token)
             stats = asyncio.run(run_then_close(worker, agent, len(ids)))
             failed = stats.failed + stats.timeout
         rewards = final_rewards(self.store, ids)

@@ -3,25 +3,32 @@
 With ``backend: local`` the job opens the store file and runs rollouts in its own event loop. With
 ``backend: ray`` the workers are other processes (maybe other machines), so they reach the store through a
 store server: the job serves its own file on 127.0.0.1 with a fresh bearer token, or, with
-``runner.store_url``, the job and its workers share a store server that already runs. The checks here
+``runner.store_url``, the job and its workers share a store server that already runs. ``runner.store_server``
+binds the job's own server elsewhere (``0.0.0.0``) and names the URL workers on other machines are given.
+:func:`open_gateway` does the same for the gateway (``gateway:``), with a bearer token off loopback. The checks here
 (the Ray address answers, the store server takes the token) are cheap, so ``spanlab train --check`` runs them.
 """
 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 
 from spanlab.errors import ConfigError
-from spanlab.runner.config import RolloutRunnerConfig
+from spanlab.runner.config import GatewayListenConfig, RolloutRunnerConfig
+from spanlab.serving import ListenConfig
 from spanlab.store.base import StoreAPI
 
 if TYPE_CHECKING:
+    from spanlab.gateway import GatewayServer
     from spanlab.runner.ray_runner import RayRunner
+
+T = TypeVar("T")
 
 
 def check_runner(runner: RolloutRunnerConfig) -> None:
@@ -66,9 +73,35 @@ def open_store(stack: ExitStack, runner: RolloutRunnerConfig, db: Path) -> tuple
     from spanlab.serving import ThreadedServer
     from spanlab.store.server import create_store_app
 
-    token = secrets.token_urlsafe(32)  # the server is on loopback, but other users of this machine are not us
-    server = stack.enter_context(ThreadedServer(create_store_app(store, token=token), name="store server"))
-    return store, server.url, token
+    token = secrets.token_urlsafe(32)  # even on loopback: other users of this machine are not us
+    listen = runner.store_server or ListenConfig()
+    app = create_store_app(store, token=token)
+    server = stack.enter_context(bind(lambda: ThreadedServer(app, host=listen.host, port=listen.port,
+                                                             name="store server"), "runner.store_server", listen))
+    return store, listen.url(server), token
+
+
+def bind(make: Callable[[], T], key: str, listen: ListenConfig) -> T:
+    """``make()`` a server bound to ``listen``; a port in use or a host not of this machine names ``key``."""
+    try:
+        return make()
+    except OSError as exc:
+        raise ConfigError(f"{key}: cannot listen on {listen.host}:{listen.port}: {exc.strerror or exc}") from exc
+
+
+def open_gateway(stack: ExitStack, gateway: GatewayListenConfig, store: StoreAPI, upstream_urls: list[str],
+                 **settings: Any) -> tuple[GatewayServer, str, str | None]:
+    """Start the job's recording gateway in front of ``upstream_urls``; it, and the URL and token agents are given.
+
+    Off loopback the gateway always has a token: ``gateway.token``, or a fresh random one for this job.
+    """
+    from spanlab.gateway import GatewayServer
+
+    token = gateway.secret() or (None if gateway.loopback else secrets.token_urlsafe(32))
+    server = stack.enter_context(bind(lambda: GatewayServer(store, upstream_urls=tuple(upstream_urls), token=token,
+                                                            host=gateway.host, port=gateway.port, **settings),
+                                      "gateway", gateway))
+    return server, gateway.url(server), token
 
 
 def open_ray_runner(stack: ExitStack, runner: RolloutRunnerConfig, store: StoreAPI, store_url: str,

@@ -1,7 +1,8 @@
 """What an agent is to the runner: an async function of a task that returns a reward.
 
 Agents talk to the model through ``ctx.llm_base_url`` (the gateway's URL for this attempt, so every
-call is recorded as a span of the attempt) and may report intermediate rewards with
+call is recorded as a span of the attempt) with ``ctx.llm_api_key`` as the OpenAI client's ``api_key`` (the
+gateway's token when it has one, docs/scale.md) and may report intermediate rewards with
 ``ctx.add_reward``. The runner records the returned reward as the attempt's final reward.
 """
 
@@ -33,6 +34,7 @@ class RolloutContext:
     store: StoreAPI
     llm_base_url: str | None = None
     resources: dict[str, Resource] = field(default_factory=dict)
+    llm_api_key: str = "spanlab"  # the gateway's bearer token when it has one; any non-empty key otherwise
 
     @property
     def headers(self) -> dict[str, str]:

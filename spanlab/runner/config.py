@@ -5,6 +5,10 @@
 (and whatever the agent starts: an MCP server, a sandbox), that dequeue the job's rollouts through the store
 server. Everything that can be checked without a cluster is checked here, so ``spanlab train --check``
 catches a missing ``ray`` extra, a malformed address or a resource request Ray would reject.
+
+Workers on other machines must reach the job's gateway and store server: :class:`GatewayListenConfig`
+(``gateway:`` of a train config) and ``runner.store_server`` say where each binds and which URL the workers
+are given (``advertise_url``), since a server bound to 0.0.0.0 listens everywhere but is called at a real address.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from typing import Literal
 from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+from spanlab.serving import WILDCARD_HOSTS, ListenConfig
 
 RAY_EXTRA_HINT = "install the `ray` extra: pip install 'spanlab[ray]' (scripts/setup.sh does)"
 
@@ -32,6 +38,37 @@ def split_address(address: str) -> tuple[str, int]:
     if parts.scheme not in ("gcs", "ray") or not parts.hostname or parts.port is None:
         raise ValueError(f"{address!r} is not a Ray address such as 127.0.0.1:6379 or ray://head:10001")
     return parts.hostname, parts.port
+
+
+def unreachable(listen: ListenConfig, key: str, who: str) -> str | None:
+    """The one-line error for a server bound to every interface with no URL to give the workers, else None."""
+    if listen.host in WILDCARD_HOSTS and listen.advertise_url is None:
+        return (f"{key}.advertise_url: {key}.host {listen.host} is where the {who} listens, not an address Ray "
+                f"workers can call; set {key}.advertise_url to this machine's URL (e.g. http://10.0.0.5:{listen.port})")
+    return None
+
+
+class GatewayListenConfig(ListenConfig):
+    """``gateway:`` of a train config: where the job's recording gateway listens, the URL agents are given, its token.
+
+    On loopback (the default) it takes calls from this machine only, without a token. Bound anywhere else it
+    always has one: ``token``, or a fresh random one per job, which the job hands its workers (the agents send
+    it as their ``api_key``), as the job's own store server does with its token.
+    """
+
+    token: SecretStr | None = Field(default=None, description="the bearer token agents send as api_key; default: "
+                                    "none on loopback, a fresh random one per job on any other host")
+
+    @field_validator("token")
+    @classmethod
+    def _token_not_empty(cls, token: SecretStr | None) -> SecretStr | None:
+        if token is not None and not token.get_secret_value().strip():
+            raise ValueError("token is empty: give a token, or leave it out")
+        return token
+
+    def secret(self) -> str | None:
+        """``token`` in the clear, for the agents that send it."""
+        return None if self.token is None else self.token.get_secret_value()
 
 
 class RolloutRunnerConfig(BaseModel):
@@ -56,6 +93,8 @@ class RolloutRunnerConfig(BaseModel):
                                   "workers share, instead of the job's own on 127.0.0.1")
     store_token: SecretStr | None = Field(default=None, description="that store server's bearer token "
                                           "(printed masked by --check)")
+    store_server: ListenConfig | None = Field(default=None, description="where the job serves its own store to "
+                                              "the workers (without store_url): host, port, advertise_url")
 
     @field_validator("address")
     @classmethod
@@ -84,7 +123,8 @@ class RolloutRunnerConfig(BaseModel):
     @model_validator(mode="after")
     def _ray_settings_need_ray(self) -> RolloutRunnerConfig:
         if self.backend == "local":
-            given = sorted(k for k in ("address", "store_url", "store_token") if getattr(self, k) is not None)
+            given = sorted(k for k in ("address", "store_url", "store_token", "store_server")
+                           if getattr(self, k) is not None)
             if given:
                 raise ValueError(f"{', '.join(given)}: only used with backend: ray")
             return self
@@ -92,6 +132,12 @@ class RolloutRunnerConfig(BaseModel):
             raise ValueError(f"backend: ray needs the `ray` package, which is not installed; {RAY_EXTRA_HINT}")
         if self.store_token is not None and self.store_url is None:
             raise ValueError("store_token: only used with store_url (the job's own store server makes its own token)")
+        if self.store_server is not None:
+            if self.store_url is not None:
+                raise ValueError("store_server: only used without store_url (with it, the workers use store_url)")
+            problem = unreachable(self.store_server, "store_server", "job's store server")
+            if problem:
+                raise ValueError(problem)
         return self
 
     def actor_options(self) -> dict[str, object]:

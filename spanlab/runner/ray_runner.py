@@ -53,11 +53,12 @@ class RolloutActor:
         return self.worker_id
 
     def work(self, agent_name: str, agent_kwargs: dict[str, Any], gateway_url: str | None, mode: RolloutMode | None,
-             concurrency: int) -> dict[str, int]:
+             concurrency: int, gateway_token: str | None = None) -> dict[str, int]:
         """Run rollouts of ``mode`` until nothing waits or runs in the store; the agent lives for this call."""
         agent = load_agent(agent_name, agent_kwargs)
         worker = Worker(self.store, agent, worker_id=self.worker_id, gateway_url=gateway_url,
-                        concurrency=concurrency, heartbeat_s=self.heartbeat_s, poll_s=self.poll_s, mode=mode)
+                        concurrency=concurrency, heartbeat_s=self.heartbeat_s, poll_s=self.poll_s, mode=mode,
+                        gateway_token=gateway_token)
         return asdict(asyncio.run(run_then_close(worker, agent)))
 
 
@@ -154,7 +155,8 @@ class RayRunner:
 
     # --- rollouts -------------------------------------------------------------------------------------
     def run(self, rollout_ids: Sequence[str], *, agent_name: str, agent_kwargs: dict[str, Any],
-            gateway_url: str | None, mode: RolloutMode | None, concurrency: int) -> None:
+            gateway_url: str | None, mode: RolloutMode | None, concurrency: int,
+            gateway_token: str | None = None) -> None:
         """Have every actor work on the queue, and return once each of ``rollout_ids`` has ended in the store."""
         if not rollout_ids:
             return
@@ -165,13 +167,15 @@ class RayRunner:
                                                                                           statuses=TERMINAL))
             return not pending
 
-        self._keep_working((agent_name, agent_kwargs, gateway_url, mode, concurrency), until=ended)
+        self._keep_working((agent_name, agent_kwargs, gateway_url, mode, concurrency, gateway_token), until=ended)
 
     def serve(self, stop: threading.Event, *, agent_name: str, agent_kwargs: dict[str, Any],
-              gateway_url: str | None, mode: RolloutMode | None, concurrency: int) -> None:
+              gateway_url: str | None, mode: RolloutMode | None, concurrency: int,
+              gateway_token: str | None = None) -> None:
         """Keep the actors working on whatever the queue holds until ``stop`` is set (the async loop's workers,
         run in a thread of their own); then wait for their calls to end (the caller cancels what is left)."""
-        self._keep_working((agent_name, agent_kwargs, gateway_url, mode, concurrency), until=stop.is_set)
+        self._keep_working((agent_name, agent_kwargs, gateway_url, mode, concurrency, gateway_token),
+                           until=stop.is_set)
 
     def _keep_working(self, args: tuple[Any, ...], until: Callable[[], bool]) -> None:
         """Actor calls work until the queue is empty, so a slot whose call ended gets a new one when rollouts wait;

@@ -56,10 +56,10 @@ def resolve_resources(store: StoreAPI, version: str | None) -> dict[str, Resourc
 class Worker:
     def __init__(self, store: StoreAPI, agent: Agent, *, worker_id: str | None = None, gateway_url: str | None = None,
                  concurrency: int = 4, heartbeat_s: float = 2.0, poll_s: float = 0.2, mode: str | None = None,
-                 exit_when_idle: bool = True) -> None:
+                 exit_when_idle: bool = True, gateway_token: str | None = None) -> None:
         self.store, self.agent = store, agent
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
-        self.gateway_url = gateway_url
+        self.gateway_url, self.gateway_token = gateway_url, gateway_token
         self.concurrency, self.heartbeat_s, self.poll_s = concurrency, heartbeat_s, poll_s
         self.mode, self.exit_when_idle = mode, exit_when_idle
         self.stats = WorkerStats()
@@ -108,7 +108,7 @@ class Worker:
         resources = await asyncio.to_thread(resolve_resources, self.store, rollout.resources_version)
         llm_url = attempt_url(self.gateway_url, rollout.rollout_id, attempt.attempt_id) if self.gateway_url else None
         ctx = RolloutContext(rollout=rollout, attempt=attempt, store=self.store, llm_base_url=llm_url,
-                             resources=resources)
+                             resources=resources, llm_api_key=self.gateway_token or "spanlab")
         agent_task = asyncio.create_task(self.agent.run(rollout.input, ctx))
         beats = asyncio.create_task(self._heartbeat(attempt.attempt_id, agent_task))
         status: FinishedAttemptStatus

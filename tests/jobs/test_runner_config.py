@@ -13,7 +13,9 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 from typer.testing import CliRunner
 
@@ -30,15 +32,15 @@ BASE = {"algorithm": "grpo", "agent": {"name": "calc", "kwargs": {"max_tokens": 
 TOKEN = "s3cret"
 
 
-def _config(tmp_path: Path, runner: dict) -> Path:
+def _config(tmp_path: Path, runner: dict, **sections: dict) -> Path:
     path = tmp_path / "train.yaml"
     path.write_text(json.dumps({**BASE, "db": str(tmp_path / "run.duckdb"), "out_dir": str(tmp_path / "runs"),
-                                "runner": runner}))
+                                "runner": runner, **sections}))
     return path
 
 
-def _check(tmp_path: Path, runner: dict) -> tuple[int, str]:
-    result = CliRunner().invoke(app, ["train", str(_config(tmp_path, runner)), "--check"])
+def _check(tmp_path: Path, runner: dict, **sections: dict) -> tuple[int, str]:
+    result = CliRunner().invoke(app, ["train", str(_config(tmp_path, runner, **sections)), "--check"])
     return result.exit_code, " ".join(result.output.split())
 
 
@@ -81,6 +83,46 @@ def test_malformed_runner_settings_name_the_key(tmp_path: Path, runner: dict, me
     assert code == 2 and message in output, output
 
 
+ADVERTISED = "http://10.0.0.5:8701"
+
+
+@pytest.mark.parametrize(("runner", "sections", "message"), [
+    ({"backend": "ray"}, {"gateway": {"host": "0.0.0.0", "port": 8701}},
+     "(top level): Value error, gateway.advertise_url: gateway.host 0.0.0.0 is where the gateway listens, not an "
+     "address Ray workers can call; set gateway.advertise_url"),
+    ({"backend": "ray", "store_server": {"host": "0.0.0.0", "port": 8702}}, {},
+     "runner: Value error, store_server.advertise_url: store_server.host 0.0.0.0 is where the job's store server "
+     "listens, not an address Ray workers can call"),
+    ({"backend": "ray"}, {"gateway": {"host": "0.0.0.0", "advertise_url": ADVERTISED}},
+     "gateway: Value error, port: 0 picks a free port at start, which advertise_url cannot name; set port"),
+    ({"backend": "ray"}, {"gateway": {"host": "0.0.0.0", "port": 8701, "advertise_url": "http://0.0.0.0:8701"}},
+     "gateway.advertise_url: Value error, advertise_url 'http://0.0.0.0:8701' names 0.0.0.0, which no worker can call"),
+    ({"backend": "ray"}, {"gateway": {"host": "http://10.0.0.5"}},
+     "gateway.host: Value error, 'http://10.0.0.5' is not a host to bind"),
+    ({"backend": "ray"}, {"gateway": {"port": 70000}}, "gateway.port: Input should be less than or equal to 65535"),
+    ({"backend": "ray"}, {"gateway": {"token": " "}}, "gateway.token: Value error, token is empty"),
+    ({"backend": "local", "store_server": {"host": "127.0.0.1"}}, {},
+     "runner: Value error, store_server: only used with backend: ray"),
+    ({"backend": "ray", "store_url": "http://10.0.0.9:8700", "store_server": {"host": "127.0.0.1"}}, {},
+     "runner: Value error, store_server: only used without store_url"),
+], ids=["gateway-wildcard", "store-wildcard", "advertised-random-port", "advertised-wildcard", "host-url", "port",
+        "empty-token", "store-server-without-ray", "store-server-and-url"])
+def test_gateway_and_store_server_listen_settings_name_the_key(tmp_path: Path, runner: dict, sections: dict,
+                                                               message: str) -> None:
+    code, output = _check(tmp_path, runner, **sections)
+    assert code == 2 and "Traceback" not in output and message in output, output
+
+
+def test_a_wildcard_bind_with_an_advertised_url_passes_the_check_and_masks_the_token(tmp_path: Path) -> None:
+    listen = {"host": "0.0.0.0", "port": 8701, "advertise_url": ADVERTISED + "/"}
+    code, output = _check(tmp_path, {"backend": "ray", "store_server": {**listen, "port": 8702}},
+                          gateway={**listen, "token": TOKEN})
+    assert code == 0, output
+    assert f"advertise_url: {ADVERTISED} " in output and TOKEN not in output, output  # trailing / dropped
+    code, output = _check(tmp_path, {"backend": "local"}, gateway={"host": "0.0.0.0"})
+    assert code == 0, output  # in-process agents call it on loopback: nothing to advertise
+
+
 def test_without_the_ray_extra_backend_ray_fails_at_check_time_naming_the_extra(tmp_path: Path) -> None:
     probe = ("import sys; sys.modules['ray'] = None; from spanlab.cli import app; "
              "sys.argv = ['spanlab', 'train', sys.argv[1], '--check']; app()")
@@ -109,3 +151,37 @@ def test_resources_become_ray_actor_options_and_concurrency_is_split_across_work
     assert config.actor_options() == {"num_cpus": 0.5, "num_gpus": 1, "resources": {"rollout_node": 1}}
     assert config.worker_concurrency(16) == 6  # 16 in flight over 3 workers: none gets fewer than its share
     assert RolloutRunnerConfig(backend="ray", concurrency=2).worker_concurrency(16) == 2
+
+
+def test_a_gateway_off_loopback_always_has_a_token_and_a_taken_port_names_the_key(tmp_path: Path) -> None:
+    """127.0.0.2 is loopback to the kernel but not one of the names spanlab treats as loopback, so it stands in
+    for a real address here without listening beyond this machine."""
+    from contextlib import ExitStack
+
+    from spanlab.errors import ConfigError
+    from spanlab.jobs.runner_rig import open_gateway
+    from spanlab.runner.config import GatewayListenConfig
+
+    with SpanStore(tmp_path / "spans.duckdb") as store, ExitStack() as stack:
+        _, url, token = open_gateway(stack, GatewayListenConfig(host="127.0.0.2"), store, ["http://127.0.0.1:9"])
+        assert url.startswith("http://127.0.0.2:") and token is not None and len(token) >= 32
+        assert httpx.get(f"{url}/health", timeout=30).status_code == 401
+        assert httpx.get(f"{url}/health", headers={"Authorization": f"Bearer {token}"}, timeout=30).status_code == 200
+        port = int(url.rsplit(":", 1)[1])
+        with pytest.raises(ConfigError, match=rf"^gateway: cannot listen on 127\.0\.0\.2:{port}: "):
+            open_gateway(stack, GatewayListenConfig(host="127.0.0.2", port=port), store, ["http://127.0.0.1:9"])
+        _, url, token = open_gateway(stack, GatewayListenConfig(), store, ["http://127.0.0.1:9"])
+        assert url.startswith("http://127.0.0.1:") and token is None  # loopback: as before, no token
+        assert httpx.get(f"{url}/health", timeout=30).status_code == 200
+
+
+def test_a_wildcard_bind_is_called_on_loopback_here_and_at_its_advertised_url_elsewhere() -> None:
+    from types import SimpleNamespace
+
+    from spanlab.serving import ListenConfig
+
+    server: Any = SimpleNamespace(port=8701)
+    assert ListenConfig(host="0.0.0.0").url(server) == "http://127.0.0.1:8701"
+    assert ListenConfig(host="10.0.0.5").url(server) == "http://10.0.0.5:8701"
+    assert ListenConfig(host="0.0.0.0", port=8701, advertise_url="https://gw.example.org/").url(server) == \
+        "https://gw.example.org"

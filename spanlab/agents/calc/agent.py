@@ -207,10 +207,11 @@ class CalcAgent(Agent):
             model_settings=self.model_settings,
         )
 
-    async def solve(self, question: str | list[Any], base_url: str, instructions: str | None = None) -> str | None:
+    async def solve(self, question: str | list[Any], base_url: str, instructions: str | None = None,
+                    api_key: str = "spanlab") -> str | None:
         """The final output for ``question`` (a string, or SDK input items to continue a conversation)."""
         server = await self._process().ready()
-        async with AsyncOpenAI(base_url=base_url, api_key="spanlab", max_retries=0) as client:
+        async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
             result = await Runner.run(
                 self.sdk_agent(client, server, instructions),
                 question,
@@ -229,7 +230,7 @@ class CalcAgent(Agent):
             messages = await self.renderer.arender(str(res.payload["template"]), {"question": task["question"]})
             instructions, question = prompt_input(messages)
         try:
-            output = await self.solve(question, ctx.llm_base_url, instructions)
+            output = await self.solve(question, ctx.llm_base_url, instructions, ctx.llm_api_key)
         except (MaxTurnsExceeded, ModelBehaviorError) as exc:
             logger.debug("task %s ended without an answer: %r", task.get("task_id"), exc)
             await asyncio.to_thread(ctx.add_span, "no_final_answer", error=repr(exc))

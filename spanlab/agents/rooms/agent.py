@@ -112,7 +112,7 @@ class RoomsAgent(Agent):
         messages = await self.renderer.arender(self.template(ctx), {v: task[v] for v in REQUIRED_VARIABLES})
         spans: list[Span] = []
         final: str | None = None
-        async with AsyncOpenAI(base_url=ctx.llm_base_url, api_key="spanlab", max_retries=0) as client:
+        async with AsyncOpenAI(base_url=ctx.llm_base_url, api_key=ctx.llm_api_key, max_retries=0) as client:
             for turn in range(self.max_turns):
                 choice = self._tool_choice(turn)
                 response = await client.chat.completions.create(

@@ -89,9 +89,9 @@ class SQLAgent(Agent):
             self.model = (await client.models.list()).data[0].id
         return self.model
 
-    async def ask(self, role: Role, user: str, base_url: str) -> str:
+    async def ask(self, role: Role, user: str, base_url: str, api_key: str = "spanlab") -> str:
         """One call of ``role``'s SDK agent with input ``user``; its reply text ('' if none)."""
-        async with AsyncOpenAI(base_url=base_url, api_key="spanlab", max_retries=0) as client:
+        async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
             agent: SDKAgent[Any] = SDKAgent(
                 name=role,
                 instructions=self.prompts[role],
@@ -118,7 +118,8 @@ class SQLAgent(Agent):
             raise ValueError("SQLAgent needs a gateway: run it with a Worker that has gateway_url set")
         db, question = task["db"], task["question"]
         schema = schema_text(db)
-        reply = await self.ask("writer", writer_messages(task)[1]["content"], ctx.agent_base_url("writer"))
+        reply = await self.ask("writer", writer_messages(task)[1]["content"], ctx.agent_base_url("writer"),
+                               ctx.llm_api_key)
         sql = extract_sql(reply)
         author: Role = "writer"  # the role whose query is the current one
         result = await self._execute(ctx, db, sql, author, 0)
@@ -126,7 +127,8 @@ class SQLAgent(Agent):
             verdict = None
             if "checker" in self.roles:
                 verdict = await self.ask(
-                    "checker", checker_user(schema, question, sql, reply, result), ctx.agent_base_url("checker")
+                    "checker", checker_user(schema, question, sql, reply, result), ctx.agent_base_url("checker"),
+                    ctx.llm_api_key,
                 )
                 await asyncio.to_thread(ctx.add_span, "sql.check", round=round_, verdict=verdict,
                                         ok=verdict_ok(verdict), sql=sql)  # fmt: skip
@@ -136,7 +138,8 @@ class SQLAgent(Agent):
                 break
             problem = "; ".join(p for p in (result.error, verdict) if p) or "the result looks wrong"
             reply = await self.ask(
-                "rewriter", rewriter_user(schema, question, sql, reply, problem), ctx.agent_base_url("rewriter")
+                "rewriter", rewriter_user(schema, question, sql, reply, problem), ctx.agent_base_url("rewriter"),
+                ctx.llm_api_key,
             )
             fixed = extract_sql(reply)
             if fixed is None:
