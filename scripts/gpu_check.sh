@@ -2,7 +2,7 @@
 # The GPU check of issue #22, for a session that gets a GPU machine: two vLLM replicas of one model
 # (decode throughput with 1 and 2 replicas, a weight push to both) and the data-parallel GRPO trainer
 # (update step time and peak memory with 1 vs 2 processes: on the GPU(s), and as gloo ranks on the CPU
-# cores), and sync vs async GRPO scheduling (issue #23), printing each figure; the whole run is bounded
+# cores; with FSDP2 beside plain ranks), and sync vs async GRPO scheduling (issue #23), printing each figure; the whole run is bounded
 # (default 480 s, --budget-s). Results go to $OUT (or ./gpu-check-out) as JSON and a log; paste the printed
 # summary into docs/gpu.md.
 #
@@ -84,6 +84,23 @@ if [ "$mode" = gpu ]; then
 else
   trainer "cpu (gloo)" --device cpu --model tiny --samples 8 --steps 1 --threads "$(nproc)" --processes 1 2
 fi
+
+# >>> scale (issue #22): FSDP2 beside the plain data-parallel trainer -----------------------------------
+# 2 ranks with trainer.sharding: fsdp (each rank keeps 1/2 of the parameters, gradients and AdamW state) next
+# to 2 plain ranks (a whole model each), same batch, same run; on the GPUs when there are two (nccl), else as
+# gloo ranks on the CPU cores. The "first loss" column equals the plain ranks' (and 1 process's) to ~6 digits.
+if [ "$mode" = gpu ] && [ "$gpus" -ge 2 ]; then
+  trainer "fsdp gpu (nccl)" --device gpu --model "$trainer_model" --samples 64 --steps 3 --processes 2 \
+    --sharding none fsdp
+elif [ "$mode" = gpu ]; then
+  say "trainer fsdp gpu: one GPU, so FSDP runs as gloo ranks on the CPU cores only"
+  trainer "fsdp cpu (gloo)" --device cpu --model "$trainer_model" --samples 32 --steps 1 --threads "$(nproc)" \
+    --processes 2 --sharding none fsdp
+else
+  trainer "fsdp cpu (gloo)" --device cpu --model tiny --samples 8 --steps 1 --threads "$(nproc)" --processes 2 \
+    --sharding none fsdp
+fi
+# <<< scale (issue #22) ---------------------------------------------------------------------------------
 
 # --- 3. async vs sync GRPO scheduling (issue #23): the fake long-tail agent, sync vs async K=1, K=2 -------
 if [ "$(left)" -lt 90 ]; then say "async loop: SKIPPED: out of time"; status=1
