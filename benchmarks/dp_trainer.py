@@ -140,7 +140,8 @@ def main() -> None:
           "| peak RSS all ranks | GPU peak rank 0 | first loss |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['device']} | {r['processes']} | {r['sharding']} | {r['ready_s']:.1f} | {r['step_s']:.2f} | {r['tokens_per_s']:.0f} "
+        print(f"| {r['device']} | {r['processes']} | {r['sharding']} | {r['ready_s']:.1f} | {r['step_s']:.2f} "
+              f"| {r['tokens_per_s']:.0f} "
               f"| {r['peak_rss_rank0_mb']:.0f} MB | {r['peak_rss_all_ranks_mb']:.0f} MB "
               f"| {r['gpu_peak_rank0_mb']:.0f} MB | {r['loss_first']:.7g} |")
 

@@ -256,12 +256,20 @@ def test_workers_the_cluster_cannot_place_are_one_error_naming_the_settings(ray_
 def test_spanlab_train_runs_its_rollouts_on_ray_actors_through_the_gateway(
         ray_cluster: Any, request: pytest.FixtureRequest, tmp_path: Path, vllm_server: Any) -> None:
     """The whole job on ``backend: ray``: a subprocess driver joins this cluster by its address, serves its store
-    to two actors, and each actor runs the calc agent (its own MCP calculator server) through the job's gateway."""
+    to two actors, and each actor runs the calc agent (its own MCP calculator server) through the job's gateway.
+    Both servers are given to the actors at advertised URLs (forwarders, as for a NAT), the gateway with a token
+    that the calc agent sends as its api_key."""
     address = ray_cluster.get_runtime_context().gcs_address
-    config = plugin_config(tmp_path, engine_url=vllm_server.root_url,
-                           runner={"backend": "ray", "address": address, "workers": 2, "heartbeat_s": 0.5})
-    done = train(request.getfixturevalue("plugin_path"), config, timeout=600)
+    store_port, gateway_port = free_port(), free_port()
+    with Forwarder(store_port) as store_fwd, Forwarder(gateway_port) as gateway_fwd:
+        config = plugin_config(
+            tmp_path, engine_url=vllm_server.root_url,
+            gateway={"port": gateway_port, "advertise_url": f"http://127.0.0.1:{gateway_fwd.port}", "token": "gw-tok"},
+            runner={"backend": "ray", "address": address, "workers": 2, "heartbeat_s": 0.5,
+                    "store_server": {"port": store_port, "advertise_url": f"http://127.0.0.1:{store_fwd.port}"}})
+        done = train(request.getfixturevalue("plugin_path"), config, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert store_fwd.connections > 0 and gateway_fwd.connections > 0  # the actors called the advertised URLs
     report = json.loads((tmp_path / "runs" / "bon" / "report.json").read_text())
     assert [e["phase"] for e in report["evaluations"]] == ["base", "final"] and len(report["steps"]) == 1
     with SpanStore(tmp_path / "bon.duckdb") as store:

@@ -28,8 +28,9 @@ logger = logging.getLogger(__name__)
 
 _UNFINISHED = ("queuing", "requeuing", "preparing", "running")
 FINISHED = ("succeeded", "failed")
-# Settings a resumed run may change: how many steps it goes on to, and where its tracking goes.
-_MAY_CHANGE = ("steps", "tracking")
+# Settings a resumed run may change: how many steps it goes on to, where its tracking goes, and where its
+# gateway listens (an address, not a training setting; a run saved before ``gateway:`` existed has none).
+_MAY_CHANGE = ("steps", "tracking", "gateway")
 
 
 def comparable(config: TrainConfig) -> dict[str, Any]:
