@@ -53,6 +53,8 @@ class GatewayConfig(_Config):
     """The recording gateway agents call; each attempt gets ``{url}/rollout/{rid}/attempt/{aid}/v1``."""
 
     url: str | None = None
+    token: str | None = Field(default=None, description="the gateway's bearer token (a train job's gateway.token), "
+                              "sent by the agents as their api_key")
 
 
 class RunConfig(_Config):

@@ -52,6 +52,13 @@ class ResourceAgent(Agent):
         return float(ctx.resources["prompt"].version)
 
 
+class KeyAgent(Agent):
+    """Reward 1 when the attempt's ``llm_api_key`` (the gateway's token, given by the worker) is ``task['key']``."""
+
+    async def run(self, task: Any, ctx: RolloutContext) -> float | None:
+        return float(ctx.llm_api_key == task["key"])
+
+
 class StepAgent(Agent):
     """Writes ``steps`` custom spans, one store write each, then returns 1; ``task['hold']`` makes the first
     attempt wait after its spans (for a test to kill its worker mid-rollout)."""

@@ -114,3 +114,18 @@ def check_run_integrity(db: Path, n: int, max_attempts: int) -> None:
         assert overlaps == 0, "a rollout had two attempts running at once"
         statuses = {r.status for r in rollouts}
         assert "succeeded" in statuses
+
+
+def test_spanlab_run_workers_hand_the_gateway_token_to_their_agents_as_api_key(tmp_path: Path) -> None:
+    from spanlab.config import RunConfig
+    from spanlab.jobs.rollouts import final_rewards
+    from spanlab.runner.pool import run_worker
+
+    with SpanStore(tmp_path / "s.duckdb") as store:
+        queued = store.enqueue([Rollout(input={"key": "gw-tok"}), Rollout(input={"key": "spanlab"})])
+        config = RunConfig.model_validate({"store": {"path": str(tmp_path / "s.duckdb")},
+                                           "agent": {"name": "tests.agents_for_tests:KeyAgent"},
+                                           "gateway": {"url": "http://127.0.0.1:9", "token": "gw-tok"}})
+        assert run_worker(config, store).succeeded == 2
+        ids = [r.rollout_id for r in queued]
+        assert final_rewards(store, ids) == {ids[0]: 1.0, ids[1]: 0.0}

@@ -27,7 +27,8 @@ def run_worker(config: RunConfig, store: StoreAPI, worker_id: str | None = None)
     agent = load_agent(config.agent.name, config.agent.kwargs)
     r = config.runner
     worker = Worker(store, agent, worker_id=worker_id, gateway_url=config.gateway.url, concurrency=r.concurrency,
-                    heartbeat_s=r.heartbeat_s, poll_s=r.poll_s, mode=r.mode, exit_when_idle=r.exit_when_idle)
+                    heartbeat_s=r.heartbeat_s, poll_s=r.poll_s, mode=r.mode, exit_when_idle=r.exit_when_idle,
+                    gateway_token=config.gateway.token)
     return asyncio.run(worker.run())
 
 
