@@ -213,9 +213,11 @@ class EngineStream:
             upstream.close()  # closing tells vLLM to stop generating
             if not settled:
                 self.path.sessions.abort(self.turn, self.session)
+                if not isinstance(exc, Exception):  # cancelled: the agent went away; record it, then re-raise
+                    self.gw._fail(self.ctx, 499, "client_disconnected", "the agent closed the stream before it ended")
+                    raise
                 code = exc.code if isinstance(exc, UpstreamError) else "upstream_stream_broken"
-                failed = self.gw._fail(self.ctx, 502, code, f"TITO stream: {exc}" if str(exc) else "TITO stream cut")
-                if isinstance(exc, Exception):
-                    yield _sse(json.loads(failed.body))
-                    return
+                failed = self.gw._fail(self.ctx, 502, code, f"TITO stream: {exc}")
+                yield _sse(json.loads(failed.body))
+                return
             raise

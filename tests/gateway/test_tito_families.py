@@ -14,6 +14,10 @@ often not the canonical encoding of that text). What it shows, call by call of a
 * the agent gets the tool call parsed by the family's parser (name and arguments), ``finish_reason``
   ``tool_calls``, and the span records the parser name and vLLM's weight version spans.
 
+Also on each family's server: ``stream: true`` token by token (generate's SSE through streaming derender) adds up
+to the unary answer; the fallback path (``tito_render: local``, hermes families) renders the engine's delta; a
+stream the agent cuts rolls the buffer back (Qwen3 only).
+
 One vLLM server at a time (a module-scoped fixture per family; pytest finishes one family before the next).
 Qwen3 runs in the default suite; the other three are ``slow`` (each starts its own server). Times: see
 docs/tito.md.
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -241,3 +246,45 @@ def test_streamed_session_reassembles_to_the_unary_one(served: Served) -> None:
             assert list(streamed.llm.response_token_ids) == list(unary.llm.response_token_ids)
         assert len(streamed.llm.response_logprobs) == len(streamed.llm.response_token_ids)
         assert streamed.attributes["tito"]["weight_versions"] == unary.attributes["tito"]["weight_versions"]
+
+
+def test_a_stream_the_agent_cuts_rolls_the_buffer_back(served: Served) -> None:
+    """The agent drops a streamed call after its first chunk: the call is an error span, the buffer is back to
+    before it (the next call extends the earlier turn; none of the cut turn's sampled IDs are in it)."""
+    family, model = served.family, served.server.model
+    if family.name != "qwen3":
+        pytest.skip("the rollback does not depend on the family; one is enough")
+    with SpanStore(":memory:") as store, GatewayServer(store, served.server.base_url, tito=True,
+                                                       tool_call_parser=family.tool_parser) as gw:
+        store.enqueue_one({"task": "tito-cut"})
+        pair = store.dequeue(worker_id="w0")
+        assert pair is not None
+        base = gw.base_url(pair[0].rollout_id, pair[1].attempt_id)
+        client = OpenAI(base_url=base, api_key="x", max_retries=0)
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "What is 2+3?"}]
+        first = client.chat.completions.create(model=model, messages=messages, tools=[CALC], temperature=0,
+                                               max_tokens=80, extra_body=_force(CALL_TEXT["hermes"].format(expr="2+3")))
+        call = (first.choices[0].message.tool_calls or [])[0]
+        messages += [first.choices[0].message.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": call.id, "name": "calc", "content": "5"}]
+        body = {"model": model, "messages": messages, "tools": [CALC], "temperature": 0, "max_tokens": 400,
+                "stream": True, **_force("It is " + "five " * 150)}
+        with httpx.stream("POST", base + "/chat/completions", json=body, timeout=60) as resp:
+            assert resp.status_code == 200
+            assert any(line.startswith("data:") for line in resp.iter_lines())  # one chunk, then hang up
+        deadline = time.monotonic() + 30
+        while not any(s.status == "error" for s in store.iter_spans(attempt_ids=[pair[1].attempt_id])):
+            assert time.monotonic() < deadline, "no error span for the cut stream"
+            gw.flush()
+            time.sleep(0.2)
+        again = client.chat.completions.create(model=model, messages=messages, tools=[CALC], temperature=0,
+                                               max_tokens=20, extra_body=_force("It is 5."))
+        assert again.choices[0].message.content == "It is 5."
+        assert gw.flush()
+        spans = sorted(store.iter_spans(attempt_ids=[pair[1].attempt_id]), key=lambda s: s.sequence_id or 0)
+    ok = [s for s in spans if s.status == "ok"]
+    assert [s.attributes["tito"]["event"] for s in ok] == ["start", "extend"]
+    assert sum(int(m) for m in ok[1].llm.loss_mask) == len(ok[0].llm.response_token_ids) + len(
+        ok[1].llm.response_token_ids)  # only the two answered turns are sampled IDs in the buffer
+    kept = [*ok[0].llm.prompt_token_ids, *ok[0].llm.response_token_ids]
+    assert list(ok[1].llm.prompt_token_ids[: len(kept)]) == kept
