@@ -112,6 +112,23 @@ def test_a_template_without_known_fix_is_refused_with_the_reason() -> None:
         prepare_template(tok, name="command-r")
 
 
+def test_qwen3_stock_template_renders_a_tool_call_turn_with_null_content_locally() -> None:
+    """The fallback's startup probe has ``content: None`` on the call turn (as agents send it); Qwen3's stock
+    template tests ``'</think>' in message.content`` and fails on None. vLLM hands it ``""`` instead, so the
+    local render must too (engine_form), and then renders what a content of ``""`` renders."""
+    tok = _tok(_fixture("tokenizers", "qwen3"))
+    template = _fixture("chat_templates", "llamacpp__Qwen-Qwen3-0.6B.jinja").read_text()
+    call = {"id": "c1", "type": "function", "function": {"name": "calc", "arguments": '{"expr": "2+3"}'}}
+    conv = [{"role": "user", "content": "What is 2+3?"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "name": "calc", "content": "5"}]
+    got = render_ids(tok, conv, add_generation_prompt=True, tools=[CALC], chat_template=template)
+    empty = [conv[0], {**conv[1], "content": ""}, conv[2]]
+    assert got == render_ids(tok, empty, add_generation_prompt=True, tools=[CALC], chat_template=template)
+    missing = [conv[0], {k: v for k, v in conv[1].items() if k != "content"}, conv[2]]
+    assert got == render_ids(tok, missing, add_generation_prompt=True, tools=[CALC], chat_template=template)
+    assert '{"expr": "2+3"}' in tok.decode(got)  # the call is rendered (arguments as an object, tojson spacing)
+
+
 # --- session bookkeeping -------------------------------------------------------------------------
 def test_sessions_extend_refuse_a_second_caller_and_roll_back_failed_calls(smol: Any) -> None:
     sessions = TitoSessions(smol, prepare_template(smol), max_sessions=2)

@@ -11,7 +11,8 @@ Per call, against the engine the attempt is pinned to:
 2. **generate**: the prompt IDs with the render's sampling parameters (logprobs always on): the sampled IDs,
    their logprobs and the weight version spans;
 3. **derender**: the sampled IDs + the agent's chat request -> the chat.completion the agent gets (tool calls
-   and reasoning through the server's own parsers).
+   and reasoning through the server's own parsers). A call with ``stream: true`` streams generate and derenders
+   chunk by chunk instead (:mod:`.tito_engine_stream`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.responses import Response
 
 from spanlab.gateway.protocol import dumps, loads
-from spanlab.gateway.recording import CallContext
+from spanlab.gateway.recording import CallContext, spans_from_record
 from spanlab.gateway.records import ChoiceRecord, ResponseRecord, clean_message
 from spanlab.gateway.tito_engine import (
     DERENDER,
@@ -38,6 +39,7 @@ from spanlab.gateway.tito_engine import (
     generate_body,
     render_body,
 )
+from spanlab.gateway.tito_engine_stream import EngineStream
 from spanlab.gateway.tito_protocol import record_and_answer
 from spanlab.gateway.tito_sessions import Session, TitoSessions, TitoTurn
 from spanlab.gateway.upstream import UpstreamClient, UpstreamError
@@ -87,7 +89,7 @@ class EnginePath:
         self.parsers = parsers  # {"tool_call_parser": ..., "reasoning_parser": ...} as the engine config says
         self._call_id = call_id_maker(parsers.get("tool_call_parser"))
 
-    async def _post(self, client: UpstreamClient, route: str, body: dict[str, Any],
+    async def post(self, client: UpstreamClient, route: str, body: dict[str, Any],
                     headers: dict[str, str]) -> dict[str, Any]:
         upstream = await client.send("POST", route, body=dumps(body), headers=headers)
         content = await client.read(upstream)
@@ -114,8 +116,8 @@ class EnginePath:
             conv = buf.conversation(messages)
             closed_body = render_body(ctx.body.get("model"), buf.messages, tools, add_generation_prompt=False)
             closed, full = await asyncio.gather(
-                self._post(client, RENDER, closed_body, headers),
-                self._post(client, RENDER, {**chat, "messages": conv}, headers))
+                self.post(client, RENDER, closed_body, headers),
+                self.post(client, RENDER, {**chat, "messages": conv}, headers))
             before = len(buf.ids)
             clean = session.last_turn_closed
             if buf.append_delta(conv, opened=session.opened or [], closed=closed["token_ids"], full=full["token_ids"],
@@ -127,7 +129,7 @@ class EnginePath:
         if buf is not None:
             turn.event, turn.reason = "new_segment", TitoSessions.why_not(buf, messages, tools,
                                                                           session.last_finish_reason)
-        full_render = await self._post(client, RENDER, chat, headers)  # the agent's messages, as sent
+        full_render = await self.post(client, RENDER, chat, headers)  # the agent's messages, as sent
         self.sessions.start_segment(turn, full_render["token_ids"], messages, tools)
         turn.rendered = list(full_render["token_ids"])
         return turn, full_render
@@ -141,12 +143,14 @@ class EnginePath:
             turn, rendered = await self.prompt(gw, ctx, session, headers)
             ctx.extra_attributes = {"tito": turn.attributes()}
             prep_s = time.perf_counter() - t0
-            gen = await self._post(client, GENERATE,
+            if ctx.asked.stream:
+                return await EngineStream(self, gw, ctx, session, turn, headers, self._call_id, prep_s).open(rendered)
+            gen = await self.post(client, GENERATE,
                                    generate_body(rendered, turn.prompt_ids, max_model_len=self.max_model_len), headers)
             t1 = time.perf_counter()
             choice = gen["choices"][0]
             sampled = [int(t) for t in choice["token_ids"]]
-            chat = await self._post(client, DERENDER, derender_body(ctx.body, gen, turn.prompt_ids), headers)
+            chat = await self.post(client, DERENDER, derender_body(ctx.body, gen, turn.prompt_ids), headers)
             t2 = time.perf_counter()
         except EngineCallError as exc:
             self.sessions.abort(turn, session)
@@ -165,12 +169,33 @@ class EnginePath:
     async def _answer(self, gw: Gateway, ctx: CallContext, turn: TitoTurn, session: Session, gen: dict[str, Any],
                       chat: dict[str, Any], sampled: list[int], own_s: float) -> Response:
         t3 = time.perf_counter()
-        choice_in = gen["choices"][0]
         out = chat["choices"][0]
         message = dict(out.get("message") or {"role": "assistant", "content": ""})
         if message.get("tool_calls"):
             message["tool_calls"] = [{**c, "id": self._call_id(i, (c.get("function") or {}).get("name", ""))}
                                      for i, c in enumerate(message["tool_calls"])]
+        record, attrs, finish = self._commit(ctx, turn, session, gen, message)
+        reply = _reply(chat, out, message, finish, gen.get("usage"), ctx, turn.prompt_ids, sampled)
+        attrs["gateway_ms"] = round((own_s + time.perf_counter() - t3) * 1000, 3)
+        return await record_and_answer(gw, ctx, record, reply, attrs)
+
+    async def settle(self, gw: Gateway, ctx: CallContext, turn: TitoTurn, session: Session, gen: dict[str, Any],
+                     message: Message, own_s: float) -> Response | None:
+        """Commit a streamed turn and store its span (before the agent gets ``[DONE]``); None once stored,
+        else the refusal to send instead."""
+        t3 = time.perf_counter()
+        record, attrs, _ = self._commit(ctx, turn, session, gen, message)
+        attrs["gateway_ms"] = round((own_s + time.perf_counter() - t3) * 1000, 3)
+        attrs["streamed"] = True
+        ctx.extra_attributes = {"tito": attrs}
+        end = time.time()
+        return await gw.record_call(lambda: spans_from_record(ctx, record, end_time=end))
+
+    def _commit(self, ctx: CallContext, turn: TitoTurn, session: Session, gen: dict[str, Any],
+                message: Message) -> tuple[ResponseRecord, dict[str, Any], str | None]:
+        """Commit the sampled turn to the buffer; the span's record, its ``tito`` attributes and the finish."""
+        choice_in = gen["choices"][0]
+        sampled = [int(t) for t in choice_in["token_ids"]]
         finish = "tool_calls" if message.get("tool_calls") else choice_in.get("finish_reason")
         kept = clean_message(message)
         mask = self.sessions.commit(turn, sampled, kept, choice_in.get("finish_reason"))
@@ -191,9 +216,7 @@ class EnginePath:
         record = ResponseRecord(response_id=gen.get("request_id"), model=gen.get("model"),
                                 prompt_token_ids=engine_prompt or turn.prompt_ids, usage=usage,
                                 choices=[ChoiceRecord(0, kept, finish, sampled, logprobs, loss_mask=mask)])
-        reply = _reply(chat, out, message, finish, usage, ctx, turn.prompt_ids, sampled)
-        attrs["gateway_ms"] = round((own_s + time.perf_counter() - t3) * 1000, 3)
-        return await record_and_answer(gw, ctx, record, reply, attrs)
+        return record, attrs, finish
 
 
 def _reply(chat: dict[str, Any], out: dict[str, Any], message: Message, finish: str | None,

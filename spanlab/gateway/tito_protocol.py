@@ -3,8 +3,9 @@
 In TITO mode the gateway builds the prompt itself (the session buffer) and sends it as token IDs to
 ``/v1/completions``; the agent still speaks ``/v1/chat/completions``. These pure functions map the chat
 request's sampling parameters onto a completions body, and the completion back onto a chat.completion
-(or its SSE chunks: a streamed TITO call is generated unstreamed, then sent as synthesized events, since
-the tool-call parse needs the whole text). Requests TITO cannot serve faithfully get a reason from
+(or its SSE chunks: on this fallback path a streamed TITO call is generated unstreamed, then sent as
+synthesized events, since the tool-call parse needs the whole text; the engine path streams token by token,
+:mod:`.tito_engine_stream`). Requests TITO cannot serve faithfully get a reason from
 :func:`per_call_reason` and go the per-call way (forwarded to the chat route, recorded as before).
 """
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from spanlab.errors import SpanlabError
+from spanlab.tito.messages import engine_form
 
 
 class TemplateError(SpanlabError, ValueError):
@@ -29,9 +30,10 @@ def render_ids(
     tools: list[dict[str, Any]] | None = None,
     chat_template: str | None = None,
 ) -> list[int]:
-    """Render messages to token IDs exactly as vLLM does (HF ``apply_chat_template``, no BOS)."""
+    """Render messages to token IDs exactly as vLLM does (HF ``apply_chat_template``, no BOS), on the messages
+    as vLLM hands them to the template (:func:`~spanlab.tito.messages.engine_form`)."""
     out = tokenizer.apply_chat_template(
-        messages,
+        engine_form(messages),
         tools=tools,
         add_generation_prompt=add_generation_prompt,
         tokenize=True,

@@ -14,6 +14,11 @@ often not the canonical encoding of that text). What it shows, call by call of a
 * the agent gets the tool call parsed by the family's parser (name and arguments), ``finish_reason``
   ``tool_calls``, and the span records the parser name and vLLM's weight version spans.
 
+Also on each family's server: ``stream: true`` token by token (generate's SSE through streaming derender) streams
+what vLLM's chat route streams and, where vLLM's streaming parser agrees with its unary one, adds up to the unary
+answer; the fallback path (``tito_render: local``, hermes families) renders the engine's delta; a
+stream the agent cuts rolls the buffer back (Qwen3 only).
+
 One vLLM server at a time (a module-scoped fixture per family; pytest finishes one family before the next).
 Qwen3 runs in the default suite; the other three are ``slow`` (each starts its own server). Times: see
 docs/tito.md.
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -136,3 +142,166 @@ def test_tool_session_through_the_engines_primitives(served: Served, tmp_path: P
         "model": model, "token_ids": [int(t) for t in last.prompt_token_ids],
         "sampling_params": {"temperature": 0, "max_tokens": 20, **_force("It is 35.")}})
     assert replay["choices"][0]["token_ids"] == [int(t) for t in last.response_token_ids]
+
+
+def test_fallback_path_renders_what_the_engine_renders(served: Served) -> None:
+    """``tito_render: local`` on the same server: the fallback starts (its startup probe, a call turn with
+    ``content: None``, renders locally to the engine's own IDs) and its locally rendered delta is the engine's."""
+    family, model = served.family, served.server.model
+    if family.tool_parser != "hermes":
+        pytest.skip("the fallback parses hermes tool calls only")
+    with SpanStore(":memory:") as store, GatewayServer(store, served.server.base_url, tito=True,
+                                                       tito_render="local") as gw:
+        assert gw.gateway.tito is not None and gw.gateway.tito.engine is None  # the fallback
+        store.enqueue_one({"task": "tito-fallback"})
+        got = store.dequeue(worker_id="w0")
+        assert got is not None
+        client = OpenAI(base_url=gw.base_url(got[0].rollout_id, got[1].attempt_id), api_key="x", max_retries=0)
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "What is 2+3?"}]
+        reply = client.chat.completions.create(model=model, messages=messages, tools=[CALC], temperature=0,
+                                               max_tokens=80, extra_body=_force(CALL_TEXT["hermes"].format(expr="2+3")))
+        calls = reply.choices[0].message.tool_calls or []
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [("calc", {"expr": "2+3"})]
+        messages.append(reply.choices[0].message.model_dump(exclude_none=True))  # content None: left out
+        messages.append({"role": "tool", "tool_call_id": calls[0].id, "name": "calc", "content": "5"})
+        final = client.chat.completions.create(model=model, messages=messages, tools=[CALC], temperature=0,
+                                               max_tokens=20, extra_body=_force("It is 5."))
+        assert final.choices[0].message.content == "It is 5."
+        assert gw.flush()
+        spans = sorted(store.iter_spans(attempt_ids=[got[1].attempt_id]), key=lambda s: s.sequence_id or 0)
+    assert [s.attributes["tito"]["event"] for s in spans] == ["start", "extend"]
+    assert all("prompt_mismatch" not in s.attributes["tito"] for s in spans)
+    kept = [int(t) for t in spans[0].llm.prompt_token_ids] + [int(t) for t in spans[0].llm.response_token_ids]
+    prompt = [int(t) for t in spans[1].llm.prompt_token_ids]
+    assert prompt[: len(kept)] == kept
+    closed, full = served.render(messages[:-1], gen=False), served.render(messages, gen=True)
+    assert prompt[len(prompt) - (len(full) - len(closed)):] == full[len(closed):]  # the local delta = the engine's
+
+
+def _streamed(client: OpenAI, **kwargs: Any) -> tuple[dict[str, Any], str | None, int]:
+    """One streamed call reassembled: (assistant message, finish_reason, chunks that carried content/calls)."""
+    content, calls, finish, pieces = "", {}, None, 0
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        for choice in chunk.choices:
+            delta = choice.delta
+            pieces += bool(delta.content or delta.tool_calls)
+            content += delta.content or ""
+            for tc in delta.tool_calls or ():
+                call = calls.setdefault(tc.index, {"id": None, "type": "function",
+                                                   "function": {"name": "", "arguments": ""}})
+                call["id"] = call["id"] or tc.id
+                call["function"]["name"] += (tc.function and tc.function.name) or ""
+                call["function"]["arguments"] += (tc.function and tc.function.arguments) or ""
+            finish = choice.finish_reason or finish
+    message: dict[str, Any] = {"role": "assistant", "content": content or None}
+    if calls:
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    return message, finish, pieces
+
+
+def _answer(message: dict[str, Any], finish: str | None) -> tuple[Any, ...]:
+    calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message.get("tool_calls") or ()]
+    return message.get("content") or None, calls, finish
+
+
+def test_streamed_session_reassembles_to_the_unary_one(served: Served) -> None:
+    """``stream: true`` goes token by token through generate's SSE and streaming derender (with stream_state):
+    the engine samples the same IDs as unary, the chunks are what vLLM's own chat route streams, and they add
+    up to the unary answer wherever vLLM's streaming parser agrees with its unary one on the sampled IDs (the
+    forced IDs spell ``[TOOL_CALLS]`` / ``<tool_call>`` as text pieces, not the special token a real model
+    samples, and the mistral and qwen3_xml streaming parsers then read them differently; docs/tito.md)."""
+    family, model = served.family, served.server.model
+    final = "It is five, the sum of two and three."
+    direct = OpenAI(base_url=served.server.base_url, api_key="x", max_retries=0)
+    first = {"model": model, "messages": [{"role": "user", "content": "What is 2+3?"}], "tools": [CALC],
+             "temperature": 0, "max_tokens": 80, "extra_body": _force(CALL_TEXT[family.tool_parser].format(expr="2+3"))}
+    route_unary = direct.chat.completions.create(**first).choices[0]
+    route_stream = _answer(*_streamed(direct, **first)[:2])
+    with SpanStore(":memory:") as store, GatewayServer(store, served.server.base_url, tito=True,
+                                                       tool_call_parser=family.tool_parser) as gw:
+        got: dict[bool, list[tuple[Any, ...]]] = {}
+        attempts = {}
+        for stream in (False, True):
+            store.enqueue_one({"task": f"tito-stream-{stream}"})
+            pair = store.dequeue(worker_id="w0")
+            assert pair is not None
+            attempts[stream] = pair[1].attempt_id
+            client = OpenAI(base_url=gw.base_url(pair[0].rollout_id, pair[1].attempt_id), api_key="x", max_retries=0)
+            messages: list[dict[str, Any]] = [{"role": "user", "content": "What is 2+3?"}]
+            got[stream] = []
+            for forced in (CALL_TEXT[family.tool_parser].format(expr="2+3"), final):
+                kwargs = {**first, "messages": messages, "extra_body": _force(forced)}
+                if stream:
+                    message, finish, pieces = _streamed(client, **kwargs)
+                else:
+                    choice = client.chat.completions.create(**kwargs).choices[0]
+                    message, finish, pieces = choice.message.model_dump(exclude_none=True), choice.finish_reason, 1
+                got[stream].append((*_answer(message, finish), pieces))
+                messages.append(message)
+                if message.get("tool_calls"):
+                    messages.append({"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "name": "calc",
+                                     "content": "5"})
+                else:
+                    break  # a streaming parser that left the call in the content: no tool turn to answer
+        assert gw.flush()
+        spans = {s: sorted(store.iter_spans(attempt_ids=[a]), key=lambda x: x.sequence_id or 0)
+                 for s, a in attempts.items()}
+    assert got[True][0][:3] == route_stream  # the gateway streams what vLLM's chat route streams
+    assert got[False][0][1] == [("calc", {"expr": "2+3"})]
+    if route_stream == _answer(route_unary.message.model_dump(exclude_none=True), route_unary.finish_reason):
+        assert [g[:3] for g in got[True]] == [g[:3] for g in got[False]]  # same message, calls and finish
+        assert got[True][1][0] == final
+        assert [s.attributes["tito"]["event"] for s in spans[True]] == ["start", "extend"]
+        kept = [*spans[True][0].llm.prompt_token_ids, *spans[True][0].llm.response_token_ids]
+        assert list(spans[True][1].llm.prompt_token_ids[: len(kept)]) == kept  # the streamed turn, verbatim
+    if family.name == "qwen3":
+        assert got[True][1][3] > 1  # the answer came in more than one chunk: streamed, not synthesized
+    assert list(spans[True][0].llm.prompt_token_ids) == list(spans[False][0].llm.prompt_token_ids)
+    for unary, streamed in zip(spans[False], spans[True], strict=False):
+        assert streamed.attributes["tito"]["streamed"] and "prompt_mismatch" not in streamed.attributes["tito"]
+        if list(streamed.llm.prompt_token_ids) == list(unary.llm.prompt_token_ids):  # not if IDs render (mistral)
+            assert list(streamed.llm.response_token_ids) == list(unary.llm.response_token_ids)
+        assert len(streamed.llm.response_logprobs) == len(streamed.llm.response_token_ids)
+        assert streamed.attributes["tito"]["weight_versions"] == unary.attributes["tito"]["weight_versions"]
+
+
+def test_a_stream_the_agent_cuts_rolls_the_buffer_back(served: Served) -> None:
+    """The agent drops a streamed call after its first chunk: the call is an error span, the buffer is back to
+    before it (the next call extends the earlier turn; none of the cut turn's sampled IDs are in it)."""
+    family, model = served.family, served.server.model
+    if family.name != "qwen3":
+        pytest.skip("the rollback does not depend on the family; one is enough")
+    with SpanStore(":memory:") as store, GatewayServer(store, served.server.base_url, tito=True,
+                                                       tool_call_parser=family.tool_parser) as gw:
+        store.enqueue_one({"task": "tito-cut"})
+        pair = store.dequeue(worker_id="w0")
+        assert pair is not None
+        base = gw.base_url(pair[0].rollout_id, pair[1].attempt_id)
+        client = OpenAI(base_url=base, api_key="x", max_retries=0)
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "What is 2+3?"}]
+        first = client.chat.completions.create(model=model, messages=messages, tools=[CALC], temperature=0,
+                                               max_tokens=80, extra_body=_force(CALL_TEXT["hermes"].format(expr="2+3")))
+        call = (first.choices[0].message.tool_calls or [])[0]
+        messages += [first.choices[0].message.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": call.id, "name": "calc", "content": "5"}]
+        body = {"model": model, "messages": messages, "tools": [CALC], "temperature": 0, "max_tokens": 400,
+                "stream": True, **_force("It is " + "five " * 150)}
+        with httpx.stream("POST", base + "/chat/completions", json=body, timeout=60) as resp:
+            assert resp.status_code == 200
+            assert any(line.startswith("data:") for line in resp.iter_lines())  # one chunk, then hang up
+        deadline = time.monotonic() + 30
+        while not any(s.status == "error" for s in store.iter_spans(attempt_ids=[pair[1].attempt_id])):
+            assert time.monotonic() < deadline, "no error span for the cut stream"
+            gw.flush()
+            time.sleep(0.2)
+        again = client.chat.completions.create(model=model, messages=messages, tools=[CALC], temperature=0,
+                                               max_tokens=20, extra_body=_force("It is 5."))
+        assert again.choices[0].message.content == "It is 5."
+        assert gw.flush()
+        spans = sorted(store.iter_spans(attempt_ids=[pair[1].attempt_id]), key=lambda s: s.sequence_id or 0)
+    ok = [s for s in spans if s.status == "ok"]
+    assert [s.attributes["tito"]["event"] for s in ok] == ["start", "extend"]
+    assert sum(int(m) for m in ok[1].llm.loss_mask) == len(ok[0].llm.response_token_ids) + len(
+        ok[1].llm.response_token_ids)  # only the two answered turns are sampled IDs in the buffer
+    kept = [*ok[0].llm.prompt_token_ids, *ok[0].llm.response_token_ids]
+    assert list(ok[1].llm.prompt_token_ids[: len(kept)]) == kept
