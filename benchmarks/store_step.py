@@ -9,8 +9,10 @@ each a TITO session of --calls LLM calls of ~--prompt + --response token IDs), o
   first heartbeat (not waited for: the worker beats beside the agent), the gateway's ``add_spans`` of every
   call (the gateway stores a call before it answers the agent, so the agent waits for that commit) and the
   finish with the reward. Between calls a rollout sleeps
-  --think-s, standing in for the engine's generation (seconds in the real job), so the writer sees calls
-  spread out as it does in the job rather than all at once. A rollout's store time is what it waited on
+  0 to 2 x --think-s (uniformly), standing in for the engine's generation (seconds in the real job, and
+  different for each call), so the writer sees calls spread out as it does in the job rather than in bursts
+  of --concurrency at once (equal sleeps kept the rollouts in step: a dequeue then waited ~130 ms for the
+  burst ahead of it, where it takes ~10-25 ms alone). A rollout's store time is what it waited on
   these calls; the step waits for its slowest rollouts, so the store's share of the rollout phase is at
   most ``waves x`` the longest rollout store time (waves = rollouts / concurrency, rounded up).
 
@@ -57,7 +59,7 @@ def one_rollout(store: StoreAPI, args: argparse.Namespace, seed: int) -> float:
     store.heartbeat(attempt.attempt_id)  # the worker beats beside the agent: writer load, no wait of the rollout's
     prompt = rng.integers(0, 50_000, args.prompt).astype(np.int32)
     for k in range(args.calls):  # a TITO session: each call's prompt is the session so far
-        time.sleep(args.think_s)
+        time.sleep(rng.uniform(0, 2 * args.think_s))  # generation times differ, so calls do not arrive in step
         response = rng.integers(0, 50_000, args.response).astype(np.int32)
         mask = np.concatenate([np.zeros(len(prompt), np.uint8), np.ones(len(response), np.uint8)])
         call(store.add_spans, [Span(
@@ -99,7 +101,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=4)
     ap.add_argument("--prompt", type=int, default=1000)
     ap.add_argument("--response", type=int, default=200)
-    ap.add_argument("--think-s", type=float, default=0.25, help="sleep between a rollout's calls (generation)")
+    ap.add_argument("--think-s", type=float, default=0.25, help="mean sleep between a rollout's calls (generation)")
     ap.add_argument("--step-s", type=float, default=54.0, help="the main job's GRPO step wall time to divide by")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--http", action="store_true", help="through a `spanlab store serve` process")
