@@ -1,62 +1,108 @@
-"""The span store's time in one GRPO step: every store call a step makes, timed, on a fresh DuckDB file.
+"""The span store's time in one GRPO step, split into what the step waits for and what only adds up.
 
-What a step of ``tutorials/calc/grpo.yaml`` asks of the store (32 rollouts, each a TITO session of --calls
-LLM calls of ~--prompt + --response token IDs): enqueue, per rollout dequeue + first heartbeat + the gateway's
-per-call ``add_spans`` (one call each, as the gateway stores a call before answering) + finish with the
-reward, then the adapter's read-back (``iter_samples``) and ``add_metrics``. The step's wall time is not
-measured here (it needs the engine and the trainer): divide by the step time of the run you compare with
-(benchmarks/README.md gives the calc run's). In-process store, or ``--http`` through ``spanlab store serve``.
+What a step of ``tutorials/calc/grpo.yaml`` asks of the store (32 rollouts, ``rollouts.concurrency: 16``,
+each a TITO session of --calls LLM calls of ~--prompt + --response token IDs), on a fresh DuckDB file:
 
-Run: .venv/bin/python benchmarks/store_step.py [--rollouts 32] [--calls 4] [--http] [--reps 3]
+* the algorithm's own calls, one after the other on the step's path: enqueue, the rewards of the batch
+  (``final_rewards``: ``rollout_summaries``), the adapter's read-back (``iter_samples``) and ``add_metrics``;
+* each rollout's calls, made by --concurrency rollouts at a time as the job's worker runs them: dequeue, the
+  first heartbeat (not waited for: the worker beats beside the agent), the gateway's ``add_spans`` of every
+  call (the gateway stores a call before it answers the agent, so the agent waits for that commit) and the
+  finish with the reward. Between calls a rollout sleeps
+  0 to 2 x --think-s (uniformly), standing in for the engine's generation (seconds in the real job, and
+  different for each call), so the writer sees calls spread out as it does in the job rather than in bursts
+  of --concurrency at once (equal sleeps kept the rollouts in step: a dequeue then waited ~130 ms for the
+  burst ahead of it, where it takes ~10-25 ms alone). A rollout's store time is what it waited on
+  these calls; the step waits for its slowest rollouts, so the store's share of the rollout phase is at
+  most ``waves x`` the longest rollout store time (waves = rollouts / concurrency, rounded up).
+
+On the step's path: the algorithm's calls + that bound. Divided by --step-s (the main job's step wall time:
+54 s, ``train_metrics.step_s`` of the calc run measured 2026-12-01 on an idle machine, benchmarks/README.md)
+it gives the store's share of the step. Later heartbeats (every 2 s of a rollout) run beside the agent and
+keep no call waiting but their own; they are left out. In-process store, or ``--http`` through
+``spanlab store serve``.
+
+Run: .venv/bin/python benchmarks/store_step.py [--rollouts 32] [--concurrency 16] [--calls 4] [--http] [--reps 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 from spanlab.adapters.grpo import iter_samples
+from spanlab.jobs.rollouts import final_rewards
 from spanlab.store import SpanStore, StoreAPI
 from spanlab.types import LLMCall, Rollout, Span, reward_span
 
 
-def one_step(store: StoreAPI, args: argparse.Namespace, step: int) -> float:
-    rng = np.random.default_rng(step)
+def one_rollout(store: StoreAPI, args: argparse.Namespace, seed: int) -> float:
+    """One rollout's store calls as the worker and gateway make them; the seconds it waited on the store."""
+    rng = np.random.default_rng(seed)
+    waited = 0.0
+
+    def call(fn, *a):
+        nonlocal waited
+        t0 = time.perf_counter()
+        out = fn(*a)
+        waited += time.perf_counter() - t0
+        return out
+
+    rollout, attempt = call(store.dequeue, "w")
+    store.heartbeat(attempt.attempt_id)  # the worker beats beside the agent: writer load, no wait of the rollout's
+    prompt = rng.integers(0, 50_000, args.prompt).astype(np.int32)
+    for k in range(args.calls):  # a TITO session: each call's prompt is the session so far
+        time.sleep(rng.uniform(0, 2 * args.think_s))  # generation times differ, so calls do not arrive in step
+        response = rng.integers(0, 50_000, args.response).astype(np.int32)
+        mask = np.concatenate([np.zeros(len(prompt), np.uint8), np.ones(len(response), np.uint8)])
+        call(store.add_spans, [Span(
+            rollout_id=rollout.rollout_id, attempt_id=attempt.attempt_id, name="chat", kind="llm_call",
+            attributes={"tito": {"mode": "tito", "segment": 0, "offset": 0, "call": k}},
+            llm=LLMCall(model="m", prompt_token_ids=prompt, response_token_ids=response,
+                        response_logprobs=np.full(len(response), -0.5, np.float32), loss_mask=mask))])
+        prompt = np.concatenate([prompt, response])
+    call(store.finish_attempt, attempt.attempt_id, "succeeded",
+         [reward_span(rollout.rollout_id, attempt.attempt_id, float(rng.random() < 0.5))])
+    return waited
+
+
+def one_step(store: StoreAPI, args: argparse.Namespace, step: int) -> dict[str, float]:
     t0 = time.perf_counter()
-    rollouts = store.enqueue([Rollout(input={"task_id": f"t{step}-{i // 4}"}) for i in range(args.rollouts)])
-    for _ in rollouts:
-        rollout, attempt = store.dequeue(worker_id="w")
-        store.heartbeat(attempt.attempt_id)
-        prompt = rng.integers(0, 50_000, args.prompt).astype(np.int32)
-        for k in range(args.calls):  # a TITO session: each call's prompt is the session so far
-            response = rng.integers(0, 50_000, args.response).astype(np.int32)
-            mask = np.concatenate([np.zeros(len(prompt), np.uint8), np.ones(len(response), np.uint8)])
-            store.add_spans([Span(rollout_id=rollout.rollout_id, attempt_id=attempt.attempt_id, name="chat",
-                                  kind="llm_call", attributes={"tito": {"mode": "tito", "segment": 0, "offset": 0,
-                                                                        "call": k}},
-                                  llm=LLMCall(model="m", prompt_token_ids=prompt, response_token_ids=response,
-                                              response_logprobs=np.full(len(response), -0.5, np.float32),
-                                              loss_mask=mask))])
-            prompt = np.concatenate([prompt, response])
-        store.finish_attempt(attempt.attempt_id, "succeeded",
-                             [reward_span(rollout.rollout_id, attempt.attempt_id, float(rng.random() < 0.5))])
-    samples = list(iter_samples(store, [r.rollout_id for r in rollouts]))
+    rollouts = store.enqueue([Rollout(input={"task_id": f"t{step}-{i // 4}"}, metadata={"group_id": f"t{i // 4}"})
+                              for i in range(args.rollouts)])
+    algo = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    with ThreadPoolExecutor(args.concurrency) as pool:
+        waits = list(pool.map(lambda i: one_rollout(store, args, step * 1000 + i), range(args.rollouts)))
+    phase = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    ids = [r.rollout_id for r in rollouts]
+    final_rewards(store, ids)
+    samples = list(iter_samples(store, ids))
     assert len(samples) == args.rollouts, len(samples)
     store.add_metrics("bench", "grpo", step, {"reward_mean": 0.5, "n_samples": len(samples)})
-    return time.perf_counter() - t0
+    algo += time.perf_counter() - t2
+    waves = math.ceil(args.rollouts / args.concurrency)
+    return {"algo_s": algo, "rollout_max_s": max(waits), "rollout_mean_s": statistics.mean(waits),
+            "path_s": algo + waves * max(waits), "sum_s": algo + sum(waits), "phase_s": phase}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rollouts", type=int, default=32)
+    ap.add_argument("--concurrency", type=int, default=16, help="rollouts in flight (rollouts.concurrency)")
     ap.add_argument("--calls", type=int, default=4)
     ap.add_argument("--prompt", type=int, default=1000)
     ap.add_argument("--response", type=int, default=200)
+    ap.add_argument("--think-s", type=float, default=0.25, help="mean sleep between a rollout's calls (generation)")
+    ap.add_argument("--step-s", type=float, default=54.0, help="the main job's GRPO step wall time to divide by")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--http", action="store_true", help="through a `spanlab store serve` process")
     args = ap.parse_args()
@@ -71,15 +117,25 @@ def main() -> None:
         else:
             store = SpanStore(db)
         try:
-            times = [one_step(store, args, step) for step in range(args.reps + 1)][1:]  # the first warms up
+            runs = [one_step(store, args, step) for step in range(args.reps + 1)][1:]  # the first warms up
         finally:
             store.close()
             if server is not None:
                 server.stop()
-    calls = args.rollouts * (3 + args.calls)
-    print(f"store time per step ({'HTTP' if args.http else 'in-process'}, {args.rollouts} rollouts x {args.calls} "
-          f"calls, {calls} store calls + read-back): median {statistics.median(times):.3f} s "
-          f"(runs {', '.join(f'{t:.3f}' for t in times)})")
+    med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    algo_runs = ", ".join(f"{r['algo_s']:.3f}" for r in runs)
+    share_runs = ", ".join(f"{100 * r['path_s'] / args.step_s:.2f}%" for r in runs)
+    print(f"store time of one GRPO step ({'HTTP' if args.http else 'in-process'}, {args.rollouts} rollouts, "
+          f"{args.concurrency} in flight, {args.calls} calls each, {args.think_s:g} s between calls), medians of "
+          f"{args.reps}:")
+    print(f"  algorithm's calls (enqueue, rewards, read-back, metrics): {med['algo_s']:.3f} s "
+          f"(runs {algo_runs})")
+    print(f"  a rollout's wait on the store: mean {med['rollout_mean_s']:.3f} s, slowest {med['rollout_max_s']:.3f} s")
+    print(f"  on the step's path (algorithm + waves x slowest rollout): {med['path_s']:.3f} s = "
+          f"{100 * med['path_s'] / args.step_s:.2f}% of a {args.step_s:g} s step "
+          f"(runs {share_runs})")
+    print(f"  every call added up (what the writer did, mostly beside generation): {med['sum_s']:.3f} s = "
+          f"{100 * med['sum_s'] / args.step_s:.1f}%")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from rich.logging import RichHandler
 from rich.markup import escape
 from rich.table import Table
 
+from spanlab import sql_text
 from spanlab.errors import SpanlabError
 from spanlab.store import sql as sqlmod
 
@@ -52,29 +53,29 @@ def _fail(exc: Exception) -> None:
 def sql(
     query: Annotated[str, typer.Argument(help="SQL to run against the span store (read-only)")],
     db: DbOption = None,
-    format: Annotated[sqlmod.OutputFormat, typer.Option("--format", "-f", help="table | csv | json")] = "table",
+    format: Annotated[sql_text.OutputFormat, typer.Option("--format", "-f", help="table | csv | json")] = "table",
     max_rows: Annotated[int, typer.Option(help="rows shown in table format (csv/json print all)")] = 100,
     timeout_s: Annotated[float, typer.Option(help="stop the query after this many seconds")] = 300.0,
     max_mb: Annotated[float, typer.Option(help="refuse results larger than this (Arrow size)")] = 1024.0,
 ) -> None:
     """Query spans with SQL: views llm_calls, rewards, rollout_summary; tables rollouts, attempts, spans."""
     try:
-        path = sqlmod.resolve_db(db)
+        path = sql_text.resolve_db(db)
         table = sqlmod.run_query(path, query, max_rows=max_rows + 1 if format == "table" else None,
                                  timeout_s=timeout_s, max_bytes=int(max_mb * 1024 * 1024))
     except SpanlabError as exc:
         _fail(exc)
         return
     if format == "csv":
-        sys.stdout.write(sqlmod.to_csv(table))
+        sys.stdout.write(sql_text.to_csv(table))
     elif format == "json":
-        sys.stdout.write(sqlmod.to_json(table) + "\n")
+        sys.stdout.write(sql_text.to_json(table) + "\n")
     else:
         out = Table(*table.column_names, show_lines=False)
         for i, row in enumerate(sqlmod.rows(table)):
             if i == max_rows:
                 break
-            out.add_row(*(sqlmod.cell_text(v) for v in row.values()))
+            out.add_row(*(sql_text.cell_text(v) for v in row.values()))
         console = Console()
         console.print(out)
         more = " (more rows: raise --max-rows or use --format csv)" if table.num_rows > max_rows else ""
@@ -102,12 +103,19 @@ def store_serve(
     ] = False,
 ) -> None:
     """Own the DuckDB file and serve the store API (OpenAPI at /docs) to workers in other processes."""
-    from spanlab.store.server import serve_store
+    import uvicorn
+
+    from spanlab.serving import check_bind
+    from spanlab.store import SpanStore
+    from spanlab.store.server import create_store_app
 
     try:
-        serve_store(str(sqlmod.resolve_db(db)), host=host, port=port, token=token,
-                    max_body_bytes=int(max_body_mb * 1024 * 1024), compress=compress,
-                    insecure_no_token=insecure_no_token)
+        check_bind(host, token, insecure_no_token=insecure_no_token)
+        path = sql_text.resolve_db(db)
+        with SpanStore(path, compress=compress) as store:  # closed after uvicorn stops: pending writes committed
+            app = create_store_app(store, token=token, max_body_bytes=int(max_body_mb * 1024 * 1024))
+            logging.getLogger(__name__).info("store server for %s on http://%s:%d", path, host, port)
+            uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
     except SpanlabError as exc:
         _fail(exc)
 
@@ -202,7 +210,7 @@ def drift(
             from spanlab.engine.model import ensure_default_model
 
             tokenizer = ensure_default_model()
-        report = drift_report(load_calls(sqlmod.resolve_db(db)), load_tokenizer(tokenizer), max_examples=examples)
+        report = drift_report(load_calls(sql_text.resolve_db(db)), load_tokenizer(tokenizer), max_examples=examples)
         if plot is not None:
             plot_report(report, plot)
     except SpanlabError as exc:
@@ -276,7 +284,7 @@ def demo(
     recording gateway (about 2 minutes on CPU).
     """
     try:
-        path = sqlmod.resolve_db(db)
+        path = sql_text.resolve_db(db)
         if engine:
             from spanlab.demo_live import run_live_demo
 
@@ -345,7 +353,7 @@ def plot(
     from spanlab.store import SpanStore
 
     try:
-        with SpanStore(sqlmod.resolve_db(db)) as store:
+        with SpanStore(sql_text.resolve_db(db)) as store:
             Console().print(f"wrote {plot_run(store, out, run_id)}")
     except SpanlabError as exc:
         _fail(exc)
@@ -367,7 +375,7 @@ def ui(
     from spanlab.ui import serve_ui
 
     try:
-        serve_ui(sqlmod.resolve_db(db), host=host, port=port, tokenizer_dir=tokenizer, extra_hosts=allow_host or ())
+        serve_ui(sql_text.resolve_db(db), host=host, port=port, tokenizer_dir=tokenizer, extra_hosts=allow_host or ())
     except SpanlabError as exc:
         _fail(exc)
 

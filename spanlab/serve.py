@@ -44,7 +44,7 @@ class ServeStoreServer(_Section):
 
     @model_validator(mode="after")
     def _token_beyond_loopback(self) -> ServeStoreServer:
-        from spanlab.store.server import check_bind
+        from spanlab.serving import check_bind
 
         check_bind(self.host, self.token, insecure_no_token=self.insecure_no_token,
                    flag="store_server.insecure_no_token: true")

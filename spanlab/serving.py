@@ -1,4 +1,5 @@
-"""Serving an ASGI app with uvicorn on a daemon thread: the store server and gateway inside a process.
+"""Serving an ASGI app with uvicorn on a daemon thread: the store server and gateway inside a process; and the
+rule every server's bind follows (no bind beyond loopback without a token, :func:`check_bind`).
 
 ``port=0`` binds any free port, and the socket is bound before the thread starts, so ``url`` is
 known immediately and two servers never race for a port. :class:`ListenConfig` is the config side of a
@@ -17,8 +18,28 @@ from urllib.parse import urlparse
 import uvicorn
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from spanlab.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
 # The names a server bound to loopback answers to; a bind to anything else is reachable from other machines.
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def check_bind(host: str, token: str | None, *, insecure_no_token: bool = False,
+               flag: str = "--insecure-no-token") -> None:
+    """Refuse to serve the store beyond loopback without a token: anyone who reaches the port could then
+    read, cancel and rewrite every rollout. ``insecure_no_token`` (``flag`` in the error) is the explicit way."""
+    if host in LOOPBACK_NAMES or token:
+        return
+    if not insecure_no_token:
+        raise ConfigError(
+            f"refusing to serve the store on {host} without a token: anyone who can reach it could read and "
+            f"change it. Set a token (--token or $SPANLAB_STORE_TOKEN), bind 127.0.0.1, or pass {flag} "
+            "if this network is trusted"
+        )
+    logger.warning("serving the store on %s WITHOUT a token (--insecure-no-token): anyone who can reach it "
+                   "can read and change it", host)
 
 
 class ThreadedServer:

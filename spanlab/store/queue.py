@@ -129,10 +129,15 @@ def dequeue(cur: duckdb.DuckDBPyConnection, worker_id: str | None, mode: str | N
 
 def heartbeat(cur: duckdb.DuckDBPyConnection, attempt_id: str, now: float) -> Attempt:
     """Mark a live attempt alive (the first beat moves it and its rollout to ``running``); an attempt that
-    already ended is returned as it is, so its worker learns it was timed out."""
+    already ended is returned as it is, so its worker learns it was timed out. Every beat after the first is
+    one statement (a rollout of a minute beats ~30 times)."""
+    rows = fetch_dicts(cur.execute(f"UPDATE attempts SET last_heartbeat_time = ? WHERE attempt_id = ? AND "
+                                   f"status = 'running' RETURNING {_ATTEMPTS}", [now, attempt_id]))
+    if rows:
+        return row_to_attempt(rows[0])
     rows = fetch_dicts(cur.execute(
         f"UPDATE attempts SET last_heartbeat_time = ?, status = 'running' "
-        f"WHERE attempt_id = ? AND status IN {_ACTIVE} RETURNING {_ATTEMPTS}", [now, attempt_id]))
+        f"WHERE attempt_id = ? AND status = 'preparing' RETURNING {_ATTEMPTS}", [now, attempt_id]))
     if not rows:
         return get_attempt(cur, attempt_id)
     attempt = row_to_attempt(rows[0])

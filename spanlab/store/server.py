@@ -29,8 +29,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from spanlab import otel
-from spanlab.errors import ConfigError, InvalidSpanError, NotFoundError, QueryError, StoreError
-from spanlab.serving import LOOPBACK_NAMES
+from spanlab.errors import InvalidSpanError, NotFoundError, QueryError, StoreError
 from spanlab.store.arrow import table_to_spans
 from spanlab.store.base import RolloutSummary
 from spanlab.store.duckdb_store import SpanStore
@@ -215,35 +214,3 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
         return Response(body, media_type="application/json")
 
     return app
-
-
-def serve_store(db: str, *, host: str = "127.0.0.1", port: int = 8700, token: str | None = None,
-                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, compress: bool = True,
-                insecure_no_token: bool = False) -> None:
-    """Open the store, serve it until SIGINT/SIGTERM, then drain pending writes and close the file."""
-    import uvicorn
-
-    check_bind(host, token, insecure_no_token=insecure_no_token)
-    store = SpanStore(db, compress=compress)
-    try:
-        app = create_store_app(store, token=token, max_body_bytes=max_body_bytes)
-        logger.info("store server for %s on http://%s:%d", db, host, port)
-        uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
-    finally:
-        store.close()
-
-
-def check_bind(host: str, token: str | None, *, insecure_no_token: bool = False,
-               flag: str = "--insecure-no-token") -> None:
-    """Refuse to serve the store beyond loopback without a token: anyone who reaches the port could then
-    read, cancel and rewrite every rollout. ``insecure_no_token`` (``flag`` in the error) is the explicit way."""
-    if host in LOOPBACK_NAMES or token:
-        return
-    if not insecure_no_token:
-        raise ConfigError(
-            f"refusing to serve the store on {host} without a token: anyone who can reach it could read and "
-            f"change it. Set a token (--token or $SPANLAB_STORE_TOKEN), bind 127.0.0.1, or pass {flag} "
-            "if this network is trusted"
-        )
-    logger.warning("serving the store on %s WITHOUT a token (--insecure-no-token): anyone who can reach it "
-                   "can read and change it", host)

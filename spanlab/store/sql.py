@@ -22,19 +22,16 @@ which rule it hit.
 
 from __future__ import annotations
 
-import csv
 import datetime as dt
 import decimal
-import io
 import json
 import math
-import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -42,8 +39,6 @@ import pyarrow as pa
 from spanlab.errors import QueryError
 from spanlab.store.connection import connect
 
-DEFAULT_DB = "spanlab.duckdb"
-OutputFormat = Literal["table", "csv", "json"]
 # Limits of the shared query surfaces (the store server's /sql, the UI's SQL box): a query there must not
 # hold a thread or memory that the queue routes or other pages need.
 SURFACE_TIMEOUT_S = 10.0
@@ -113,11 +108,6 @@ def _writes(node: Any) -> str | None:
         if bad:
             return bad
     return None
-
-
-def resolve_db(db: str | Path | None) -> Path:
-    """``--db`` wins, then ``$SPANLAB_DB``, then ``./spanlab.duckdb``."""
-    return Path(db or os.environ.get("SPANLAB_DB") or DEFAULT_DB)
 
 
 def fetch_user_query(conn: duckdb.DuckDBPyConnection, sql: str, max_rows: int | None = None, *,
@@ -234,21 +224,3 @@ def rows(table: pa.Table) -> Iterator[dict[str, Any]]:
     for batch in table.to_batches(max_chunksize=1024):
         for row in batch.to_pylist():
             yield {k: _jsonable(v) for k, v in row.items()}
-
-
-def to_csv(table: pa.Table) -> str:
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(table.column_names)
-    for row in rows(table):
-        writer.writerow(json.dumps(v) if isinstance(v, (list, dict)) else v for v in row.values())
-    return buf.getvalue()
-
-
-def to_json(table: pa.Table) -> str:
-    return json.dumps(list(rows(table)), ensure_ascii=False, indent=1)
-
-
-def cell_text(value: Any, width: int = 60) -> str:
-    text = "NULL" if value is None else json.dumps(value) if isinstance(value, (list, dict)) else str(value)
-    return text if len(text) <= width else text[: width - 1] + "…"
