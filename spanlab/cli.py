@@ -303,9 +303,9 @@ def train(
 ) -> None:
     """Train an agent's model with the algorithm the config names; prints held-out accuracy before/after.
 
-    Ctrl-C stops the run at any phase (the engine and the rollouts included) and exits 130. Under torchrun
-    (``torchrun ... -m spanlab train cfg.yaml``) rank 0 runs the job and the other ranks are its trainer's
-    helper ranks (``trainer.processes``: torchrun's WORLD_SIZE).
+    Ctrl-C stops the run at any phase (the engine and the rollouts included) and exits 130.
+
+    Under torchrun (torchrun ... -m spanlab train cfg.yaml) rank 0 runs the job, the other ranks only help its update.
     """
     import yaml
 

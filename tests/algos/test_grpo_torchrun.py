@@ -2,10 +2,10 @@
 2 gloo ranks on one machine, joined through torchrun's ``env://`` rendezvous) takes the one-process step.
 
 Same check and tolerance as tests/algos/test_grpo_parallel.py's spawned ranks (atol 1e-6, SGD lr 1.0 without
-clipping, so the update is the summed gradient itself): the torchrun launch differs only in how the helper
-joins and gets its model, and a helper that built the wrong model, missed rank 0's weights or sat out the
-all-reduce moves the parameters visibly differently. Only one machine is tested; several (``--nnodes``) go
-through the same rendezvous code in torch.
+clipping, so the update is the summed gradient itself). The helper rank is the real ``spanlab train cfg.yaml``
+under torchrun; rank 0 is the ``DataParallel`` the GRPO loop builds (a whole job needs an engine). A helper
+that built the wrong model, missed rank 0's weights or sat out the all-reduce moves the parameters visibly
+differently. Only one machine is tested; several (``--nnodes``) go through the same rendezvous code in torch.
 """
 
 from __future__ import annotations
@@ -30,14 +30,15 @@ SCRIPT = Path(__file__).with_name("torchrun_grpo_step.py")
 
 
 def test_two_torchrun_ranks_take_the_single_process_step(toy_model_dir: Path, tmp_path: Path) -> None:  # noqa: F811
-    out = tmp_path / "rank0.pt"
+    out, config = tmp_path / "rank0.pt", tmp_path / "train.yaml"
+    config.write_text(json.dumps(_config(tmp_path, None)))  # trainer.processes: torchrun's WORLD_SIZE
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
     for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         env.pop(key, None)
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           str(SCRIPT), str(toy_model_dir), str(out)], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=180)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               str(SCRIPT), str(toy_model_dir), str(out), str(config)]
+    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     two = torch.load(out)
 
@@ -57,12 +58,15 @@ TORCHRUN_ENV = {"RANK": "0", "WORLD_SIZE": "3", "LOCAL_RANK": "0", "LOCAL_WORLD_
                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
 
 
+def _config(tmp_path: Path, trainer: dict[str, object] | None) -> dict[str, object]:
+    return {"algorithm": "grpo", "agent": {"name": "calc"}, "dataset": {"name": "calc", "levels": [1]},
+            "db": str(tmp_path / "run.duckdb"), "out_dir": str(tmp_path / "runs"),
+            **({"trainer": trainer} if trainer is not None else {})}
+
+
 def _check(tmp_path: Path, trainer: dict[str, object] | None) -> tuple[int, str]:
-    config = {"algorithm": "grpo", "agent": {"name": "calc"}, "dataset": {"name": "calc", "levels": [1]},
-              "db": str(tmp_path / "run.duckdb"), "out_dir": str(tmp_path / "runs"),
-              **({"trainer": trainer} if trainer is not None else {})}
     path = tmp_path / "train.yaml"
-    path.write_text(json.dumps(config))
+    path.write_text(json.dumps(_config(tmp_path, trainer)))
     result = CliRunner().invoke(app, ["train", str(path), "--check"], env=TORCHRUN_ENV)
     return result.exit_code, result.output
 
