@@ -38,7 +38,7 @@ def test_two_torchrun_ranks_take_the_single_process_step(toy_model_dir: Path, tm
         env.pop(key, None)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                str(SCRIPT), str(toy_model_dir), str(out), str(config)]
-    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=180)
+    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     two = torch.load(out)
 

@@ -26,7 +26,7 @@ def main(model_dir: str, out: str, config: str) -> None:
         from spanlab.cli import app
 
         app(["train", config], prog_name="spanlab")  # exits 0 once rank 0 ends the group
-    trainer = TrainerConfig(processes=launch.world, timeout_s=60)
+    trainer = TrainerConfig(processes=launch.world, timeout_s=300)  # the 2 shared cores can be slow
     model = load_trainable_model(model_dir)
     with DataParallel(model, partial(load_trainable_model, model_dir), partial(torch.optim.SGD, lr=1.0),
                       trainer) as dp:
