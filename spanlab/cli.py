@@ -312,18 +312,28 @@ def train(
     """Train an agent's model with the algorithm the config names; prints held-out accuracy before/after.
 
     Ctrl-C stops the run at any phase (the engine and the rollouts included) and exits 130.
+
+    Under torchrun (torchrun ... -m spanlab train cfg.yaml) rank 0 runs the job, the other ranks only help its update.
     """
     import yaml
 
     from spanlab.jobs.config import load_train_config
-    from spanlab.jobs.job import check_job, run_job
+    from spanlab.jobs.job import build_algorithm, check_job, run_job
+    from spanlab.training.launch import torchrun_launch
 
     try:
-        cfg = load_train_config(config, steps=steps)
+        launch = torchrun_launch()
+        cfg = load_train_config(config, steps=steps, launch=launch)
         if check:
             check_job(cfg)
             typer.echo(yaml.safe_dump(cfg.resolved(), sort_keys=False), nl=False)
             Console(stderr=True).print(f"{config}: ok ({cfg.algorithm}); nothing started")
+            return
+        if launch is not None and launch.rank > 0:  # a helper rank: no store, engine or gateway here
+            from spanlab.training.data_parallel import serve_torchrun_rank
+
+            build_algorithm(cfg)  # the same config errors as rank 0's, before joining it
+            serve_torchrun_rank(cfg.trainer, launch)
             return
         report = run_job(cfg, resume=resume)
     except SpanlabError as exc:

@@ -25,6 +25,7 @@ from spanlab.jobs.checkpoints import CheckpointsConfig
 from spanlab.jobs.registry import available, load_algorithm
 from spanlab.jobs.tracking import TrackingConfig
 from spanlab.runner.config import GatewayListenConfig, RolloutRunnerConfig, unreachable
+from spanlab.training.launch import Launch, with_world
 from spanlab.training.settings import SFTConfig
 from spanlab.training.trainer_config import TrainerConfig
 
@@ -232,8 +233,11 @@ def train_config_model(name: str, algorithm: type[Algorithm]) -> type[TrainConfi
                         section=(algorithm.config_model, Field(default_factory=algorithm.config_model, alias=name)))
 
 
-def parse_train_config(data: dict[str, Any], source: str = "config", *, steps: int | None = None) -> TrainConfig:
-    """Validate a train config (``steps``: the ``--steps`` override, validated like the YAML key it sets)."""
+def parse_train_config(data: dict[str, Any], source: str = "config", *, steps: int | None = None,
+                       launch: Launch | None = None) -> TrainConfig:
+    """Validate a train config (``steps``: the ``--steps`` override, validated like the YAML key it sets;
+    ``launch``: torchrun's ranks, which set ``trainer.processes`` when the config leaves it out)."""
+    data = with_world(data, launch)
     name = data.get("algorithm", "grpo")
     if not isinstance(name, str):
         raise ConfigError(f"{source}: algorithm must be a name, got {name!r}")
@@ -256,6 +260,6 @@ def parse_train_config(data: dict[str, Any], source: str = "config", *, steps: i
     return parse(train_config_model(name, algorithm), data, source=source)
 
 
-def load_train_config(path: str | Path, *, steps: int | None = None) -> TrainConfig:
+def load_train_config(path: str | Path, *, steps: int | None = None, launch: Launch | None = None) -> TrainConfig:
     """Read and validate a train config file; every problem is a ConfigError of one line or a short list."""
-    return parse_train_config(load_yaml(path), str(path), steps=steps)
+    return parse_train_config(load_yaml(path), str(path), steps=steps, launch=launch)

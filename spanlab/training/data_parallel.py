@@ -1,4 +1,4 @@
-"""Data-parallel updates on torch.distributed: the job's process is rank 0, N - 1 spawned processes join it.
+"""Data-parallel updates on torch.distributed: the job's process is rank 0, N - 1 helper ranks join it.
 
 Why this shape: rank 0 owns everything outside the update (the store, the engine, the gateway, the
 rollouts), so only it reads the step's samples and pushes the new weights; the helpers hold a copy of the
@@ -6,8 +6,17 @@ model and its optimizer and do nothing but their share of each update. Each step
 update to run (a picklable function and its arguments, e.g. ``grpo_step`` and the samples) and runs it
 itself; every rank computes the same plan from the same samples, works on its shard, and the gradients are
 summed over ranks (:func:`all_reduce_grads`) before clipping and the optimizer step, so every rank takes the
-same step and the models never drift apart. The process group is gloo on CPU and nccl with one GPU per
-rank, rendezvous over a TCPStore on 127.0.0.1.
+same step and the models never drift apart. The process group is gloo on CPU and nccl with one GPU per rank.
+
+Two ways to start the helpers, one helper loop (:func:`spanlab.training.ranks.follow_rank0`):
+
+- spawned (the default): the job spawns N - 1 processes on its own machine, which meet it at a TCPStore
+  on 127.0.0.1;
+- torchrun (``torchrun ... -m spanlab train cfg.yaml``, any number of machines): torchrun starts every
+  rank; rank 0 runs the job, the others run :func:`serve_torchrun_rank`, and all join through torch's own
+  rendezvous (``init_method="env://"``). Rank 0 then broadcasts its trainer settings and the model and
+  optimizer factories, so a helper needs nothing but the config file's ``trainer`` section to join (the
+  model folder the factory names must exist at the same path on every machine).
 
 Why an explicit all-reduce and not DDP (``sharding: none``): ``token_logprobs`` calls the decoder and the LM
 head directly (to run a shared prefix once and the head only on trained positions), which bypasses DDP's
@@ -20,8 +29,6 @@ backward, every forward and backward is a collective, so the ranks run the same 
 (:meth:`Ranks.lockstep`). Rank 0 holds only its shard too: the weights it pushes are gathered from all
 ranks (:meth:`DataParallel.full_state_dict`).
 
-Left out: ranks on several machines (all ranks run on the job's host).
-
     with DataParallel(policy.model, make_model, make_optimizer, TrainerConfig(processes=2)) as dp:
         metrics = dp.run(grpo_step, samples=samples, config=settings, pad_id=pad_id)
 """
@@ -32,7 +39,6 @@ import logging
 import socket
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -43,10 +49,22 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from spanlab.errors import SpanlabError
+from spanlab.training.launch import Launch, torchrun_launch
+from spanlab.training.ranks import (
+    HELPER_WAIT,
+    Ranks,
+    all_reduce_grads,
+    backend,
+    device_for,
+    follow_rank0,
+    gather,
+    prepare,
+)
 from spanlab.training.settings import LoraConfig
 from spanlab.training.trainer_config import TrainerConfig
 
-__all__ = ["DataParallel", "Ranks", "TrainerError", "all_reduce_grads", "gather", "load_trainable_model"]
+__all__ = ["DataParallel", "Ranks", "TrainerError", "all_reduce_grads", "gather", "load_trainable_model",
+           "serve_torchrun_rank"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,52 +76,6 @@ T = TypeVar("T")
 
 class TrainerError(SpanlabError, RuntimeError):
     """A trainer rank failed to start or died."""
-
-
-@dataclass(frozen=True)
-class Ranks:
-    """This process's place in the update: rank ``rank`` of ``world``; the default process group is theirs.
-
-    ``sharded``: the model is FSDP-sharded, so its gradients are already reduced in backward and every rank
-    must run each forward and backward together.
-    """
-
-    rank: int
-    world: int
-    sharded: bool = False
-
-    def shard(self, items: list[Any]) -> list[Any]:
-        """Every ``world``-th item from ``rank``: on a length-sorted list, each rank gets about as many tokens."""
-        return items[self.rank::self.world]
-
-    def lockstep(self, count: int) -> int:
-        """How many micro-batches every rank runs when this one has ``count``: the most any rank has when the
-        model is sharded (a rank with fewer runs weightless ones), else its own ``count``."""
-        if not self.sharded:
-            return count
-        most = torch.tensor([count])
-        dist.all_reduce(most, op=dist.ReduceOp.MAX)
-        return int(most)
-
-    def reduce_grads(self, params: Iterable[nn.Parameter]) -> None:
-        """Sum the gradients over ranks (FSDP already reduce-scattered a sharded model's in backward)."""
-        if not self.sharded:
-            all_reduce_grads(params)
-
-
-def all_reduce_grads(params: Iterable[nn.Parameter]) -> None:
-    """Sum each gradient over ranks in place (a rank without a micro-batch adds zeros)."""
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
-
-
-def gather(obj: Any) -> list[Any]:
-    """Every rank's ``obj`` (small picklable values such as metric sums), in rank order, on every rank."""
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
 
 
 def load_trainable_model(model_dir: str | Path, lora: LoraConfig | None = None) -> nn.Module:
@@ -123,71 +95,41 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _device(config: TrainerConfig, rank: int) -> torch.device:
-    if config.device == "gpu":
-        torch.cuda.set_device(rank)
-        return torch.device("cuda", rank)
-    return torch.device("cpu")
-
-
-def _broadcast_state(model: nn.Module, device: torch.device) -> None:
-    """Rank 0's parameters and buffers into every rank's model, in place; a tensor off ``device`` (a model
-    FSDP is about to shard onto the GPU) goes through a copy there, as nccl sends only GPU tensors."""
-    with torch.no_grad():
-        for tensor in model.state_dict().values():
-            if tensor.device == device:
-                dist.broadcast(tensor, src=0)
-            else:
-                moved = tensor.to(device)
-                dist.broadcast(moved, src=0)
-                tensor.copy_(moved)
-
-
-def _prepare(model: nn.Module, config: TrainerConfig, device: torch.device) -> nn.Module:
-    """The module this rank trains: ``model`` with rank 0's weights, on ``device``, or sharded over the ranks
-    (FSDP2 moves each shard to the device itself, so a model too big for one never lands there whole)."""
-    if config.sharding == "none":
-        model.to(device)
-    _broadcast_state(model, device)
-    if config.sharding == "none":
-        return model
-    from spanlab.training.sharding import shard_model
-
-    return shard_model(model, device)
-
-
-def _init_group(config: TrainerConfig, store: dist.TCPStore, rank: int) -> None:
-    dist.init_process_group("nccl" if config.device == "gpu" else "gloo", store=store, rank=rank,
-                            world_size=config.processes, timeout=timedelta(seconds=config.timeout_s))
-
-
 def _worker(rank: int, port: int, config: TrainerConfig, make_model: ModelFactory, make_optimizer: OptimizerFactory,
             threads: int) -> None:
-    """A helper rank: build the model, join the group, take rank 0's weights, then run each broadcast update."""
+    """A spawned helper rank: build the model, join the group at rank 0's store, then follow rank 0."""
     torch.set_num_threads(threads)
-    device = _device(config, rank)
+    device = device_for(config, rank)
     model = make_model()
     store = dist.TCPStore("127.0.0.1", port, config.processes, is_master=False,
                           timeout=timedelta(seconds=config.timeout_s))
     store.set(_READY.format(rank), "1")
-    _init_group(config, store, rank)
+    dist.init_process_group(backend(config), store=store, rank=rank, world_size=config.processes,
+                            timeout=HELPER_WAIT)
+    follow_rank0(model, make_optimizer, config, rank, device)
+
+
+def serve_torchrun_rank(config: TrainerConfig, launch: Launch) -> None:
+    """A helper rank torchrun started (``launch.rank`` > 0): join through torchrun's rendezvous, take rank 0's
+    trainer settings and factories, build the model, then follow rank 0 until the job ends."""
+    device = device_for(config, launch.local_rank)
+    dist.init_process_group(backend(config), init_method="env://", rank=launch.rank, world_size=launch.world,
+                            timeout=HELPER_WAIT)
     try:
-        model = _prepare(model, config, device)
-        optimizer = make_optimizer(p for p in model.parameters() if p.requires_grad)
-        ranks = Ranks(rank, config.processes, sharded=config.sharding == "fsdp")
-        while True:
-            message: list[Any] = [None]
-            dist.broadcast_object_list(message, src=0, device=device)
-            if message[0] is None:
-                return
-            fn, kwargs = message[0]
-            fn(model, optimizer, ranks=ranks, **kwargs)
-    finally:
+        message: list[Any] = [None]
+        dist.broadcast_object_list(message, src=0, device=device)
+        settings, make_model, make_optimizer = message[0]
+        model = make_model()
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    logger.info("trainer rank %d of %d (local rank %d) joined", launch.rank, launch.world, launch.local_rank)
+    follow_rank0(model, make_optimizer, settings, launch.rank, device)
 
 
 class DataParallel:
-    """Rank 0 of a ``config.processes``-rank update of ``model``; a context manager that owns the helper processes.
+    """Rank 0 of a ``config.processes``-rank update of ``model``; a context manager that owns the helper processes
+    (spawned here, or, under torchrun, the ranks it started, which must number ``config.processes``).
 
     ``make_model`` builds the same architecture in a helper (its weights are replaced by rank 0's);
     ``make_optimizer`` is called with the trainable parameters on every rank, so all ranks step alike.
@@ -203,8 +145,16 @@ class DataParallel:
         config.check_devices()
         self.model, self.config = model, config
         self._make_model, self._make_optimizer = make_model, make_optimizer
+        self._launch = torchrun_launch()
+        if self._launch is not None and (self._launch.rank, self._launch.world) != (0, config.processes):
+            raise TrainerError(f"trainer.processes: {config.processes} ranks, but this is torchrun's rank "
+                               f"{self._launch.rank} of WORLD_SIZE={self._launch.world} (the job runs on rank 0)")
         total = threads or torch.get_num_threads()
-        self._threads = max(1, total // config.processes) if config.device == "cpu" else total
+        if self._launch is not None:  # torchrun set each rank's threads (OMP_NUM_THREADS)
+            total = torch.get_num_threads()
+        spawned_cpu = config.device == "cpu" and self._launch is None
+        self._threads = max(1, total // config.processes) if spawned_cpu else total
+        self._device = device_for(config, 0 if self._launch is None else self._launch.local_rank)
         self._procs: list[Any] = []
         self._saved_threads = torch.get_num_threads()
         self.optimizer: torch.optim.Optimizer | None = None
@@ -212,6 +162,28 @@ class DataParallel:
         self.ranks = Ranks(0, config.processes, sharded=config.sharding == "fsdp")
 
     def __enter__(self) -> DataParallel:
+        try:
+            if self._launch is None:
+                self._spawn_and_join()
+            else:  # torchrun started the helpers: meet them at its rendezvous, hand them what to build
+                dist.init_process_group(backend(self.config), init_method="env://", rank=0,
+                                        world_size=self.config.processes,
+                                        timeout=timedelta(seconds=self.config.timeout_s))
+                dist.broadcast_object_list([(self.config, self._make_model, self._make_optimizer)], src=0,
+                                           device=self._device)
+            self.trained = prepare(self.model, self.config, self._device)
+            self.optimizer = self._make_optimizer(p for p in self.trained.parameters() if p.requires_grad)
+        except BaseException:
+            self._stop_helpers()
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            raise
+        logger.info("data-parallel trainer: %d ranks (%s, %s), %d threads here", self.config.processes,
+                    self.config.device, "spawned" if self._launch is None else "torchrun", self._threads)
+        return self
+
+    def _spawn_and_join(self) -> None:
+        """Start the N - 1 helpers on this machine and form the group with them at a TCPStore on 127.0.0.1."""
         port = _free_port()
         context = mp.get_context("spawn")
         store = dist.TCPStore("127.0.0.1", port, self.config.processes, is_master=True,
@@ -222,19 +194,11 @@ class DataParallel:
                                          self._threads))
             proc.start()
             self._procs.append(proc)
-        try:
-            self._wait_ready(store)
-            torch.set_num_threads(self._threads)
-            _init_group(self.config, store, 0)
-            self.trained = _prepare(self.model, self.config, _device(self.config, 0))
-            self.optimizer = self._make_optimizer(p for p in self.trained.parameters() if p.requires_grad)
-        except BaseException:
-            self._stop_helpers()
-            raise
+        self._wait_ready(store)
+        torch.set_num_threads(self._threads)
+        dist.init_process_group(backend(self.config), store=store, rank=0, world_size=self.config.processes,
+                                timeout=timedelta(seconds=self.config.timeout_s))
         self._store = store  # the master store lives as long as the group
-        logger.info("data-parallel trainer: %d ranks (%s), %d threads each", self.config.processes,
-                    self.config.device, self._threads)
-        return self
 
     def _wait_ready(self, store: dist.TCPStore) -> None:
         """Until every helper has built its model and connected; a helper that dies first fails here, not in a hang."""
@@ -256,7 +220,7 @@ class DataParallel:
         for rank, proc in enumerate(self._procs, start=1):
             if not proc.is_alive():
                 raise TrainerError(f"trainer.processes: rank {rank} died (exit code {proc.exitcode})")
-        dist.broadcast_object_list([(fn, kwargs)], src=0, device=_device(self.config, 0))
+        dist.broadcast_object_list([(fn, kwargs)], src=0, device=self._device)
         return fn(self.trained, self.optimizer, ranks=self.ranks, **kwargs)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
@@ -274,7 +238,7 @@ class DataParallel:
     def __exit__(self, exc_type: object, *_: object) -> None:
         try:
             if exc_type is None:  # the helpers wait in the broadcast: tell them to stop
-                dist.broadcast_object_list([None], src=0, device=_device(self.config, 0))
+                dist.broadcast_object_list([None], src=0, device=self._device)
                 for proc in self._procs:
                     proc.join(timeout=30)
         finally:

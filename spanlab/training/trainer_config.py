@@ -23,7 +23,8 @@ class TrainerConfig(BaseModel):
     nccl with one GPU each).
 
     ``processes: 1`` (the default) is the single-process trainer, unchanged. With N > 1 the job's process is
-    rank 0 (it reads the samples and pushes weights) and N - 1 helper processes on the same machine join it.
+    rank 0 (it reads the samples and pushes weights) and N - 1 helper processes on the same machine join it;
+    under torchrun (any number of machines) its rank 0 runs the job and its other ranks are the helpers.
     ``sharding: none`` keeps a whole copy of the model and its optimizer state on every rank; ``fsdp``
     (torch's FSDP2, ``fully_shard``) keeps 1/N of each on each rank, for models that do not fit one device.
     """
@@ -46,14 +47,20 @@ class TrainerConfig(BaseModel):
         return self
 
     def check_devices(self) -> None:
-        """Refuse more ranks than the machine has devices: cores on CPU, GPUs on GPU (one rank per GPU).
+        """Refuse more ranks on this machine than it has devices: cores on CPU, GPUs on GPU (one rank per GPU).
 
-        On CPU a rank per core is the most that can help; more only time-slice the same cores.
+        On CPU a rank per core is the most that can help; more only time-slice the same cores. Under torchrun
+        the ranks on this machine are its ``LOCAL_WORLD_SIZE`` (``processes`` counts every machine's).
         """
+        from spanlab.training.launch import torchrun_launch
+
+        launch = torchrun_launch()
+        here = launch.local_world if launch is not None else self.processes
+        where = " on this machine" if launch is not None else ""
         if self.device == "cpu":
             cores = os.cpu_count() or 1
-            if self.processes > cores:
-                raise ConfigError(f"trainer.processes: {self.processes} processes but this machine has {cores} "
+            if here > cores:
+                raise ConfigError(f"trainer.processes: {here} processes{where} but this machine has {cores} "
                                   "CPU cores (at most one rank per core)")
             return
         try:
@@ -61,6 +68,6 @@ class TrainerConfig(BaseModel):
         except ImportError as exc:  # pragma: no cover - torch is a core dependency
             raise ConfigError("trainer.device: gpu needs torch") from exc
         gpus = torch.cuda.device_count()
-        if self.processes > gpus:
-            raise ConfigError(f"trainer.processes: {self.processes} processes but torch sees {gpus} GPUs "
+        if here > gpus:
+            raise ConfigError(f"trainer.processes: {here} processes{where} but torch sees {gpus} GPUs "
                               "(trainer.device: gpu runs one rank per GPU)")

@@ -28,6 +28,8 @@ from spanlab.training.data_parallel import DataParallel, TrainerError, load_trai
 from spanlab.training.trainer_config import TrainerConfig
 
 VOCAB = 16
+SAMPLES_SEED = 0
+CONFIG = GRPOConfig(micro_batch_tokens=24, max_grad_norm=1e9)  # token_mean: normalized by all loss tokens
 
 
 def _toy_model(out: Path, *, tied: bool) -> Path:
@@ -68,8 +70,7 @@ def _flat(model: torch.nn.Module) -> torch.Tensor:
 
 
 def test_two_gloo_ranks_take_the_single_process_step(toy_model_dir: Path) -> None:
-    samples = _batch(0, 12)
-    config = GRPOConfig(micro_batch_tokens=24, max_grad_norm=1e9)  # token_mean: normalized by all loss tokens
+    samples, config = _batch(SAMPLES_SEED, 12), CONFIG
     seq_config = config.model_copy(update={"aggregation": "seq_mean"})  # normalized by the sequence count
     sgd = partial(torch.optim.SGD, lr=1.0)
     single = load_trainable_model(toy_model_dir)

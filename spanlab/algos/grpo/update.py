@@ -31,9 +31,9 @@ from torch.distributed.tensor import DTensor
 from spanlab.adapters.grpo import Batch, Sample, collate, micro_batches
 from spanlab.adapters.retokenize import drift_stats
 from spanlab.algos.grpo.config import Aggregation, GRPOConfig
-from spanlab.training.data_parallel import Ranks, gather
 from spanlab.training.logprobs import token_logprobs
 from spanlab.training.model import apply_lora, peak_rss_mb
+from spanlab.training.ranks import Ranks, gather
 from spanlab.training.settings import LoraConfig
 
 __all__ = ["GRPOConfig", "LoraConfig", "group_advantages", "grpo_step", "make_model_for_training", "policy_loss"]
