@@ -62,6 +62,10 @@ def arm_config(base: dict[str, Any], name: str, loop: dict[str, Any], out: Path,
     cfg.update(run_name=f"bench-{slug}", db=str(out / f"{slug}.duckdb"), out_dir=str(out / "runs"), loop=loop)
     cfg["grpo"]["steps"] = args.steps
     cfg["eval"]["tasks"] = args.eval_tasks
+    if args.warm_demos is not None:
+        cfg["warm_start"]["demos"] = args.warm_demos
+    if args.tasks_per_step is not None:
+        cfg["grpo"]["tasks_per_step"] = args.tasks_per_step
     if args.no_extra_splits:
         cfg["eval"]["extra_splits"] = []
     cfg["checkpoints"] = {"final": False, "resume_state": False}
@@ -81,6 +85,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--eval-tasks", type=int, default=90)
     ap.add_argument("--no-extra-splits", action="store_true")
+    ap.add_argument("--warm-demos", type=int, default=None, help="warm_start.demos (default: the config's)")
+    ap.add_argument("--tasks-per-step", type=int, default=None, help="grpo.tasks_per_step (default: the config's)")
     ap.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="engine.device of every arm")
     ap.add_argument("--model", default=None, help="engine.model of every arm (default: the config's)")
     ap.add_argument("--out", type=Path, default=REPO / "runs/bench-async")
