@@ -52,7 +52,7 @@ SELECT (SELECT t1 - t0 FROM w) AS loop_s,
 def engine_idle(db: Path) -> tuple[float, float]:
     """(loop seconds, idle fraction) from the run's spans (see the module docstring)."""
     with duckdb.connect(str(db), read_only=True) as con:
-        loop_s, busy_s = con.sql(IDLE_SQL).fetchone()
+        ((loop_s, busy_s),) = con.sql(IDLE_SQL).fetchall()
     return float(loop_s), 1.0 - float(busy_s or 0.0) / float(loop_s)
 
 
@@ -62,7 +62,9 @@ def arm_config(base: dict[str, Any], name: str, loop: dict[str, Any], out: Path,
     cfg.update(run_name=f"bench-{slug}", db=str(out / f"{slug}.duckdb"), out_dir=str(out / "runs"), loop=loop)
     cfg["grpo"]["steps"] = args.steps
     cfg["eval"]["tasks"] = args.eval_tasks
-    if args.warm_demos is not None:
+    if args.no_warm_start:
+        cfg.pop("warm_start", None)
+    elif args.warm_demos is not None:
         cfg["warm_start"]["demos"] = args.warm_demos
     if args.tasks_per_step is not None:
         cfg["grpo"]["tasks_per_step"] = args.tasks_per_step
@@ -86,6 +88,7 @@ def main() -> None:
     ap.add_argument("--eval-tasks", type=int, default=90)
     ap.add_argument("--no-extra-splits", action="store_true")
     ap.add_argument("--warm-demos", type=int, default=None, help="warm_start.demos (default: the config's)")
+    ap.add_argument("--no-warm-start", action="store_true", help="drop warm_start (its SFT is the same in every arm)")
     ap.add_argument("--tasks-per-step", type=int, default=None, help="grpo.tasks_per_step (default: the config's)")
     ap.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="engine.device of every arm")
     ap.add_argument("--model", default=None, help="engine.model of every arm (default: the config's)")
