@@ -2,7 +2,8 @@
 # The GPU check of issue #22, for a session that gets a GPU machine: two vLLM replicas of one model
 # (decode throughput with 1 and 2 replicas, a weight push to both) and the data-parallel GRPO trainer
 # (update step time and peak memory with 1 vs 2 processes: on the GPU(s), and as gloo ranks on the CPU
-# cores; with FSDP2 beside plain ranks), and sync vs async GRPO scheduling (issue #23), printing each figure; the whole run is bounded
+# cores; with FSDP2 beside plain ranks), and sync vs async GRPO (issue #23: the scheduling on a fake agent, then
+# the main job's config on a real engine when --budget-s leaves 400 s for it), printing each figure; the whole run is bounded
 # (default 480 s, --budget-s). Results go to $OUT (or ./gpu-check-out) as JSON and a log; paste the printed
 # summary into docs/gpu.md.
 #
@@ -108,6 +109,20 @@ else
   say "async loop: sync vs async K=1, K=2 (benchmarks/async_grpo.py: scheduling only, no engine)"
   timeout "$(left)" "$py" benchmarks/async_grpo.py --steps 8 2>>"$log" | tee -a "$log" \
     || { say "async loop: FAILED (see $log)"; status=1; }
+fi
+# --- 4. sync vs async GRPO on the main job's config, real engine (issue #23) ----------------------------
+# benchmarks/async_main_job.py: tutorials/calc/grpo.yaml three times (sync, async K=1, K=2), same seeds, each
+# with its own vLLM: wall time, steps/min, engine idle fraction, held-out accuracy. Shortened alike for every arm
+# (2 GRPO steps, 20 held-out tasks, no extra splits, no final checkpoint); ~3 min an arm on one GPU. It needs
+# 400 s of budget left (run with --budget-s 1000 or more); in --cpu mode it is skipped (~8 min an arm on 2 cores).
+if [ "$mode" = cpu ]; then say "async main job: skipped in --cpu mode (see docs/async.md for the CPU figures)"
+elif ! "$py" -c "import vllm" >/dev/null 2>&1; then say "async main job: SKIPPED: vllm does not import with $py"
+elif [ "$(left)" -lt 400 ]; then say "async main job: SKIPPED: $(left)s left, needs 400 (raise --budget-s)"; status=1
+else
+  say "async main job: sync vs async K=1, K=2 on tutorials/calc/grpo.yaml (2 steps, 20 held-out tasks), GPU engine"
+  timeout "$(left)" "$py" benchmarks/async_main_job.py --device gpu --model "$model" --steps 2 --eval-tasks 20 \
+    --no-extra-splits --out "$out/async-main-job" 2>>"$log" | tee -a "$log" \
+    || { say "async main job: FAILED (see $log)"; status=1; }
 fi
 say "done in $(( budget - $(left) ))s, exit $status"
 exit $status

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from spanlab.engine.template import render_ids
+from spanlab.gateway.tito_engine import generate_body
 from spanlab.gateway.tito_protocol import completion_body, per_call_reason
 from spanlab.gateway.tito_sessions import TitoSessions
 from spanlab.store import SpanStore
@@ -87,6 +88,19 @@ def test_chat_requests_map_to_token_in_completions() -> None:
     assert per_call_reason({**body, "response_format": {"type": "json_object"}}) is not None
     image = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}
     assert per_call_reason({**body, "messages": [image]}) == "non-text content parts"
+
+
+def test_a_render_that_left_max_tokens_out_generates_the_default_16_not_the_whole_context() -> None:
+    """vLLM's render writes SamplingParams with omit_defaults: max_tokens=16 (the struct's default) is missing
+    from its JSON, and generate would read that as unset and sample up to max_model_len."""
+    rendered = {"token_ids": [1, 2, 3], "sampling_params": {"temperature": 1.0}, "model": "m", "stream": False}
+    body = generate_body(rendered, [1, 2, 3], max_model_len=4096)
+    assert body["sampling_params"] == {"temperature": 1.0, "max_tokens": 16, "logprobs": 0}
+    assert body["token_ids"] == [1, 2, 3] and body["return_token_ids"] is True
+    kept = generate_body({**rendered, "sampling_params": {"max_tokens": 40}}, [1, 2, 3], max_model_len=4096)
+    assert kept["sampling_params"]["max_tokens"] == 40
+    grown = generate_body({**rendered, "sampling_params": {"max_tokens": 40}}, list(range(4090)), max_model_len=4096)
+    assert grown["sampling_params"]["max_tokens"] == 6  # a longer buffer prompt than the render: what is left
 
 
 # --- startup template check ----------------------------------------------------------------------

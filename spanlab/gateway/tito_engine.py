@@ -37,6 +37,7 @@ logger = logging.getLogger(__name__)
 
 RENDER, GENERATE, DERENDER = "/v1/chat/completions/render", "/inference/v1/generate", "/v1/chat/completions/derender"
 ROUTES = (RENDER, GENERATE, DERENDER)
+RENDER_OMITTED_MAX_TOKENS = 16  # vllm.SamplingParams' default, which its omit_defaults JSON leaves out
 Message = dict[str, Any]
 
 
@@ -83,8 +84,15 @@ def generate_body(rendered: dict[str, Any], prompt_ids: Sequence[int], *, max_mo
     alternatives. When the agent set no ``max_tokens``, the engine filled in what is left of the context for
     its own render; the buffer's prompt can be a few tokens longer (sampled IDs are kept verbatim), so the
     budget is taken down by the difference.
+
+    A render always resolves ``max_tokens`` to a number, but vLLM 0.32 writes its ``SamplingParams`` with
+    ``omit_defaults``, so a budget equal to the struct's default (16) is left out of the JSON, and the
+    generate route reads a missing ``max_tokens`` as "not set" and fills in the rest of the context: an agent
+    asking for 16 tokens got up to ``max_model_len`` (thousands on CPU, minutes per call). A missing value is
+    therefore put back as that default.
     """
     params = dict(rendered.get("sampling_params") or {})
+    params.setdefault("max_tokens", RENDER_OMITTED_MAX_TOKENS)
     if params.get("logprobs") is None:
         params["logprobs"] = 0
     grown = len(prompt_ids) - len(rendered.get("token_ids") or ())

@@ -170,3 +170,36 @@ def test_a_late_member_keeps_its_group_waiting_until_it_ends_or_goes_stale(tmp_p
         assert store.count_rollouts(("queuing", "requeuing", "preparing", "running")) == 0
         metrics = take.metrics(1)
         assert metrics["staleness_0"] == 4 and metrics["staleness_1"] == 0 and metrics["dropped_stale_groups"] == 2
+
+
+def test_async_refuses_an_engine_without_the_pause_route_in_one_line_naming_loop_mode() -> None:
+    """A real HTTP server without vLLM's dev routes (``/is_paused`` is 404, as on a vLLM started without
+    ``VLLM_SERVER_DEV_MODE=1``): the async loop refuses it before any rollout, naming the setting."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from spanlab.algos.grpo.async_loop import check_engines_can_pause
+    from spanlab.engine.weights import ReplicaWeightSync
+    from spanlab.errors import ConfigError
+
+    class NoDevRoutes(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NoDevRoutes)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with ReplicaWeightSync([f"http://127.0.0.1:{server.server_address[1]}"], timeout_s=5) as engines, \
+                pytest.raises(ConfigError) as err:
+            check_engines_can_pause(engines)
+    finally:
+        server.shutdown()
+        thread.join()
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("loop.mode: async")
+    assert "/is_paused: 404" in message and "VLLM_SERVER_DEV_MODE=1" in message

@@ -90,8 +90,6 @@ def test_one_grpo_step_runs_the_whole_data_path(tmp_path: Path, restored_engine:
 
 
 @pytest.mark.slow
-@pytest.mark.skip(reason="failed in the fresh-clone dry run of main after the async, scale and tito branches were "
-                  "merged (2026-12-02); not yet diagnosed: issue #23 stays open until it passes")
 def test_an_async_grpo_run_trains_within_its_bound_and_ends_with_nothing_leased(tmp_path: Path,
                                                                                  restored_engine: str) -> None:
     """``loop: {mode: async}`` through the whole job: calc agent, gateway, full reloads paused with ``mode=wait``."""
@@ -114,8 +112,16 @@ def test_an_async_grpo_run_trains_within_its_bound_and_ends_with_nothing_leased(
         assert [r.version for r in store.list_resources("policy")] == [1, 2]  # one push per step
         assert store.count_rollouts(("queuing", "requeuing", "preparing", "running")) == 0
         names = {m.name: m.value for m in store.metrics()}
-        assert {"end_cancelled_queued", "end_cancelled_running", "end_unused_finished", "mismatch_kl"} <= set(names)
+        assert {"end_cancelled_queued", "end_cancelled_running", "end_unused_finished"} <= set(names)
         assert names["end_cancelled_queued"] + names["end_cancelled_running"] + names["end_unused_finished"] == 2 * 2
+        # Every call kept to the agent's 16 tokens: so each push's drain is short (an uncapped call on the TITO
+        # engine path once ran to max_model_len, and the drain outlasted the pause's HTTP timeout).
+        (longest,) = store.query("SELECT max(len(response_token_ids)) AS n FROM spans WHERE kind = 'llm_call'"
+                                 ).column("n").to_pylist()
+        assert longest <= 16
+    # A step updates only when a group's rewards differ (the untrained model often scores all 0 or all 1):
+    # those that did report how far the sampling policy was from the trainer's.
+    assert all("mismatch_kl" in m for m in report.steps if not m.get("skipped"))
 
 
 def test_one_sft_round_trains_on_the_filtered_exact_ids(tmp_path: Path, restored_engine: str) -> None:

@@ -90,3 +90,49 @@ def test_attempts_spread_stay_on_their_replica_and_a_push_reaches_both(replicas:
         after = [s for s in store.iter_spans(kinds=["llm_call"]) if s.span_id not in before]
         assert len(after) == 4 and {s.attributes["policy_version"] for s in after} == {"policy-v1"}
         assert {s.attributes["replica"] for s in after} == set(urls)
+
+
+def _running(client: httpx.Client, url: str) -> float:
+    """vLLM's own gauge of requests being decoded on one replica."""
+    for line in client.get(f"{url}/metrics").text.splitlines():
+        if line.startswith("vllm:num_requests_running{"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_an_async_push_lets_the_call_running_on_each_replica_finish_first(replicas: EngineReplicas,
+                                                                         store: SpanStore,
+                                                                         default_model_dir: Path) -> None:
+    """What ``loop: {mode: async}`` asks of several replicas: each serves the pause route (the loop's start
+    check), and a push pauses each with ``mode=wait``, so a call running on each replica at the push ends
+    whole (not aborted), before that replica reloads."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from spanlab.algos.grpo.async_loop import check_engines_can_pause
+
+    urls = replicas.root_urls
+    body = {"model": replicas.model, "max_tokens": 64, "ignore_eos": True, "temperature": 0,
+            "messages": [{"role": "user", "content": "Tell me about the sea."}]}
+    with GatewayServer(store, upstream_urls=urls, health_timeout_s=60) as gw, httpx.Client(timeout=300) as client, \
+            ReplicaWeightSync(urls, on_served=gw.set_served_version) as sync, ThreadPoolExecutor(2) as pool:
+        check_engines_can_pause(sync)
+        calls = [pool.submit(client.post, gw.base_url(rid, aid) + "/chat/completions", json=body)
+                 for rid, aid in _on_each(store, urls, 1)]
+        deadline = time.monotonic() + 120
+        while not all(_running(client, url) >= 1 for url in urls):
+            assert time.monotonic() < deadline, "the two calls never ran at once"
+            time.sleep(0.05)
+        timing = sync.reload_weights(default_model_dir, version="policy-v9")
+        pushed_at = time.time()
+        replies = [c.result() for c in calls]
+        gw.flush()
+    assert {k.split("@")[0] for k in timing.steps_s} >= {"pause", "reload_weights", "resume"}
+    assert sync.versions == {url: "policy-v9" for url in urls}
+    for reply in replies:
+        assert reply.status_code == 200, reply.text
+        choice = reply.json()["choices"][0]
+        assert choice["finish_reason"] == "length" and reply.json()["usage"]["completion_tokens"] == 64
+    spans = list(store.iter_spans(kinds=["llm_call"]))
+    assert len(spans) == 2 and {s.attributes["replica"] for s in spans} == set(urls)
+    assert all(s.end_time is not None and s.end_time <= pushed_at for s in spans)  # drained before the reload

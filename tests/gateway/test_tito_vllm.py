@@ -216,6 +216,20 @@ def test_cut_turn_is_kept_and_closed_then_a_streamed_call_continues(
     assert _ids(s2.llm.loss_mask)[len(cut) - 4 : len(cut) + 2] == [1, 1, 1, 1, 0, 0]
 
 
+def test_max_tokens_16_is_honoured_on_both_paths(
+    any_gw: GatewayServer, tito_store: SpanStore, attempt: tuple[Rollout, Attempt], upstream: Upstream
+) -> None:
+    """16 is vLLM SamplingParams' default, which the render's JSON leaves out (omit_defaults): the engine path
+    must still cap the call there, not at the rest of the context (docs/tito.md)."""
+    messages = [{"role": "user", "content": "Write a long essay on the history of Rome, with many details."}]
+    reply = _client(any_gw, attempt).chat.completions.create(model=upstream.model, messages=messages,
+                                                             temperature=0, max_tokens=16)
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.usage is not None and reply.usage.completion_tokens == 16
+    (span,) = _spans(any_gw, tito_store, attempt)
+    assert len(span.llm.response_token_ids) == 16
+
+
 def test_calls_tito_cannot_serve_are_recorded_per_call(
     tito_gw: GatewayServer, tito_store: SpanStore, attempt: tuple[Rollout, Attempt], upstream: Upstream
 ) -> None:

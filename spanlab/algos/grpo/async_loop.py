@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable
 from spanlab.algos.grpo.config import GRPOSection
 from spanlab.algos.grpo.loop import StepParts
 from spanlab.engine.errors import WeightSyncError
+from spanlab.engine.weights import ReplicaWeightSync
 from spanlab.errors import ConfigError
 from spanlab.jobs.background import BackgroundRollouts
 from spanlab.jobs.groups import EndCounts, GroupQueue
@@ -58,11 +59,10 @@ def run_async(parts: StepParts, queue: GroupQueue, workers: BackgroundRollouts, 
     return end
 
 
-def check_engines_can_pause(job: Job) -> None:
+def check_engines_can_pause(engines: ReplicaWeightSync) -> None:
     """An engine without vLLM's pause route would have its running requests mix old and new weights."""
-    assert job.policy is not None
     try:
-        job.policy.sync.client.check_can_pause()
+        engines.check_can_pause()
     except WeightSyncError as exc:
         raise ConfigError(f"loop.mode: async lets running requests finish on the old weights by pausing the "
                           f"engine at each push, which needs vLLM's dev routes: {exc}") from exc
@@ -72,7 +72,7 @@ def train_grpo_async(job: Job, settings: GRPOSection, parts: StepParts) -> None:
     """The async loop on the job's store, collector and policy; the end counts go to ``train_metrics``."""
     assert job.policy is not None
     loop, policy, collector = job.config.loop, job.policy, job.rig.collector
-    check_engines_can_pause(job)
+    check_engines_can_pause(policy.sync.client)
     if settings.tis_cap is None:
         logger.warning("grpo.tis_cap is null: the async loop trains on older versions' samples uncorrected")
     policy.sync.pause_lora = True
