@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.responses import Response
 
 from spanlab.gateway.protocol import dumps, loads
-from spanlab.gateway.recording import CallContext, spans_from_record
+from spanlab.gateway.recording import CallContext
 from spanlab.gateway.records import ChoiceRecord, ResponseRecord, clean_message
 from spanlab.gateway.tito_engine import (
     DERENDER,
@@ -40,7 +40,7 @@ from spanlab.gateway.tito_engine import (
     render_body,
 )
 from spanlab.gateway.tito_engine_stream import EngineStream
-from spanlab.gateway.tito_protocol import record_and_answer
+from spanlab.gateway.tito_protocol import record_and_answer, record_span
 from spanlab.gateway.tito_sessions import Session, TitoSessions, TitoTurn
 from spanlab.gateway.upstream import UpstreamClient, UpstreamError
 
@@ -187,9 +187,7 @@ class EnginePath:
         record, attrs, _ = self._commit(ctx, turn, session, gen, message)
         attrs["gateway_ms"] = round((own_s + time.perf_counter() - t3) * 1000, 3)
         attrs["streamed"] = True
-        ctx.extra_attributes = {"tito": attrs}
-        end = time.time()
-        return await gw.record_call(lambda: spans_from_record(ctx, record, end_time=end))
+        return await record_span(gw, ctx, record, attrs)
 
     def _commit(self, ctx: CallContext, turn: TitoTurn, session: Session, gen: dict[str, Any],
                 message: Message) -> tuple[ResponseRecord, dict[str, Any], str | None]:

@@ -153,14 +153,21 @@ def sse_events(response: dict[str, Any], include_usage: bool) -> bytes:
     events.append(b"data: [DONE]\n\n")
     return b"".join(events)
 
+
+async def record_span(gw: Any, ctx: CallContext, record: ResponseRecord, attrs: dict[str, Any]) -> Response | None:
+    """Store the call's span with its ``tito`` attributes; None once stored, else the refusal to send instead."""
+    ctx.extra_attributes = {"tito": attrs}
+    end = time.time()
+    return await gw.record_call(lambda: spans_from_record(ctx, record, end_time=end))
+
+
 async def record_and_answer(gw: Any, ctx: CallContext, record: ResponseRecord, reply: dict[str, Any],
                             attrs: dict[str, Any]) -> Response:
     """Store the call's span (a refusal if it could not be), then answer the agent: JSON, or SSE if it streamed.
 
-    Both TITO paths (the fallback's and the engine's) end here, so the span is durable before the agent hears."""
-    ctx.extra_attributes = {"tito": attrs}
-    end = time.time()
-    if (refused := await gw.record_call(lambda: spans_from_record(ctx, record, end_time=end))) is not None:
+    Both TITO paths (the fallback's and the engine's) end here, so the span is durable before the agent hears;
+    a streamed engine-path call stores it through :func:`record_span` before its ``[DONE]``."""
+    if (refused := await record_span(gw, ctx, record, attrs)) is not None:
         return refused
     headers = {"x-spanlab-span-ids": ctx.span_ids[0]}
     if ctx.asked.stream:
