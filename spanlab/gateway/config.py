@@ -32,6 +32,9 @@ class GatewayConfig(BaseModel):
     request_timeout_s: float = Field(default=600.0, gt=0, description="read timeout per upstream call; 504 past it")
     connect_timeout_s: float = Field(default=5.0, gt=0)
     max_upstream_connections: int = Field(default=512, ge=1)
+    upstream_keepalive_s: float = Field(
+        default=2.0, gt=0, description="how long an idle pooled connection to the engine is kept; below the "
+        "engine's own keep-alive (vLLM/uvicorn: 5 s), so the engine never closes one just as a call reuses it")
     flush_interval_s: float = Field(default=0.05, ge=0, description="how long the writer gathers spans per batch")
     max_batch_spans: int = Field(default=512, ge=1)
     close_timeout_s: float = Field(default=30.0, ge=0, description="how long shutdown retries a failing store")

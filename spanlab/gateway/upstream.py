@@ -8,6 +8,12 @@ Health: a call that cannot connect (refused, reset, DNS) marks the engine down a
 dead engine looks like; a timeout does not (a busy engine is slow, not gone). Any answer marks it up again.
 :mod:`spanlab.gateway.routing` reads ``healthy`` to keep new attempts off an engine that stopped answering.
 
+Stale connections: an engine closes a pooled connection after its own keep-alive (uvicorn: 5 s idle). The
+pool drops idle connections sooner (``upstream_keepalive_s``), and a call whose request could not be sent
+or got no answer on a reused connection (``ServerDisconnectedError``, "Can not write request body") is
+sent once more on a fresh one: aiohttp retries that case itself only for idempotent methods, and every
+engine route here is a POST. Such a failure does not mark the engine down; a failed *connect* does.
+
 Timeouts: ``request_timeout_s`` bounds the wait for *each read* from the engine (aiohttp ``sock_read``):
 for a non-streamed call that is the whole generation, for a stream the gap between chunks.
 """
@@ -84,7 +90,9 @@ class UpstreamClient:
             timeout=aiohttp.ClientTimeout(
                 total=None, sock_connect=cfg.connect_timeout_s, sock_read=cfg.request_timeout_s
             ),
-            connector=aiohttp.TCPConnector(limit=cfg.max_upstream_connections),
+            connector=aiohttp.TCPConnector(
+                limit=cfg.max_upstream_connections, keepalive_timeout=cfg.upstream_keepalive_s
+            ),
             auto_decompress=False,
         )
 
@@ -106,8 +114,15 @@ class UpstreamClient:
         """Send and return once the status line and headers are in; the caller reads and releases."""
         if self._session is None:
             raise RuntimeError("the upstream client is not started (serve the gateway through its app's lifespan)")
+        url = self.base_url + path
         try:
-            resp = await self._session.request(method, self.base_url + path, data=body, headers=headers)
+            try:
+                resp = await self._session.request(method, url, data=body, headers=headers)
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                if isinstance(exc, aiohttp.ClientConnectorError):
+                    raise
+                logger.debug("%s %s on a stale connection (%s); sending it again", method, url, exc)
+                resp = await self._session.request(method, url, data=body, headers=headers)
         except (aiohttp.ClientError, OSError, TimeoutError, asyncio.TimeoutError) as exc:
             raise self._translate(exc) from exc
         if not self.healthy:
