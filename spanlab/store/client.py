@@ -23,8 +23,8 @@ import urllib3
 from urllib3.exceptions import HTTPError, NewConnectionError
 
 from spanlab.errors import InvalidSpanError, NotFoundError, QueryError, StoreError
-from spanlab.store.arrow import spans_to_arrow
 from spanlab.store.base import Metric, RolloutSummary, StoreAPI
+from spanlab.store.spans import spans_to_arrow
 from spanlab.store.wire import ARROW_STREAM, table_to_bytes
 from spanlab.types import Attempt, FinishedAttemptStatus, Resource, ResourceKind, Rollout, Span
 

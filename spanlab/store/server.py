@@ -30,7 +30,6 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from spanlab import otel
 from spanlab.errors import InvalidSpanError, NotFoundError, QueryError, StoreError
-from spanlab.store.arrow import table_to_spans
 from spanlab.store.base import RolloutSummary
 from spanlab.store.duckdb_store import SpanStore
 from spanlab.store.http_bodies import (
@@ -45,6 +44,7 @@ from spanlab.store.http_bodies import (
     SqlRequest,
     SummariesRequest,
 )
+from spanlab.store.spans import table_to_spans
 from spanlab.store.sql import SURFACE_MAX_BYTES, SURFACE_TIMEOUT_S, QueryLimits, rows
 from spanlab.store.sql_pool import QueryBusyError, SqlPool
 from spanlab.store.wire import ARROW_STREAM, bytes_to_table, reader_to_chunks
