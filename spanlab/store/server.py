@@ -9,7 +9,7 @@ description (``/openapi.json``, ``/docs``), which is public on purpose: it is th
 (it ships in the package), holds no data, and clients and fuzzers read it to know the routes. A bind
 beyond loopback without a token is refused unless asked for (``--insecure-no-token``). ``/sql`` runs
 one read-only SELECT (:func:`spanlab.store.sql.fetch_user_query`) on a small pool of its own
-(:class:`~spanlab.store.sql_pool.SqlPool`) under a time and byte limit, so it cannot starve the queue.
+(:class:`~spanlab.store.sql.SqlPool`) under a time and byte limit, so it cannot starve the queue.
 
 Run: spanlab store serve --db runs/spans.duckdb --port 8700 [--token T]
 """
@@ -35,8 +35,7 @@ from spanlab.store import wire
 from spanlab.store.base import RolloutSummary
 from spanlab.store.duckdb_store import SpanStore
 from spanlab.store.spans import table_to_spans
-from spanlab.store.sql import SURFACE_MAX_BYTES, SURFACE_TIMEOUT_S, QueryLimits, rows
-from spanlab.store.sql_pool import QueryBusyError, SqlPool
+from spanlab.store.sql import SURFACE_MAX_BYTES, SURFACE_TIMEOUT_S, QueryBusyError, QueryLimits, SqlPool, rows
 from spanlab.types import MAX_INT32, FinishedAttemptStatus, Resource, Rollout, Span
 
 logger = logging.getLogger(__name__)
