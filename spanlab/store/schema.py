@@ -49,35 +49,6 @@ CREATE TABLE IF NOT EXISTS attempts (
     last_heartbeat_time DOUBLE,
     metadata JSON
 );
-CREATE TABLE IF NOT EXISTS spans (
-    -- no PRIMARY KEY: an ART index cuts ingest ~4x; the store dedupes span_id per attempt itself
-    span_id VARCHAR NOT NULL,
-    rollout_id VARCHAR,
-    attempt_id VARCHAR,
-    sequence_id INTEGER NOT NULL,
-    parent_id VARCHAR,
-    name VARCHAR NOT NULL,
-    kind VARCHAR NOT NULL,
-    start_time DOUBLE NOT NULL,
-    end_time DOUBLE,
-    status VARCHAR NOT NULL,
-    attributes JSON,
-    model VARCHAR,
-    request_messages JSON,
-    request_tools JSON,
-    response_message JSON,
-    finish_reason VARCHAR,
-    prompt_token_ids INTEGER[],
-    response_token_ids INTEGER[],
-    response_logprobs FLOAT[],
-    loss_mask UTINYINT[],
-    prompt_tokens INTEGER,
-    completion_tokens INTEGER,
-    total_tokens INTEGER,
-    reward_name VARCHAR,
-    reward_value DOUBLE,
-    reward_call_span_id VARCHAR
-);
 CREATE TABLE IF NOT EXISTS resources (
     name VARCHAR NOT NULL,
     version INTEGER NOT NULL,
@@ -97,23 +68,30 @@ CREATE TABLE IF NOT EXISTS train_metrics (
 );
 """
 
-_S, _I, _F, _IDS = pa.string(), pa.int32(), pa.float64(), pa.list_(pa.int32())
-SPAN_ARROW_SCHEMA = pa.schema([  # the spans table's columns, in its order (a test checks it)
+_S, _I, _F, _IDS, _FLOATS, _BYTES = (pa.string(), pa.int32(), pa.float64(), pa.list_(pa.int32()),
+                                     pa.list_(pa.float32()), pa.list_(pa.uint8()))
+SPAN_ARROW_SCHEMA = pa.schema([  # the spans table's columns, in its order: its DDL is written from this
     ("span_id", _S), ("rollout_id", _S), ("attempt_id", _S), ("sequence_id", _I), ("parent_id", _S), ("name", _S),
     ("kind", _S), ("start_time", _F), ("end_time", _F), ("status", _S), ("attributes", _S), ("model", _S),
     ("request_messages", _S), ("request_tools", _S), ("response_message", _S), ("finish_reason", _S),
-    ("prompt_token_ids", _IDS), ("response_token_ids", _IDS), ("response_logprobs", pa.list_(pa.float32())),
-    ("loss_mask", pa.list_(pa.uint8())), ("prompt_tokens", _I), ("completion_tokens", _I), ("total_tokens", _I),
+    ("prompt_token_ids", _IDS), ("response_token_ids", _IDS), ("response_logprobs", _FLOATS), ("loss_mask", _BYTES),
+    ("prompt_tokens", _I), ("completion_tokens", _I), ("total_tokens", _I),
     ("reward_name", _S), ("reward_value", _F), ("reward_call_span_id", _S),
 ])
 
 SPAN_COLUMNS: tuple[str, ...] = tuple(SPAN_ARROW_SCHEMA.names)
 JSON_SPAN_COLUMNS: tuple[str, ...] = ("attributes", "request_messages", "request_tools", "response_message")
+REQUIRED_SPAN_COLUMNS = ("span_id", "name", "kind", "start_time", "status")  # sequence_id: filled in if absent
+_SQL_TYPES = {_S: "VARCHAR", _I: "INTEGER", _F: "DOUBLE", _IDS: "INTEGER[]", _FLOATS: "FLOAT[]", _BYTES: "UTINYINT[]"}
+# No PRIMARY KEY: an ART index cuts ingest ~4x; the store dedupes span_id per attempt itself.
+SPANS_DDL = "CREATE TABLE IF NOT EXISTS spans ({});".format(", ".join(
+    f"{f.name} {'JSON' if f.name in JSON_SPAN_COLUMNS else _SQL_TYPES[f.type]}"
+    f"{' NOT NULL' if f.name in (*REQUIRED_SPAN_COLUMNS, 'sequence_id') else ''}" for f in SPAN_ARROW_SCHEMA))
 
 
 def init(cur: duckdb.DuckDBPyConnection, path: str) -> None:
     """Create the tables and views a file lacks (in the writer's transaction); refuse a newer schema."""
-    cur.execute(TABLES_DDL)
+    cur.execute(TABLES_DDL + SPANS_DDL)
     rows = cur.execute("SELECT value FROM spanlab_meta WHERE key = 'schema_version'").fetchall()
     if not rows:
         cur.execute("INSERT INTO spanlab_meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from spanlab.errors import InvalidSpanError
 from spanlab.store.connection import dumps, loads
-from spanlab.store.schema import JSON_SPAN_COLUMNS, SPAN_ARROW_SCHEMA
+from spanlab.store.schema import JSON_SPAN_COLUMNS, REQUIRED_SPAN_COLUMNS, SPAN_ARROW_SCHEMA
 from spanlab.store.writer import Batchable
 from spanlab.types import Span
 from spanlab.vectors import to_numpy
@@ -47,7 +47,6 @@ def list_column(values: Sequence[Any], dtype: type, list_type: pa.DataType) -> p
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat), type=list_type, mask=mask)
 
 
-_REQUIRED = ("span_id", "name", "kind", "start_time", "status")
 _LLM_COLUMNS = ("model", "request_messages", "request_tools", "response_message", "finish_reason",
                 *_LIST_TYPES, "prompt_tokens")
 
@@ -74,7 +73,7 @@ def conform(tbl: pa.Table) -> pa.Table:
     names = set(tbl.column_names)
     if unknown := names - set(SPAN_ARROW_SCHEMA.names):
         raise InvalidSpanError(f"unknown span columns {sorted(unknown)}; nothing stored")
-    if missing := [c for c in _REQUIRED if c not in names]:
+    if missing := [c for c in REQUIRED_SPAN_COLUMNS if c not in names]:
         raise InvalidSpanError(f"span batch lacks required columns {missing}; nothing stored")
     arrays = []
     for field in SPAN_ARROW_SCHEMA:
