@@ -27,8 +27,7 @@ from spanlab.errors import InvalidSpanError, StoreError
 from spanlab.store import queue, records, schema
 from spanlab.store import spans as spans_sql
 from spanlab.store.base import Metric, RolloutSummary, StoreAPI
-from spanlab.store.connection import MEMORY, SAFE_QUERY_CONFIG, connect
-from spanlab.store.schema import SPAN_COLUMNS
+from spanlab.store.schema import MEMORY, SAFE_QUERY_CONFIG, SPAN_COLUMNS, connect
 from spanlab.store.spans import as_model, spans_to_arrow, table_to_spans
 from spanlab.store.sql import QueryLimits, fetch_user_query
 from spanlab.store.writer import Writer

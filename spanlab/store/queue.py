@@ -17,7 +17,7 @@ import duckdb
 import pyarrow as pa
 
 from spanlab.errors import InvalidSpanError, NotFoundError
-from spanlab.store.connection import dumps, fetch_dicts, loads
+from spanlab.store.schema import dumps, fetch_dicts, loads
 from spanlab.types import (
     ACTIVE_ATTEMPT_STATUSES,
     Attempt,

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from spanlab.errors import InvalidSpanError, NotFoundError, QueryError
 from spanlab.store.base import Metric, RolloutSummary
-from spanlab.store.connection import dumps, fetch_dicts, loads
+from spanlab.store.schema import dumps, fetch_dicts, loads
 from spanlab.types import MAX_INT32, Resource
 
 

@@ -45,7 +45,7 @@ import duckdb
 import pyarrow as pa
 
 from spanlab.errors import QueryError
-from spanlab.store.connection import connect
+from spanlab.store.schema import connect
 
 # Limits of the shared query surfaces (the store server's /sql, the UI's SQL box): a query there must not
 # hold a thread or memory that the queue routes or other pages need.
