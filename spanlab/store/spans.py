@@ -27,23 +27,10 @@ from spanlab.errors import InvalidSpanError
 from spanlab.store.schema import JSON_SPAN_COLUMNS, REQUIRED_SPAN_COLUMNS, SPAN_ARROW_SCHEMA, dumps, loads
 from spanlab.store.writer import Batchable
 from spanlab.types import Span
-from spanlab.vectors import to_numpy
+from spanlab.vectors import list_column, list_rows
 
 _LIST_TYPES: dict[str, type] = {"prompt_token_ids": np.int32, "response_token_ids": np.int32,
                                 "response_logprobs": np.float32, "loss_mask": np.uint8}
-
-
-def list_column(values: Sequence[Any], dtype: type, list_type: pa.DataType) -> pa.Array:
-    """An Arrow list column from per-row lists or arrays (None: a null row), through one NumPy concatenation."""
-    arrays = [None if v is None else to_numpy(v, dtype) for v in values]
-    if all(a is None for a in arrays):
-        return pa.nulls(len(values), list_type)
-    present = [a for a in arrays if a is not None and len(a)]
-    flat = np.concatenate(present) if present else np.empty(0, dtype)
-    offsets = np.zeros(len(arrays) + 1, dtype=np.int32)
-    np.cumsum([0 if a is None else len(a) for a in arrays], out=offsets[1:])
-    mask = pa.array([a is None for a in arrays]) if any(a is None for a in arrays) else None
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat), type=list_type, mask=mask)
 
 
 _LLM_COLUMNS = ("model", "request_messages", "request_tools", "response_message", "finish_reason",
@@ -89,7 +76,7 @@ def table_to_spans(tbl: pa.Table) -> list[Span]:
     """Each row of an Arrow span batch (any subset of the optional columns) validated as a ``Span``."""
     tbl = conform(tbl)
     rows = tbl.drop_columns(list(_LIST_TYPES)).to_pylist()
-    lists = {name: _row_arrays(tbl[name]) for name in _LIST_TYPES}
+    lists = {name: list_rows(tbl[name]) for name in _LIST_TYPES}
     return [row_to_span(row | {k: v[i] for k, v in lists.items()}, i) for i, row in enumerate(rows)]
 
 
@@ -117,16 +104,6 @@ def row_to_span(row: dict[str, Any], index: int = 0) -> Span:
         span["reward"] = {"name": row["reward_name"] or "reward", "value": row["reward_value"],
                           "call_span_id": row["reward_call_span_id"]}
     return as_model(Span, span, index)
-
-
-def _row_arrays(col: pa.ChunkedArray) -> list[np.ndarray | None]:
-    """Each row of a list column as a NumPy view of its values (None for a null row)."""
-    arr = col.combine_chunks()
-    if arr.null_count == len(arr):
-        return [None] * len(arr)
-    offsets, values = np.asarray(arr.offsets), np.asarray(arr.values)
-    valid = np.asarray(arr.is_valid())
-    return [values[offsets[i]:offsets[i + 1]] if valid[i] else None for i in range(len(arr))]
 
 
 def spans_to_arrow(spans: Sequence[Span]) -> pa.Table:
