@@ -1,14 +1,8 @@
 """The DuckDB span store: rollout queue, spans with exact token IDs, versioned resources, training metrics.
 
 One ``SpanStore`` owns one DuckDB file (DuckDB lets a single process write it). Every write is checked
-here, in the caller's thread, then handed to the store's :class:`~spanlab.store.writer.Writer`, which
-commits it (grouped with whatever else arrived) before the call returns: when a write returns, it is
-committed to DuckDB, and a SIGKILL afterwards loses none of it. Reads run on cursors of their own and see
-every write that returned.
-
-    store = SpanStore("runs/spans.duckdb")
-    rollout, attempt = store.dequeue(worker_id="w0")
-    store.add_spans([...]); store.finish_attempt(attempt.attempt_id, "succeeded")
+here, in the caller's thread, then committed by the store's :class:`~spanlab.store.writer.Writer` before
+the call returns. Reads run on cursors of their own and see every write that returned.
 """
 
 from __future__ import annotations
@@ -18,7 +12,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import duckdb
 import pyarrow as pa
@@ -35,9 +29,7 @@ from spanlab.types import Attempt, FinishedAttemptStatus, Resource, ResourceKind
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_TOKENS_PER_SPAN = 1_048_576
-DEFAULT_MAX_JSON_BYTES = 16 * 1024 * 1024
-_FINISHED = ("failed", "succeeded", "timeout", "unresponsive")
+_FINISHED = get_args(FinishedAttemptStatus)
 
 
 class SpanStore(StoreAPI):
@@ -47,8 +39,8 @@ class SpanStore(StoreAPI):
         self,
         path: str | Path = MEMORY,
         *,
-        max_tokens_per_span: int = DEFAULT_MAX_TOKENS_PER_SPAN,
-        max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
+        max_tokens_per_span: int = 1_048_576,
+        max_json_bytes: int = 16 * 1024 * 1024,
         stale_check_interval_s: float = 1.0,
         timeout_grace_s: float = 2.0,
         compress: bool = True,
@@ -239,10 +231,6 @@ class SpanStore(StoreAPI):
 
     # --- SQL -----------------------------------------------------------------------------------
     def query(self, sql: str, max_rows: int | None = None, *, limits: QueryLimits | None = None) -> pa.Table:
-        """One read-only SELECT on a cursor of its own; :func:`~spanlab.store.sql.fetch_user_query` refuses
-        anything that could write and applies ``limits`` (the store server's, for its ``/sql``)."""
-        cur = self._cursor()
-        try:
-            return fetch_user_query(cur, sql, max_rows, limits=limits)
-        finally:
-            cur.close()
+        """:func:`~spanlab.store.sql.fetch_user_query` refuses anything that could write and applies ``limits``
+        (the store server's, for its ``/sql``)."""
+        return self._read(lambda cur: fetch_user_query(cur, sql, max_rows, limits=limits))

@@ -17,7 +17,7 @@ import duckdb
 import pyarrow as pa
 
 from spanlab.errors import InvalidSpanError, NotFoundError
-from spanlab.store.schema import dumps, fetch_dicts, loads
+from spanlab.store.schema import IN_LIST, dumps, fetch_dicts, loads, where
 from spanlab.types import (
     ACTIVE_ATTEMPT_STATUSES,
     Attempt,
@@ -31,7 +31,6 @@ from spanlab.types import (
 logger = logging.getLogger(__name__)
 _WAITING = "('queuing', 'requeuing')"
 _ACTIVE = "('preparing', 'running')"
-_IN = "IN (SELECT unnest(?::VARCHAR[]))"
 # The latest version of every resource, as ``name@version,...``: what a rollout's first dequeue records.
 RESOURCES_REF_SQL = ("SELECT string_agg(name || '@' || v, ',' ORDER BY name) "
                      "FROM (SELECT name, max(version) AS v FROM resources GROUP BY name)")
@@ -78,16 +77,15 @@ def get_attempt(cur: duckdb.DuckDBPyConnection, attempt_id: str) -> Attempt:
 
 def list_rollouts(cur: duckdb.DuckDBPyConnection, equals: dict[str, Any], limit: int, offset: int) -> list[Rollout]:
     """Rollouts in enqueue order, those whose columns equal the non-None values of ``equals``."""
-    where = [(f"{k} = ?", v) for k, v in equals.items() if v is not None]
-    sql = f"SELECT {_ROLLOUTS} FROM rollouts {'WHERE ' + ' AND '.join(w for w, _ in where) if where else ''}"
-    rows = fetch_dicts(cur.execute(f"{sql} ORDER BY enqueue_time, rollout_id LIMIT ? OFFSET ?",
-                                   [*(v for _, v in where), limit, offset]))
+    clause, params = where(equals)
+    rows = fetch_dicts(cur.execute(f"SELECT {_ROLLOUTS} FROM rollouts {clause} ORDER BY enqueue_time, rollout_id "
+                                   "LIMIT ? OFFSET ?", [*params, limit, offset]))
     return [row_to_rollout(r) for r in rows]
 
 
 def enqueue(cur: duckdb.DuckDBPyConnection, rollouts: list[Rollout]) -> list[Rollout]:
     """Insert new rollouts (status ``queuing``); a rollout_id already stored is refused."""
-    found = cur.execute(f"SELECT rollout_id FROM rollouts WHERE rollout_id {_IN} LIMIT 1",
+    found = cur.execute(f"SELECT rollout_id FROM rollouts WHERE rollout_id {IN_LIST} LIMIT 1",
                         [[r.rollout_id for r in rollouts]]).fetchall()  # fetchall: DuckDB wants results finished
     if found:
         raise InvalidSpanError(f"enqueue: rollout_id {found[0][0]!r} already exists")
@@ -204,20 +202,18 @@ def last_attempts(cur: duckdb.DuckDBPyConnection, rollout_ids: Sequence[str]) ->
     cols = ", ".join(f"a.{c}" for c in ATTEMPT_COLUMNS)
     rows = fetch_dicts(cur.execute(
         f"SELECT {cols} FROM attempts a JOIN (SELECT rollout_id, max(sequence_id) AS sequence_id FROM attempts "
-        f"WHERE rollout_id {_IN} GROUP BY rollout_id) USING (rollout_id, sequence_id)",
+        f"WHERE rollout_id {IN_LIST} GROUP BY rollout_id) USING (rollout_id, sequence_id)",
         [list(rollout_ids)]))
     attempts = {r["rollout_id"]: row_to_attempt(r) for r in rows}
     rollouts = fetch_dicts(cur.execute(
-        f"SELECT {_ROLLOUTS} FROM rollouts WHERE rollout_id {_IN}", [list(attempts)]))
+        f"SELECT {_ROLLOUTS} FROM rollouts WHERE rollout_id {IN_LIST}", [list(attempts)]))
     by_id = {r["rollout_id"]: row_to_rollout(r) for r in rollouts}
     return [(by_id[rid], attempts[rid]) for rid in dict.fromkeys(rollout_ids) if rid in attempts]
 
 
 def count_rollouts(cur: duckdb.DuckDBPyConnection, statuses: Sequence[str] | None) -> int:
-    if statuses is None:
-        return cur.execute("SELECT count(*) FROM rollouts").fetchall()[0][0]
-    return cur.execute(f"SELECT count(*) FROM rollouts WHERE status {_IN}",
-                       [list(statuses)]).fetchall()[0][0]
+    clause, params = where({"status": statuses})
+    return cur.execute(f"SELECT count(*) FROM rollouts {clause}", params).fetchall()[0][0]
 
 
 def next_rollout_status(rollout: Rollout, attempt_status: FinishedAttemptStatus) -> RolloutStatus:

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from spanlab.errors import InvalidSpanError, NotFoundError, QueryError
 from spanlab.store.base import Metric, RolloutSummary
-from spanlab.store.schema import dumps, fetch_dicts, loads
+from spanlab.store.schema import dumps, fetch_dicts, loads, where
 from spanlab.types import MAX_INT32, Resource
 
 
@@ -30,17 +30,16 @@ def add_resource(cur: duckdb.DuckDBPyConnection, res: Resource) -> Resource:
 
 
 def get_resource(cur: duckdb.DuckDBPyConnection, name: str, version: int | None) -> Resource:
-    sql = "SELECT * FROM resources WHERE name = ? "
-    sql += "AND version = ?" if version is not None else "ORDER BY version DESC LIMIT 1"
-    rows = fetch_dicts(cur.execute(sql, [name, *([version] if version is not None else [])]))
+    clause, params = where({"name": name, "version": version})
+    rows = fetch_dicts(cur.execute(f"SELECT * FROM resources {clause} ORDER BY version DESC LIMIT 1", params))
     if not rows:
         raise NotFoundError(f"unknown resource {name!r}" + (f" version {version}" if version else ""))
     return _resource(rows[0])
 
 
 def list_resources(cur: duckdb.DuckDBPyConnection, name: str | None) -> list[Resource]:
-    where, params = ("WHERE name = ?", [name]) if name is not None else ("", [])
-    return [_resource(r) for r in fetch_dicts(cur.execute(f"SELECT * FROM resources {where} ORDER BY name, version",
+    clause, params = where({"name": name})
+    return [_resource(r) for r in fetch_dicts(cur.execute(f"SELECT * FROM resources {clause} ORDER BY name, version",
                                                           params))]
 
 
@@ -62,24 +61,19 @@ def metrics_table(run_id: str, algorithm: str, step: int, metrics: dict[str, flo
 
 
 def metrics(cur: duckdb.DuckDBPyConnection, run_id: str | None) -> list[Metric]:
-    where, params = ("WHERE run_id = ?", [run_id]) if run_id is not None else ("", [])
-    rows = fetch_dicts(cur.execute(f"SELECT * FROM train_metrics {where} ORDER BY time, step, name", params))
+    clause, params = where({"run_id": run_id})
+    rows = fetch_dicts(cur.execute(f"SELECT * FROM train_metrics {clause} ORDER BY time, step, name", params))
     return [Metric(**r) for r in rows]
 
 
 def rollout_summaries(cur: duckdb.DuckDBPyConnection, rollout_ids: Sequence[str] | None,
                       statuses: Sequence[str] | None, metadata: dict[str, str] | None) -> list[RolloutSummary]:
-    where, params = [], []
-    for col, values in (("rollout_id", rollout_ids), ("status", statuses)):
-        if values is not None:
-            where.append(f"{col} IN (SELECT unnest(?::VARCHAR[]))")
-            params.append(list(values))
-    for key, value in (metadata or {}).items():
-        if not key.replace("_", "").replace("-", "").isalnum():
-            raise QueryError(f"metadata keys are letters, digits, '_' and '-', not {key!r}")
-        where.append("json_extract_string(metadata, ?) = ?")
-        params += [f"$.{key}", value]
-    sql = (f"SELECT {', '.join(RolloutSummary.model_fields)} FROM rollout_summary "
-           f"{'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY enqueue_time, rollout_id")
+    metadata = metadata or {}
+    if bad := [k for k in metadata if not k.replace("_", "").replace("-", "").isalnum()]:
+        raise QueryError(f"metadata keys are letters, digits, '_' and '-', not {bad[0]!r}")
+    clause, params = where({"rollout_id": rollout_ids, "status": statuses},
+                           *(("json_extract_string(metadata, ?) = ?", [f"$.{k}", v]) for k, v in metadata.items()))
+    sql = (f"SELECT {', '.join(RolloutSummary.model_fields)} FROM rollout_summary {clause} "
+           "ORDER BY enqueue_time, rollout_id")
     return [RolloutSummary(**{**r, "input": loads(r["input"]), "metadata": loads(r["metadata"]) or {}})
             for r in fetch_dicts(cur.execute(sql, params))]

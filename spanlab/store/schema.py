@@ -87,6 +87,17 @@ def fetch_dicts(cur: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
 
+IN_LIST = "IN (SELECT unnest(?::VARCHAR[]))"  # a whole list of strings as one parameter
+
+
+def where(filters: dict[str, Any], *extra: tuple[str, list[Any]]) -> tuple[str, list[Any]]:
+    """The WHERE clause ("" for none) of the filters given, and its parameters: a string or number is
+    ``column = ?``, a list ``column IN (...)``, None no filter; ``extra`` conditions come with their own."""
+    parts = [(f"{k} = ?", [v]) if isinstance(v, (str, int, float)) else (f"{k} {IN_LIST}", [list(v)])
+             for k, v in filters.items() if v is not None] + list(extra)
+    return ("WHERE " + " AND ".join(c for c, _ in parts)) if parts else "", [p for _, ps in parts for p in ps]
+
+
 SCHEMA_VERSION = 1
 
 TABLES_DDL = """

@@ -13,6 +13,7 @@ through the same :func:`row_to_span`, only when the caller asks for objects; tra
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -24,7 +25,15 @@ import pyarrow.compute as pc
 from pydantic import ValidationError
 
 from spanlab.errors import InvalidSpanError
-from spanlab.store.schema import JSON_SPAN_COLUMNS, REQUIRED_SPAN_COLUMNS, SPAN_ARROW_SCHEMA, dumps, loads
+from spanlab.store.schema import (
+    IN_LIST,
+    JSON_SPAN_COLUMNS,
+    REQUIRED_SPAN_COLUMNS,
+    SPAN_ARROW_SCHEMA,
+    dumps,
+    loads,
+    where,
+)
 from spanlab.store.writer import Batchable
 from spanlab.types import Span
 from spanlab.vectors import list_column, list_rows
@@ -152,9 +161,6 @@ def _json(spans: Sequence[Span], i: int, name: str, value: Any) -> str | None:
         raise InvalidSpanError(f"span #{i} ({spans[i].span_id}): `{name}` is not valid JSON ({exc}); "
                                "nothing of this batch was stored") from None
 
-ORDER = ("rollout_id", "attempt_id", "sequence_id")
-_IN = "IN (SELECT unnest(?::VARCHAR[]))"
-
 
 def check_limits(tbl: pa.Table, max_tokens_per_span: int, max_json_bytes: int) -> None:
     """Limits that protect the store: no span_id twice in a batch, no span over the token or JSON limit."""
@@ -162,7 +168,8 @@ def check_limits(tbl: pa.Table, max_tokens_per_span: int, max_json_bytes: int) -
     if len(set(ids)) != len(ids):
         dup = next(s for s, n in Counter(ids).items() if n > 1)
         raise InvalidSpanError(f"span_id {dup!r} appears twice in the batch; nothing stored")
-    n_tokens = (_lengths(tbl["prompt_token_ids"]) + _lengths(tbl["response_token_ids"]))
+    n_tokens = sum(pc.list_value_length(tbl[c]).fill_null(0).to_numpy() for c in ("prompt_token_ids",
+                                                                                "response_token_ids"))
     if len(n_tokens) and n_tokens.max() > max_tokens_per_span:
         i = int(n_tokens.argmax())
         raise InvalidSpanError(f"span #{i} ({ids[i]}): {n_tokens[i]} token IDs exceed "
@@ -177,10 +184,6 @@ def check_limits(tbl: pa.Table, max_tokens_per_span: int, max_json_bytes: int) -
                                    f"over max_json_bytes={max_json_bytes}; nothing of this batch was stored")
 
 
-def _lengths(col: pa.ChunkedArray) -> np.ndarray:
-    return pc.fill_null(pc.list_value_length(col), 0).to_numpy()
-
-
 class Insert(Batchable):
     """One caller's span batch for the writer (its result: the span_ids it stored, the rest were stored
     already); batches queued together are inserted as one table."""
@@ -190,13 +193,10 @@ class Insert(Batchable):
 
     @classmethod
     def run_many(cls, cur: duckdb.DuckDBPyConnection, writes: list[Insert]) -> list[list[str]]:
-        tbl = pa.concat_tables([w.tbl for w in writes]) if len(writes) > 1 else writes[0].tbl
-        kept, ids, start = set(_insert_rows(cur, tbl)), tbl["span_id"].to_pylist(), 0
-        out = []
-        for w in writes:
-            out.append([ids[i] for i in range(start, start + w.tbl.num_rows) if i in kept])
-            start += w.tbl.num_rows
-        return out
+        tbl = pa.concat_tables([w.tbl for w in writes])
+        kept, ids = set(_insert_rows(cur, tbl)), tbl["span_id"].to_pylist()
+        bounds = [0, *itertools.accumulate(w.tbl.num_rows for w in writes)]
+        return [[ids[i] for i in range(lo, hi) if i in kept] for lo, hi in itertools.pairwise(bounds)]
 
 
 def _insert_rows(cur: duckdb.DuckDBPyConnection, tbl: pa.Table) -> list[int]:
@@ -211,7 +211,7 @@ def _insert_rows(cur: duckdb.DuckDBPyConnection, tbl: pa.Table) -> list[int]:
     # one statement for the attempts' rollouts, their stored span IDs and last sequence numbers
     for attempt_id, rollout_id, span_id, seq in cur.execute(
         f"SELECT a.attempt_id, a.rollout_id, s.span_id, s.sequence_id FROM attempts a "
-        f"LEFT JOIN spans s ON s.attempt_id = a.attempt_id WHERE a.attempt_id {_IN}", [named]
+        f"LEFT JOIN spans s ON s.attempt_id = a.attempt_id WHERE a.attempt_id {IN_LIST}", [named]
     ).fetchall() if named else ():
         owners[attempt_id] = rollout_id
         if span_id is not None:
@@ -226,8 +226,8 @@ def _insert_rows(cur: duckdb.DuckDBPyConnection, tbl: pa.Table) -> list[int]:
             raise InvalidSpanError(f"attempt {attempt_id!r} belongs to rollout {owners[attempt_id]!r}, "
                                    f"not {rollout_id!r}; nothing stored")
     if None in attempt_ids:  # unattributed spans: deduplicated against the other unattributed ones
-        stored |= set(cur.execute(f"SELECT span_id, attempt_id FROM spans WHERE attempt_id IS NULL AND span_id {_IN}",
-                                  [span_ids]).fetchall())
+        stored |= set(cur.execute(f"SELECT span_id, attempt_id FROM spans WHERE attempt_id IS NULL "
+                                  f"AND span_id {IN_LIST}", [span_ids]).fetchall())
         ((last[None],),) = cur.execute("SELECT max(sequence_id) FROM spans WHERE attempt_id IS NULL").fetchall()
     keep, seqs = [], []
     for i, (span_id, attempt_id, given) in enumerate(
@@ -254,6 +254,5 @@ def _insert_rows(cur: duckdb.DuckDBPyConnection, tbl: pa.Table) -> list[int]:
 def select(lists: dict[str, Sequence[str] | None], cols: Sequence[str]) -> tuple[str, list[Any]]:
     """The SQL of a span read: ``cols`` of the rows whose columns are in the given lists (None: any), in
     attempt and sequence order."""
-    parts = [(f"{k} {_IN}", list(v)) for k, v in lists.items() if v is not None]
-    where = ("WHERE " + " AND ".join(p for p, _ in parts)) if parts else ""
-    return f"SELECT {', '.join(cols)} FROM spans {where} ORDER BY {', '.join(ORDER)}", [v for _, v in parts]
+    clause, params = where(lists)
+    return f"SELECT {', '.join(cols)} FROM spans {clause} ORDER BY rollout_id, attempt_id, sequence_id", params
