@@ -39,6 +39,7 @@ from spanlab.store.sql import SURFACE_MAX_BYTES, SURFACE_TIMEOUT_S, QueryBusyErr
 from spanlab.types import MAX_INT32, FinishedAttemptStatus, Resource, Rollout, Span
 
 logger = logging.getLogger(__name__)
+run = asyncio.to_thread  # every store call off the event loop
 DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
 # The most specific class first: QueryBusyError is a QueryError.
 _STATUS: dict[type[Exception], int] = {InvalidSpanError: 422, NotFoundError: 404, QueryBusyError: 503,
@@ -77,9 +78,6 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
     for kind in _STATUS:
         app.add_exception_handler(kind, error)
 
-    async def run(fn: Any, *args: Any) -> Any:
-        return await asyncio.to_thread(fn, *args)
-
     async def write_spans(spans: list[Span]) -> wire.InsertedResponse:
         new_ids = await run(store.ingest, spans)
         return wire.InsertedResponse(inserted=len(new_ids), span_ids=new_ids)
@@ -107,7 +105,7 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
     async def list_rollouts(status: str | None = None, mode: str | None = None,
                             limit: int = Query(1000, ge=1, le=100_000),
                             offset: int = Query(0, ge=0, le=MAX_INT32)) -> list[Rollout]:
-        return await run(lambda: store.list_rollouts(status=status, mode=mode, limit=limit, offset=offset))
+        return await run(store.list_rollouts, status=status, mode=mode, limit=limit, offset=offset)
 
     @app.post("/rollouts/last-attempts")
     async def last_attempts(req: wire.LastAttemptsRequest) -> list[wire.DequeueResponse]:
@@ -117,8 +115,7 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
 
     @app.post("/rollouts/summaries")
     async def rollout_summaries(req: wire.SummariesRequest) -> list[RolloutSummary]:
-        return await run(lambda: store.rollout_summaries(req.rollout_ids, statuses=req.statuses,
-                                                         metadata=req.metadata))
+        return await run(store.rollout_summaries, req.rollout_ids, statuses=req.statuses, metadata=req.metadata)
 
     @app.get("/rollout-count")
     async def count_rollouts(statuses: list[str] | None = Query(None)) -> int:
@@ -137,8 +134,8 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
               openapi_extra={"requestBody": {"content": {wire.ARROW_STREAM: {"schema": {}}}}})
     async def finish_arrow(attempt_id: str, request: Request, status: FinishedAttemptStatus = Query()) -> Rollout:
         """Finish with the last spans as an Arrow IPC stream (the `spans` table's columns)."""
-        spans = await run(table_to_spans, wire.bytes_to_table(await request.body()))
-        return await run(store.finish_attempt, attempt_id, status, spans)
+        tbl = wire.bytes_to_table(await request.body())
+        return await run(lambda: store.finish_attempt(attempt_id, status, table_to_spans(tbl)))
 
     @app.post("/spans")
     async def add_spans(spans: list[Span]) -> wire.InsertedResponse:
@@ -155,8 +152,8 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
                          kinds: list[str] | None = Query(None), columns: list[str] | None = Query(None),
                          batch_size: int = Query(1024, ge=1, le=65_536),
                          span_ids: list[str] | None = Query(None)) -> StreamingResponse:
-        reader = await run(lambda: store.spans_reader(rollout_ids=rollout_ids, attempt_ids=attempt_ids, kinds=kinds,
-                                                      columns=columns, batch_size=batch_size, span_ids=span_ids))
+        reader = await run(store.spans_reader, rollout_ids=rollout_ids, attempt_ids=attempt_ids, kinds=kinds,
+                           columns=columns, batch_size=batch_size, span_ids=span_ids)
         return StreamingResponse(wire.reader_to_chunks(reader), media_type=wire.ARROW_STREAM)
 
     @app.post("/v1/traces", openapi_extra={"requestBody": {"content": {
