@@ -17,7 +17,7 @@ import duckdb
 import pyarrow as pa
 
 from spanlab.errors import InvalidSpanError, NotFoundError
-from spanlab.store.schema import IN_LIST, dumps, fetch_dicts, loads, where
+from spanlab.store.schema import ATTEMPT_COLUMNS, IN_LIST, ROLLOUT_COLUMNS, dumps, fetch_dicts, loads, where
 from spanlab.types import (
     ACTIVE_ATTEMPT_STATUSES,
     Attempt,
@@ -34,12 +34,6 @@ _ACTIVE = "('preparing', 'running')"
 # The latest version of every resource, as ``name@version,...``: what a rollout's first dequeue records.
 RESOURCES_REF_SQL = ("SELECT string_agg(name || '@' || v, ',' ORDER BY name) "
                      "FROM (SELECT name, max(version) AS v FROM resources GROUP BY name)")
-
-
-ROLLOUT_COLUMNS = ("rollout_id", "input", "mode", "status", "resources_version", "timeout_s", "unresponsive_s",
-                   "max_attempts", "retry_on", "metadata", "enqueue_time", "start_time", "end_time", "num_attempts")
-ATTEMPT_COLUMNS = ("attempt_id", "rollout_id", "sequence_id", "worker_id", "status", "start_time", "end_time",
-                   "last_heartbeat_time", "metadata")
 _ROLLOUTS = ", ".join(ROLLOUT_COLUMNS)
 _ATTEMPTS = ", ".join(ATTEMPT_COLUMNS)
 

@@ -100,37 +100,23 @@ def where(filters: dict[str, Any], *extra: tuple[str, list[Any]]) -> tuple[str, 
 
 SCHEMA_VERSION = 1
 
+# The queue's tables, column by column: their DDL and the queue's column lists are written from these.
+ROLLOUT_COLUMNS = {
+    "rollout_id": "VARCHAR PRIMARY KEY", "input": "JSON", "mode": "VARCHAR NOT NULL", "status": "VARCHAR NOT NULL",
+    "resources_version": "VARCHAR", "timeout_s": "DOUBLE", "unresponsive_s": "DOUBLE",
+    "max_attempts": "INTEGER NOT NULL", "retry_on": "VARCHAR[] NOT NULL", "metadata": "JSON",
+    "enqueue_time": "DOUBLE NOT NULL", "start_time": "DOUBLE", "end_time": "DOUBLE", "num_attempts": "INTEGER NOT NULL",
+}
+ATTEMPT_COLUMNS = {
+    "attempt_id": "VARCHAR PRIMARY KEY", "rollout_id": "VARCHAR NOT NULL", "sequence_id": "INTEGER NOT NULL",
+    "worker_id": "VARCHAR", "status": "VARCHAR NOT NULL", "start_time": "DOUBLE NOT NULL", "end_time": "DOUBLE",
+    "last_heartbeat_time": "DOUBLE", "metadata": "JSON",
+}
+
 TABLES_DDL = """
 CREATE TABLE IF NOT EXISTS spanlab_meta (
     key VARCHAR PRIMARY KEY,
     value VARCHAR
-);
-CREATE TABLE IF NOT EXISTS rollouts (
-    rollout_id VARCHAR PRIMARY KEY,
-    input JSON,
-    mode VARCHAR NOT NULL,
-    status VARCHAR NOT NULL,
-    resources_version VARCHAR,
-    timeout_s DOUBLE,
-    unresponsive_s DOUBLE,
-    max_attempts INTEGER NOT NULL,
-    retry_on VARCHAR[] NOT NULL,
-    metadata JSON,
-    enqueue_time DOUBLE NOT NULL,
-    start_time DOUBLE,
-    end_time DOUBLE,
-    num_attempts INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS attempts (
-    attempt_id VARCHAR PRIMARY KEY,
-    rollout_id VARCHAR NOT NULL,
-    sequence_id INTEGER NOT NULL,
-    worker_id VARCHAR,
-    status VARCHAR NOT NULL,
-    start_time DOUBLE NOT NULL,
-    end_time DOUBLE,
-    last_heartbeat_time DOUBLE,
-    metadata JSON
 );
 CREATE TABLE IF NOT EXISTS resources (
     name VARCHAR NOT NULL,
@@ -167,14 +153,18 @@ JSON_SPAN_COLUMNS: tuple[str, ...] = ("attributes", "request_messages", "request
 REQUIRED_SPAN_COLUMNS = ("span_id", "name", "kind", "start_time", "status")  # sequence_id: filled in if absent
 _SQL_TYPES = {_S: "VARCHAR", _I: "INTEGER", _F: "DOUBLE", _IDS: "INTEGER[]", _FLOATS: "FLOAT[]", _BYTES: "UTINYINT[]"}
 # No PRIMARY KEY: an ART index cuts ingest ~4x; the store dedupes span_id per attempt itself.
-SPANS_DDL = "CREATE TABLE IF NOT EXISTS spans ({});".format(", ".join(
-    f"{f.name} {'JSON' if f.name in JSON_SPAN_COLUMNS else _SQL_TYPES[f.type]}"
-    f"{' NOT NULL' if f.name in (*REQUIRED_SPAN_COLUMNS, 'sequence_id') else ''}" for f in SPAN_ARROW_SCHEMA))
+_SPAN_SQL = {f.name: ("JSON" if f.name in JSON_SPAN_COLUMNS else _SQL_TYPES[f.type])
+             + (" NOT NULL" if f.name in (*REQUIRED_SPAN_COLUMNS, "sequence_id") else "") for f in SPAN_ARROW_SCHEMA}
+
+
+def _create(table: str, columns: dict[str, str]) -> str:
+    return f"CREATE TABLE IF NOT EXISTS {table} ({', '.join(f'{k} {v}' for k, v in columns.items())});"
 
 
 def init(cur: duckdb.DuckDBPyConnection, path: str) -> None:
     """Create the tables and views a file lacks (in the writer's transaction); refuse a newer schema."""
-    cur.execute(TABLES_DDL + SPANS_DDL)
+    cur.execute(TABLES_DDL + _create("rollouts", ROLLOUT_COLUMNS) + _create("attempts", ATTEMPT_COLUMNS)
+                + _create("spans", _SPAN_SQL))
     rows = cur.execute("SELECT value FROM spanlab_meta WHERE key = 'schema_version'").fetchall()
     if not rows:
         cur.execute("INSERT INTO spanlab_meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
