@@ -18,7 +18,7 @@ import duckdb
 import pyarrow as pa
 
 from spanlab.errors import InvalidSpanError, StoreError
-from spanlab.store import queue, records, schema
+from spanlab.store import queue, schema
 from spanlab.store import spans as spans_sql
 from spanlab.store.base import Metric, RolloutSummary, StoreAPI
 from spanlab.store.schema import MEMORY, SAFE_QUERY_CONFIG, SPAN_COLUMNS, connect
@@ -170,7 +170,7 @@ class SpanStore(StoreAPI):
 
     def rollout_summaries(self, rollout_ids: Sequence[str] | None = None, *, statuses: Sequence[str] | None = None,
                           metadata: dict[str, str] | None = None) -> list[RolloutSummary]:
-        return self._read(records.rollout_summaries, rollout_ids, statuses, metadata)
+        return self._read(queue.rollout_summaries, rollout_ids, statuses, metadata)
 
     # --- spans ---------------------------------------------------------------------------------
     def add_spans(self, spans: Sequence[Span]) -> int:
@@ -209,25 +209,25 @@ class SpanStore(StoreAPI):
         res = as_model(Resource, {"name": name, "payload": payload, "kind": kind}, 0)
 
         def write(cur: duckdb.DuckDBPyConnection) -> tuple[Resource, str | None]:
-            return records.add_resource(cur, res), cur.execute(queue.RESOURCES_REF_SQL).fetchall()[0][0]
+            return queue.add_resource(cur, res), cur.execute(queue.RESOURCES_REF_SQL).fetchall()[0][0]
         stored, self._resources_ref = self._writer.call(write)  # once committed
         return stored
 
     def get_resource(self, name: str, version: int | None = None) -> Resource:
-        return self._read(records.get_resource, name, version)
+        return self._read(queue.get_resource, name, version)
 
     def list_resources(self, name: str | None = None) -> list[Resource]:
-        return self._read(records.list_resources, name)
+        return self._read(queue.list_resources, name)
 
     def add_metrics(self, run_id: str, algorithm: str, step: int, metrics: dict[str, float]) -> None:
-        tbl, bad = records.metrics_table(run_id, algorithm, step, metrics)
+        tbl, bad = queue.metrics_table(run_id, algorithm, step, metrics)
         if bad:
             logger.warning("run %s step %d: non-finite metrics %s", run_id, step, bad)
         if tbl.num_rows:
             self._writer.call(lambda cur: cur.from_arrow(tbl).insert_into("train_metrics"))
 
     def metrics(self, run_id: str | None = None) -> list[Metric]:
-        return self._read(records.metrics, run_id)
+        return self._read(queue.metrics, run_id)
 
     # --- SQL -----------------------------------------------------------------------------------
     def query(self, sql: str, max_rows: int | None = None, *, limits: QueryLimits | None = None) -> pa.Table:

@@ -1,27 +1,31 @@
-"""The rollout queue as plain SQL: each operation is a few statements inside the writer's transaction.
+"""The rollout queue and the small tables as plain SQL: rollouts and attempts, resources, training metrics.
 
-A dequeue is one ``UPDATE ... RETURNING`` of the oldest waiting rollout plus the INSERT of its attempt;
-the writer thread runs one transaction at a time, so two workers never get the same rollout. The retry
-policy lives in :func:`next_rollout_status`, one pure function that tests can read like a table. Every
-function here takes the cursor it runs on and keeps no state of its own, so the writer may run it again
-after a rolled-back group.
+Every function takes the cursor it runs on and keeps no state of its own: the writer runs the writes in its
+transaction (and may run one again after a rolled-back group), reads run on cursors of their own. The
+writer runs one transaction at a time, so two workers never dequeue the same rollout. The retry policy is
+:func:`next_rollout_status`, one pure function that tests can read like a table.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import duckdb
 import pyarrow as pa
 
-from spanlab.errors import InvalidSpanError, NotFoundError
+from spanlab.errors import InvalidSpanError, NotFoundError, QueryError
+from spanlab.store.base import Metric, RolloutSummary
 from spanlab.store.schema import ATTEMPT_COLUMNS, IN_LIST, ROLLOUT_COLUMNS, dumps, fetch_dicts, loads, where
 from spanlab.types import (
     ACTIVE_ATTEMPT_STATUSES,
+    MAX_INT32,
     Attempt,
     FinishedAttemptStatus,
+    Resource,
     Rollout,
     RolloutConfig,
     RolloutStatus,
@@ -97,10 +101,9 @@ def dequeue(cur: duckdb.DuckDBPyConnection, worker_id: str | None, mode: str | N
     primary key, not one ``UPDATE ... RETURNING`` with a subquery: DuckDB runs the two plain statements in
     about half the time, and the writer's transaction makes them one step all the same.
     """
-    mode_filter = "AND mode = ?" if mode else ""
-    rows = fetch_dicts(cur.execute(
-        f"SELECT {_ROLLOUTS} FROM rollouts WHERE status IN {_WAITING} {mode_filter} "
-        "ORDER BY enqueue_time, rollout_id LIMIT 1", [mode] if mode else []))
+    clause, params = where({"mode": mode or None}, (f"status IN {_WAITING}", []))
+    rows = fetch_dicts(cur.execute(f"SELECT {_ROLLOUTS} FROM rollouts {clause} ORDER BY enqueue_time, rollout_id "
+                                   "LIMIT 1", params))
     if not rows:
         return None
     old = row_to_rollout(rows[0])
@@ -121,15 +124,9 @@ def dequeue(cur: duckdb.DuckDBPyConnection, worker_id: str | None, mode: str | N
 
 def heartbeat(cur: duckdb.DuckDBPyConnection, attempt_id: str, now: float) -> Attempt:
     """Mark a live attempt alive (the first beat moves it and its rollout to ``running``); an attempt that
-    already ended is returned as it is, so its worker learns it was timed out. Every beat after the first is
-    one statement (a rollout of a minute beats ~30 times)."""
-    rows = fetch_dicts(cur.execute(f"UPDATE attempts SET last_heartbeat_time = ? WHERE attempt_id = ? AND "
-                                   f"status = 'running' RETURNING {_ATTEMPTS}", [now, attempt_id]))
-    if rows:
-        return row_to_attempt(rows[0])
-    rows = fetch_dicts(cur.execute(
-        f"UPDATE attempts SET last_heartbeat_time = ?, status = 'running' "
-        f"WHERE attempt_id = ? AND status = 'preparing' RETURNING {_ATTEMPTS}", [now, attempt_id]))
+    already ended is returned as it is, so its worker learns it was timed out."""
+    rows = fetch_dicts(cur.execute(f"UPDATE attempts SET last_heartbeat_time = ?, status = 'running' WHERE "
+                                   f"attempt_id = ? AND status IN {_ACTIVE} RETURNING {_ATTEMPTS}", [now, attempt_id]))
     if not rows:
         return get_attempt(cur, attempt_id)
     attempt = row_to_attempt(rows[0])
@@ -222,3 +219,60 @@ def next_rollout_status(rollout: Rollout, attempt_status: FinishedAttemptStatus)
     return "failed"
 
 
+def add_resource(cur: duckdb.DuckDBPyConnection, res: Resource) -> Resource:
+    """Store ``res`` as the next version of its name (versions count up from 1)."""
+    ((latest,),) = cur.execute("SELECT max(version) FROM resources WHERE name = ?", [res.name]).fetchall()
+    out = res.model_copy(update={"version": (latest or 0) + 1})
+    cur.execute("INSERT INTO resources VALUES (?, ?, ?, ?, ?)",
+                [out.name, out.version, out.kind, dumps(out.payload), out.created_time])
+    return out
+
+
+def get_resource(cur: duckdb.DuckDBPyConnection, name: str, version: int | None) -> Resource:
+    clause, params = where({"name": name, "version": version})
+    rows = fetch_dicts(cur.execute(f"SELECT * FROM resources {clause} ORDER BY version DESC LIMIT 1", params))
+    if not rows:
+        raise NotFoundError(f"unknown resource {name!r}" + (f" version {version}" if version else ""))
+    return _resource(rows[0])
+
+
+def list_resources(cur: duckdb.DuckDBPyConnection, name: str | None) -> list[Resource]:
+    clause, params = where({"name": name})
+    return [_resource(r) for r in fetch_dicts(cur.execute(f"SELECT * FROM resources {clause} ORDER BY name, version",
+                                                          params))]
+
+
+def _resource(row: dict[str, Any]) -> Resource:
+    return Resource(**{**row, "payload": loads(row["payload"]) or {}})
+
+
+def metrics_table(run_id: str, algorithm: str, step: int, metrics: dict[str, float]) -> tuple[pa.Table, list[str]]:
+    """One step's metrics as ``train_metrics`` rows (long format), and the names of non-finite ones."""
+    if not 0 <= step <= MAX_INT32:
+        raise InvalidSpanError(f"metrics of run {run_id!r}: step {step} is outside 0..{MAX_INT32}")
+    values = [None if v is None else float(v) for v in metrics.values()]
+    n, now = len(values), time.time()
+    tbl = pa.table({"run_id": pa.array([run_id] * n, pa.string()), "algorithm": pa.array([algorithm] * n, pa.string()),
+                    "step": pa.array([int(step)] * n, pa.int32()), "name": pa.array([str(k) for k in metrics]),
+                    "value": pa.array(values, pa.float64()), "time": pa.array([now] * n, pa.float64())})
+    bad = [k for k, v in zip(metrics, values, strict=True) if v is not None and not math.isfinite(v)]
+    return tbl, bad
+
+
+def metrics(cur: duckdb.DuckDBPyConnection, run_id: str | None) -> list[Metric]:
+    clause, params = where({"run_id": run_id})
+    rows = fetch_dicts(cur.execute(f"SELECT * FROM train_metrics {clause} ORDER BY time, step, name", params))
+    return [Metric(**r) for r in rows]
+
+
+def rollout_summaries(cur: duckdb.DuckDBPyConnection, rollout_ids: Sequence[str] | None,
+                      statuses: Sequence[str] | None, metadata: dict[str, str] | None) -> list[RolloutSummary]:
+    metadata = metadata or {}
+    if bad := [k for k in metadata if not k.replace("_", "").replace("-", "").isalnum()]:
+        raise QueryError(f"metadata keys are letters, digits, '_' and '-', not {bad[0]!r}")
+    clause, params = where({"rollout_id": rollout_ids, "status": statuses},
+                           *(("json_extract_string(metadata, ?) = ?", [f"$.{k}", v]) for k, v in metadata.items()))
+    sql = (f"SELECT {', '.join(RolloutSummary.model_fields)} FROM rollout_summary {clause} "
+           "ORDER BY enqueue_time, rollout_id")
+    return [RolloutSummary(**{**r, "input": loads(r["input"]), "metadata": loads(r["metadata"]) or {}})
+            for r in fetch_dicts(cur.execute(sql, params))]
