@@ -5,25 +5,20 @@ User SQL must never change the store, whatever connection it is given (a read-on
 the store's own writable connection), so :func:`fetch_user_query` holds three independent lines:
 
 1. the text must be exactly one plain ``SELECT`` (``FROM``, ``VALUES``, ``SUMMARIZE``, ``DESCRIBE``, ``SHOW``
-   are SELECTs too): DuckDB's ``json_serialize_sql`` only serializes SELECT statements, and its tree is
-   checked for data-modifying CTEs (``WITH d AS (DELETE ... RETURNING *) SELECT``), which parse as SELECTs,
-   and for table functions that act on the file (``checkpoint()``): DuckDB's parser decides, not a regex of
-   ours (:func:`check_select`). ``EXPLAIN`` is refused because ``EXPLAIN ANALYZE`` runs its statement;
+   are SELECTs too), and DuckDB's parser decides, not a regex of ours (:func:`check_select`): its
+   ``json_serialize_sql`` tree is checked for data-modifying CTEs (``WITH d AS (DELETE ... RETURNING *)
+   SELECT``) and table functions that act on the file (``checkpoint()``). ``EXPLAIN`` is refused because
+   ``EXPLAIN ANALYZE`` runs its statement;
 2. it runs on a cursor of its own inside ``BEGIN TRANSACTION READ ONLY``, always rolled back: DuckDB itself
-   refuses any write the check above might miss;
+   refuses a write the check missed;
 3. user-facing surfaces open files read-only with external access disabled (:data:`SAFE_QUERY_CONFIG`), so
    no query reads other files (``read_csv('/etc/passwd')``), attaches databases or loads extensions.
 
-A query also gets a time limit (the cursor is interrupted from a watchdog thread when it passes, or when
-``cancel`` is set: the HTTP client left) and a byte limit on its result, counted while the result is read
-so 10 rows of 30 MB are refused before they are all in memory. Each refusal is a ``QueryError`` that says
-which rule it hit.
-
-On a server, user SQL runs on a few threads of its own (:class:`SqlPool`), never on the thread pool that
-serves the queue routes or the pages: a handful of slow queries, whose clients may long have given up,
-would otherwise hold every thread and leave ``/dequeue`` and ``/rollouts`` waiting. A query that finds the
-pool full is answered at once (``QueryBusyError``, 503) rather than queued behind the others, and one
-whose client disconnects is interrupted (``QueryLimits.cancel``).
+A query also gets a time limit (a watchdog thread interrupts it, or when ``cancel`` is set: the HTTP
+client left) and a byte limit on its result, counted while it is read, so 10 rows of 30 MB are refused
+before they are all in memory. On a server, user SQL runs on a few threads of its own (:class:`SqlPool`),
+never on those that serve the queue or the pages, and a query that finds them all busy is answered at
+once (``QueryBusyError``, 503) rather than queued behind slow ones whose clients may long have gone.
 """
 
 from __future__ import annotations
@@ -113,11 +108,7 @@ def _writes(node: Any) -> str | None:
         values = node
     else:
         return None
-    for value in values:
-        bad = _writes(value)
-        if bad:
-            return bad
-    return None
+    return next(filter(None, map(_writes, values)), None)
 
 
 def fetch_user_query(conn: duckdb.DuckDBPyConnection, sql: str, max_rows: int | None = None, *,
@@ -174,11 +165,10 @@ def _watch(cur: duckdb.DuckDBPyConnection, timeout_s: float | None, cancel: thre
            done: threading.Event) -> None:
     """Interrupt ``cur`` when the time is up or ``cancel`` is set, unless the query finished first."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    while not done.is_set():
+    while not done.wait(0.05):
         if (cancel is not None and cancel.is_set()) or (deadline is not None and time.monotonic() >= deadline):
             cur.interrupt()
             return
-        done.wait(0.05)
 
 
 def _read_limited(cur: duckdb.DuckDBPyConnection, text: str, max_rows: int | None,
