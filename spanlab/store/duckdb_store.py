@@ -35,16 +35,9 @@ _FINISHED = get_args(FinishedAttemptStatus)
 class SpanStore(StoreAPI):
     """DuckDB-backed store. ``path=":memory:"`` gives a throwaway store for tests and notebooks."""
 
-    def __init__(
-        self,
-        path: str | Path = MEMORY,
-        *,
-        max_tokens_per_span: int = 1_048_576,
-        max_json_bytes: int = 16 * 1024 * 1024,
-        stale_check_interval_s: float = 1.0,
-        timeout_grace_s: float = 2.0,
-        compress: bool = True,
-    ) -> None:
+    def __init__(self, path: str | Path = MEMORY, *, max_tokens_per_span: int = 1_048_576,
+                 max_json_bytes: int = 16 * 1024 * 1024, stale_check_interval_s: float = 1.0,
+                 timeout_grace_s: float = 2.0, compress: bool = True) -> None:
         """``compress=False`` stores columns uncompressed: faster bulk ingest for a bigger file."""
         self.path = str(path)
         self.max_tokens_per_span = max_tokens_per_span
@@ -61,8 +54,6 @@ class SpanStore(StoreAPI):
         self._writer = Writer(conn, Path(self.path).name)
         try:
             self._writer.call(lambda cur: schema.init(cur, self.path))
-            # kept here (the writer is the only writer of resources) so a dequeue needs no query for it
-            self._resources_ref = self._writer.call(lambda cur: cur.execute(queue.RESOURCES_REF_SQL).fetchall()[0][0])
         except BaseException:
             self._writer.close()
             self._read_root.close()
@@ -121,7 +112,7 @@ class SpanStore(StoreAPI):
         def write(cur: duckdb.DuckDBPyConnection) -> tuple[Rollout, Attempt] | None:
             if expire:
                 queue.expire(cur, time.time(), self.timeout_grace_s)
-            return queue.dequeue(cur, worker_id, mode, time.time(), self._resources_ref)
+            return queue.dequeue(cur, worker_id, mode, time.time())
         return self._writer.call(write)
 
     def heartbeat(self, attempt_id: str) -> Attempt:
@@ -207,11 +198,7 @@ class SpanStore(StoreAPI):
     # --- resources and metrics -----------------------------------------------------------------
     def add_resource(self, name: str, payload: dict[str, Any], kind: ResourceKind = "other") -> Resource:
         res = as_model(Resource, {"name": name, "payload": payload, "kind": kind}, 0)
-
-        def write(cur: duckdb.DuckDBPyConnection) -> tuple[Resource, str | None]:
-            return queue.add_resource(cur, res), cur.execute(queue.RESOURCES_REF_SQL).fetchall()[0][0]
-        stored, self._resources_ref = self._writer.call(write)  # once committed
-        return stored
+        return self._writer.call(lambda cur: queue.add_resource(cur, res))
 
     def get_resource(self, name: str, version: int | None = None) -> Resource:
         return self._read(queue.get_resource, name, version)

@@ -92,14 +92,13 @@ def enqueue(cur: duckdb.DuckDBPyConnection, rollouts: list[Rollout]) -> list[Rol
     return rollouts
 
 
-def dequeue(cur: duckdb.DuckDBPyConnection, worker_id: str | None, mode: str | None, now: float,
-            resources: str | None) -> tuple[Rollout, Attempt] | None:
+def dequeue(cur: duckdb.DuckDBPyConnection, worker_id: str | None, mode: str | None,
+            now: float) -> tuple[Rollout, Attempt] | None:
     """Take the oldest waiting rollout (of ``mode``, if given) and open its next attempt.
 
-    A rollout enqueued without ``resources_version`` takes ``resources`` (the latest versions, see
-    :data:`RESOURCES_REF_SQL`) when first dequeued, and keeps them across retries. A SELECT then an UPDATE by
-    primary key, not one ``UPDATE ... RETURNING`` with a subquery: DuckDB runs the two plain statements in
-    about half the time, and the writer's transaction makes them one step all the same.
+    A rollout enqueued without ``resources_version`` takes the latest versions (:data:`RESOURCES_REF_SQL`)
+    when first dequeued, and keeps them across retries. A SELECT then an UPDATE by primary key, not one
+    ``UPDATE ... RETURNING`` with a subquery: DuckDB runs the two plain statements in about half the time.
     """
     clause, params = where({"mode": mode or None}, (f"status IN {_WAITING}", []))
     rows = fetch_dicts(cur.execute(f"SELECT {_ROLLOUTS} FROM rollouts {clause} ORDER BY enqueue_time, rollout_id "
@@ -107,10 +106,12 @@ def dequeue(cur: duckdb.DuckDBPyConnection, worker_id: str | None, mode: str | N
     if not rows:
         return None
     old = row_to_rollout(rows[0])
-    rollout = old.model_copy(update={
-        "status": "preparing", "num_attempts": old.num_attempts + 1,
-        "start_time": old.start_time if old.start_time is not None else now,
-        "resources_version": old.resources_version if old.resources_version is not None else resources})
+    resources = old.resources_version
+    if resources is None:
+        resources = cur.execute(RESOURCES_REF_SQL).fetchall()[0][0]
+    rollout = old.model_copy(update={"status": "preparing", "num_attempts": old.num_attempts + 1,
+                                     "start_time": old.start_time if old.start_time is not None else now,
+                                     "resources_version": resources})
     cur.execute("UPDATE rollouts SET status = ?, num_attempts = ?, start_time = ?, resources_version = ? "
                 "WHERE rollout_id = ?", [rollout.status, rollout.num_attempts, rollout.start_time,
                                          rollout.resources_version, rollout.rollout_id])
