@@ -1,15 +1,12 @@
 """The store server: one process owns the DuckDB file and serves the store API over HTTP.
 
-DuckDB lets one process write a file, so workers on other processes or machines reach the store
-through this server (``StoreClient`` speaks to it and implements the same ``StoreAPI``). Span batches
-travel as Arrow IPC. Every route runs its store call in a thread, so the event loop never waits on DuckDB;
-the store's writer groups concurrent writes into one commit, and every answer to a write comes after its
-commit. With a token, every request needs ``Authorization: Bearer <token>``, except the API's own
-description (``/openapi.json``, ``/docs``), which is public on purpose: it is the same for every install
-(it ships in the package), holds no data, and clients and fuzzers read it to know the routes. A bind
-beyond loopback without a token is refused unless asked for (``--insecure-no-token``). ``/sql`` runs
-one read-only SELECT (:func:`spanlab.store.sql.fetch_user_query`) on a small pool of its own
-(:class:`~spanlab.store.sql.SqlPool`) under a time and byte limit, so it cannot starve the queue.
+DuckDB lets one process write a file, so workers on other processes or machines reach the store through
+this server (``StoreClient`` implements the same ``StoreAPI`` over it). Every route runs its store call in
+a thread, never on the event loop, and every answer to a write comes after its commit. With a token,
+every request needs ``Authorization: Bearer <token>`` except the API's own description (``/openapi.json``,
+``/docs``), public on purpose: it ships in the package, holds no data, and clients and fuzzers read it.
+``/sql`` runs one read-only SELECT on a small pool of its own (:class:`~spanlab.store.sql.SqlPool`) under
+a time and byte limit, so it cannot starve the queue.
 
 Run: spanlab store serve --db runs/spans.duckdb --port 8700 [--token T]
 """

@@ -42,8 +42,11 @@ _LIST_TYPES: dict[str, type] = {"prompt_token_ids": np.int32, "response_token_id
                                 "response_logprobs": np.float32, "loss_mask": np.uint8}
 
 
-_LLM_COLUMNS = ("model", "request_messages", "request_tools", "response_message", "finish_reason",
-                *_LIST_TYPES, "prompt_tokens")
+_TOP = ("span_id", "rollout_id", "attempt_id", "sequence_id", "parent_id", "name", "kind", "start_time", "end_time",
+        "status")
+_LLM = ("model", "request_messages", "request_tools", "response_message", "finish_reason", *_LIST_TYPES)
+_USAGE = ("prompt_tokens", "completion_tokens", "total_tokens")
+_REWARD = {"reward_name": "name", "reward_value": "value", "reward_call_span_id": "call_span_id"}
 
 
 def as_model(model: type, value: Any, index: int) -> Any:
@@ -98,20 +101,14 @@ def row_to_span(row: dict[str, Any], index: int = 0) -> Span:
         except ValueError:
             raise InvalidSpanError(f"span #{index} ({row['span_id']}): `{name}` is not valid JSON; nothing of "
                                    "this batch was stored") from None
-    span: dict[str, Any] = {k: row[k] for k in ("rollout_id", "attempt_id", "sequence_id", "span_id",
-                                                "parent_id", "name", "kind", "start_time", "end_time", "status")}
-    span["attributes"] = row["attributes"] or {}
-    llm = {k: row[k] for k in _LLM_COLUMNS}
-    if row["kind"] == "llm_call" or any(v is not None for v in llm.values()):
-        usage = [row[k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")]
-        span["llm"] = {k: v for k, v in llm.items() if v is not None and k != "prompt_tokens"}
-        span["llm"]["model"] = row["model"]
-        if any(u is not None for u in usage):
-            span["llm"]["usage"] = dict(zip(("prompt_tokens", "completion_tokens", "total_tokens"), usage,
-                                            strict=True))
+    span: dict[str, Any] = {k: row[k] for k in _TOP} | {"attributes": row["attributes"] or {}}
+    llm, usage = {k: row[k] for k in _LLM}, {k: row[k] for k in _USAGE}
+    if row["kind"] == "llm_call" or any(v is not None for v in llm.values()) or row["prompt_tokens"] is not None:
+        span["llm"] = {k: v for k, v in llm.items() if v is not None} | {"model": row["model"]}
+        if any(v is not None for v in usage.values()):
+            span["llm"]["usage"] = usage
     if row["kind"] == "reward" or row["reward_value"] is not None or row["reward_call_span_id"] is not None:
-        span["reward"] = {"name": row["reward_name"] or "reward", "value": row["reward_value"],
-                          "call_span_id": row["reward_call_span_id"]}
+        span["reward"] = {v: row[k] for k, v in _REWARD.items()} | {"name": row["reward_name"] or "reward"}
     return as_model(Span, span, index)
 
 
@@ -120,25 +117,17 @@ def spans_to_arrow(spans: Sequence[Span]) -> pa.Table:
     llms = [s.llm for s in spans]
     usages = [x.usage if x else None for x in llms]
     rewards = [s.reward for s in spans]
-    columns: dict[str, list[Any]] = {
-        "span_id": [s.span_id for s in spans], "rollout_id": [s.rollout_id for s in spans],
-        "attempt_id": [s.attempt_id for s in spans], "sequence_id": [s.sequence_id for s in spans],
-        "parent_id": [s.parent_id for s in spans], "name": [s.name for s in spans], "kind": [s.kind for s in spans],
-        "start_time": [s.start_time for s in spans], "end_time": [s.end_time for s in spans],
-        "status": [s.status for s in spans], "attributes": [s.attributes or None for s in spans],
-        "model": _of(llms, "model"), "request_messages": [x.request_messages or None if x else None for x in llms],
-        "request_tools": _of(llms, "request_tools"), "response_message": _of(llms, "response_message"),
-        "finish_reason": _of(llms, "finish_reason"), "prompt_tokens": _of(usages, "prompt_tokens"),
-        "completion_tokens": _of(usages, "completion_tokens"), "total_tokens": _of(usages, "total_tokens"),
-        "reward_name": _of(rewards, "name"), "reward_value": _of(rewards, "value"),
-        "reward_call_span_id": _of(rewards, "call_span_id"),
-    }
+    columns: dict[str, list[Any]] = {k: [getattr(s, k) for s in spans] for k in _TOP}
+    columns |= {k: _of(llms, k) for k in _LLM} | {k: _of(usages, k) for k in _USAGE}
+    columns |= {k: _of(rewards, v) for k, v in _REWARD.items()}
+    columns["attributes"] = [s.attributes or None for s in spans]
+    columns["request_messages"] = [m or None for m in columns["request_messages"]]
     for name in JSON_SPAN_COLUMNS:
         columns[name] = [_json(spans, i, name, v) for i, v in enumerate(columns[name])]
     arrays = []
     for field in SPAN_ARROW_SCHEMA:
         if field.name in _LIST_TYPES:
-            arrays.append(list_column(_of(llms, field.name), _LIST_TYPES[field.name], field.type))
+            arrays.append(list_column(columns[field.name], _LIST_TYPES[field.name], field.type))
         elif all(v is None for v in columns[field.name]):
             arrays.append(pa.nulls(len(spans), field.type))
         else:
