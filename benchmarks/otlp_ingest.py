@@ -86,7 +86,7 @@ def split_costs(spans: tuple[ReadableSpan, ...]) -> tuple[float, float, float]:
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
     from spanlab.otel import read_request
-    from spanlab.store.arrow import spans_to_arrow
+    from spanlab.store.spans import spans_to_arrow
 
     t0 = time.perf_counter()
     body = encode_spans(spans).SerializeToString()

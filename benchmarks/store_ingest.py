@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from spanlab.store import SpanStore
-from spanlab.store.arrow import spans_to_arrow
+from spanlab.store.spans import spans_to_arrow
 from spanlab.types import LLMCall, Span
 
 

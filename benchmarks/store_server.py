@@ -24,8 +24,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from spanlab.store.arrow import spans_to_arrow
 from spanlab.store.client import StoreClient
+from spanlab.store.spans import spans_to_arrow
 from spanlab.store.wire import table_to_bytes
 from spanlab.types import LLMCall, Rollout, Span
 

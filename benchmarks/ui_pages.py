@@ -27,11 +27,11 @@ import pyarrow as pa
 
 from spanlab.serving import ThreadedServer
 from spanlab.store import SpanStore
-from spanlab.store.arrow import list_column
 from spanlab.store.schema import SPAN_ARROW_SCHEMA
 from spanlab.types import Rollout, RolloutConfig
 from spanlab.ui import create_app
 from spanlab.ui.tokens import default_loader
+from spanlab.vectors import list_column
 
 logger = logging.getLogger("ui_pages")
 VOCAB = 49_152

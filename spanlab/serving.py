@@ -1,5 +1,6 @@
 """Serving an ASGI app with uvicorn on a daemon thread: the store server and gateway inside a process; and the
-rule every server's bind follows (no bind beyond loopback without a token, :func:`check_bind`).
+rules a server follows: no bind beyond loopback without a token (:func:`check_bind`), and a cap on request
+bodies (:class:`BodyLimit`).
 
 ``port=0`` binds any free port, and the socket is bound before the thread starts, so ``url`` is
 known immediately and two servers never race for a port. :class:`ListenConfig` is the config side of a
@@ -16,7 +17,10 @@ from typing import Any
 from urllib.parse import urlparse
 
 import uvicorn
+from fastapi import HTTPException
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from spanlab.errors import ConfigError
 
@@ -40,6 +44,42 @@ def check_bind(host: str, token: str | None, *, insecure_no_token: bool = False,
         )
     logger.warning("serving the store on %s WITHOUT a token (--insecure-no-token): anyone who can reach it "
                    "can read and change it", host)
+
+
+class BodyLimit:
+    """413 for bodies over the limit: a declared length is checked before anything is read, and the bytes
+    of every body are counted as they arrive, so a chunked upload (no length) is cut off at the limit too.
+
+    Plain ASGI rather than Starlette's ``BaseHTTPMiddleware``, which re-wraps every request and response
+    in memory streams.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
+            detail = f"body of {length.decode(errors='replace')} bytes is over the {self.max_bytes}-byte limit"
+            await JSONResponse({"detail": detail}, 413)(scope, receive, send)
+            return
+        received = 0
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise HTTPException(413, f"body over the {self.max_bytes}-byte limit")
+            return message
+
+        await self.app(scope, counted, send)
+
 
 
 class ThreadedServer:

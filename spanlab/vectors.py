@@ -1,4 +1,5 @@
-"""Token-ID, loss-mask and logprob vectors: checked in one C pass, turned into NumPy without Python loops.
+"""Token-ID, loss-mask and logprob vectors: checked in one C pass, turned into NumPy (and Arrow list columns,
+and back) without Python loops.
 
 Spans carry thousands of token IDs. Validating them element by element in pydantic costs ~100 ns per
 ID; ``array.array`` checks type and C range in one C loop and NumPy wraps its buffer without a copy,
@@ -8,9 +9,11 @@ so a 2,500-token span validates in tens of microseconds, and NumPy input skips e
 from __future__ import annotations
 
 import array
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 _ARRAY_CODES: dict[type, str] = {np.int32: "i", np.uint8: "B", np.float32: "f"}
 
@@ -81,3 +84,26 @@ def float_vector(value: Any, what: str) -> list[float] | np.ndarray:
 def to_list(value: list | np.ndarray) -> list:
     """A vector as a plain list (JSON)."""
     return value.tolist() if isinstance(value, np.ndarray) else list(value)
+
+
+def list_column(values: Sequence[Any], dtype: type, list_type: pa.DataType) -> pa.Array:
+    """An Arrow list column from per-row lists or arrays (None: a null row), through one NumPy concatenation."""
+    arrays = [None if v is None else to_numpy(v, dtype) for v in values]
+    if all(a is None for a in arrays):
+        return pa.nulls(len(values), list_type)
+    present = [a for a in arrays if a is not None and len(a)]
+    flat = np.concatenate(present) if present else np.empty(0, dtype)
+    offsets = np.zeros(len(arrays) + 1, dtype=np.int32)
+    np.cumsum([0 if a is None else len(a) for a in arrays], out=offsets[1:])
+    mask = pa.array([a is None for a in arrays]) if any(a is None for a in arrays) else None
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat), type=list_type, mask=mask)
+
+
+def list_rows(col: pa.ChunkedArray) -> list[np.ndarray | None]:
+    """Each row of a list column as a NumPy view of its values (None for a null row)."""
+    arr = col.combine_chunks()
+    if arr.null_count == len(arr):
+        return [None] * len(arr)
+    offsets, values = np.asarray(arr.offsets), np.asarray(arr.values)
+    valid = np.asarray(arr.is_valid())
+    return [values[offsets[i]:offsets[i + 1]] if valid[i] else None for i in range(len(arr))]

@@ -7,7 +7,7 @@ import pytest
 
 from spanlab.errors import InvalidSpanError
 from spanlab.store import SpanStore
-from spanlab.store.arrow import spans_to_arrow
+from spanlab.store.spans import spans_to_arrow
 from tests.conftest import llm_span
 
 

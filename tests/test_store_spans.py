@@ -262,7 +262,7 @@ def test_span_batches_queued_together_are_one_insert_with_each_callers_own_resul
     import threading
 
     from spanlab.store import spans
-    from spanlab.store.arrow import spans_to_arrow
+    from spanlab.store.spans import spans_to_arrow
 
     rollout, attempt = started
     a = [llm_span(rollout, attempt, seed=i) for i in range(3)]

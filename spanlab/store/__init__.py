@@ -1,12 +1,13 @@
 """The span store: DuckDB tables and views, one writer thread, the store interface, the server and client.
 
-A write, from the API to the COMMIT, passes through four files: ``duckdb_store.py`` (``SpanStore.add_spans``
-checks the batch and hands it to the writer), ``arrow.py`` (typed spans become one Arrow table),
-``spans.py`` (the limits, then the insert: attempts checked, repeats skipped, sequence numbers filled in)
-and ``writer.py`` (the writer thread runs it in a transaction with whatever else arrived, COMMITs, then
-answers). Arrow input (the store server's wire format) is validated row by row as ``Span`` models in
-``arrow.py`` too: one set of span rules. The queue's writes are ``queue.py``; resources, metrics, summaries
-``records.py``.
+``add_spans``, from the API to the COMMIT, passes through four files: ``base.py`` (``StoreAPI.add_spans``,
+the contract), ``duckdb_store.py`` (``SpanStore.add_spans`` checks the batch and hands it to the writer),
+``spans.py`` (spans validated as ``Span`` models and turned into one Arrow table, the store's limits, then
+the insert: attempts checked, repeats skipped, sequence numbers filled in) and ``writer.py`` (the writer
+thread runs the insert in one transaction with whatever else arrived, COMMITs, then answers). Arrow input
+(the store server's wire format, ``wire.py``) is validated row by row as ``Span`` models in ``spans.py``
+too: one set of span rules. The queue, resources and metrics are ``queue.py``; tables, views and opening
+the file ``schema.py``; user SQL ``sql.py``.
 """
 
 from spanlab.store.base import StoreAPI

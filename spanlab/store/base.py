@@ -167,9 +167,10 @@ class StoreAPI(ABC):
 
     def iter_spans(self, **filters: Any) -> Iterator[Span]:
         """Typed spans, streamed batch by batch."""
-        from spanlab.store.arrow import batches_to_spans
+        from spanlab.store.spans import row_to_span
 
-        yield from batches_to_spans(self.spans_reader(**filters))
+        for batch in self.spans_reader(**filters):
+            yield from map(row_to_span, batch.to_pylist())
 
     # --- resources -----------------------------------------------------------------------------
     @abstractmethod

@@ -23,16 +23,14 @@ import urllib3
 from urllib3.exceptions import HTTPError, NewConnectionError
 
 from spanlab.errors import InvalidSpanError, NotFoundError, QueryError, StoreError
-from spanlab.store.arrow import spans_to_arrow
 from spanlab.store.base import Metric, RolloutSummary, StoreAPI
+from spanlab.store.spans import spans_to_arrow
 from spanlab.store.wire import ARROW_STREAM, table_to_bytes
 from spanlab.types import Attempt, FinishedAttemptStatus, Resource, ResourceKind, Rollout, Span
 
 logger = logging.getLogger(__name__)
 
-_ERRORS: dict[int, type[Exception]] = {
-    400: QueryError, 404: NotFoundError, 413: InvalidSpanError, 422: InvalidSpanError,
-}
+_ERRORS = {400: QueryError, 404: NotFoundError, 413: InvalidSpanError, 422: InvalidSpanError}
 _JSON = {"Content-Type": "application/json"}
 
 
@@ -112,8 +110,8 @@ class StoreClient(StoreAPI):
 
     def finish_attempt(self, attempt_id: str, status: FinishedAttemptStatus, spans: Sequence[Span] = ()) -> Rollout:
         if not spans:
-            got = self._json("POST", f"/attempts/{attempt_id}/finish", json_body={"status": status})
-            return Rollout.model_validate(got)
+            return Rollout.model_validate(self._json("POST", f"/attempts/{attempt_id}/finish",
+                                                     json_body={"status": status}))
         got = self._json("POST", f"/attempts/{attempt_id}/finish/arrow", params={"status": status},
                          body=table_to_bytes(_spans_table(spans)), headers={"Content-Type": ARROW_STREAM})
         return Rollout.model_validate(got)
@@ -166,11 +164,9 @@ class StoreClient(StoreAPI):
     def spans_reader(self, *, rollout_ids: Sequence[str] | None = None, attempt_ids: Sequence[str] | None = None,
                      kinds: Sequence[str] | None = None, columns: Sequence[str] | None = None,
                      batch_size: int = 1024, span_ids: Sequence[str] | None = None) -> pa.RecordBatchReader:
-        params: dict[str, Any] = {"batch_size": batch_size}
-        for key, values in (("rollout_ids", rollout_ids), ("attempt_ids", attempt_ids), ("kinds", kinds),
-                            ("columns", columns), ("span_ids", span_ids)):
-            if values is not None:
-                params[key] = list(values)
+        lists = {"rollout_ids": rollout_ids, "attempt_ids": attempt_ids, "kinds": kinds, "columns": columns,
+                 "span_ids": span_ids}
+        params = {"batch_size": batch_size} | {k: list(v) for k, v in lists.items() if v is not None}
         try:
             resp = self._request("GET", "/spans/arrow", params=params, stream=True)
         except HTTPError as exc:

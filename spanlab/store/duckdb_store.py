@@ -1,14 +1,8 @@
 """The DuckDB span store: rollout queue, spans with exact token IDs, versioned resources, training metrics.
 
 One ``SpanStore`` owns one DuckDB file (DuckDB lets a single process write it). Every write is checked
-here, in the caller's thread, then handed to the store's :class:`~spanlab.store.writer.Writer`, which
-commits it (grouped with whatever else arrived) before the call returns: when a write returns, it is
-committed to DuckDB, and a SIGKILL afterwards loses none of it. Reads run on cursors of their own and see
-every write that returned.
-
-    store = SpanStore("runs/spans.duckdb")
-    rollout, attempt = store.dequeue(worker_id="w0")
-    store.add_spans([...]); store.finish_attempt(attempt.attempt_id, "succeeded")
+here, in the caller's thread, then committed by the store's :class:`~spanlab.store.writer.Writer` before
+the call returns. Reads run on cursors of their own and see every write that returned.
 """
 
 from __future__ import annotations
@@ -18,42 +12,32 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import duckdb
 import pyarrow as pa
 
 from spanlab.errors import InvalidSpanError, StoreError
-from spanlab.store import queue, records, schema
+from spanlab.store import queue, schema
 from spanlab.store import spans as spans_sql
-from spanlab.store.arrow import as_model, spans_to_arrow, table_to_spans
 from spanlab.store.base import Metric, RolloutSummary, StoreAPI
-from spanlab.store.connection import MEMORY, SAFE_QUERY_CONFIG, connect
-from spanlab.store.schema import SPAN_COLUMNS
+from spanlab.store.schema import MEMORY, SAFE_QUERY_CONFIG, SPAN_COLUMNS, connect
+from spanlab.store.spans import as_model, spans_to_arrow, table_to_spans
 from spanlab.store.sql import QueryLimits, fetch_user_query
 from spanlab.store.writer import Writer
 from spanlab.types import Attempt, FinishedAttemptStatus, Resource, ResourceKind, Rollout, Span
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_TOKENS_PER_SPAN = 1_048_576
-DEFAULT_MAX_JSON_BYTES = 16 * 1024 * 1024
-_FINISHED = ("failed", "succeeded", "timeout", "unresponsive")
+_FINISHED = get_args(FinishedAttemptStatus)
 
 
 class SpanStore(StoreAPI):
     """DuckDB-backed store. ``path=":memory:"`` gives a throwaway store for tests and notebooks."""
 
-    def __init__(
-        self,
-        path: str | Path = MEMORY,
-        *,
-        max_tokens_per_span: int = DEFAULT_MAX_TOKENS_PER_SPAN,
-        max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
-        stale_check_interval_s: float = 1.0,
-        timeout_grace_s: float = 2.0,
-        compress: bool = True,
-    ) -> None:
+    def __init__(self, path: str | Path = MEMORY, *, max_tokens_per_span: int = 1_048_576,
+                 max_json_bytes: int = 16 * 1024 * 1024, stale_check_interval_s: float = 1.0,
+                 timeout_grace_s: float = 2.0, compress: bool = True) -> None:
         """``compress=False`` stores columns uncompressed: faster bulk ingest for a bigger file."""
         self.path = str(path)
         self.max_tokens_per_span = max_tokens_per_span
@@ -70,8 +54,6 @@ class SpanStore(StoreAPI):
         self._writer = Writer(conn, Path(self.path).name)
         try:
             self._writer.call(lambda cur: schema.init(cur, self.path))
-            # kept here (the writer is the only writer of resources) so a dequeue needs no query for it
-            self._resources_ref = self._writer.call(lambda cur: cur.execute(queue.RESOURCES_REF_SQL).fetchall()[0][0])
         except BaseException:
             self._writer.close()
             self._read_root.close()
@@ -130,7 +112,7 @@ class SpanStore(StoreAPI):
         def write(cur: duckdb.DuckDBPyConnection) -> tuple[Rollout, Attempt] | None:
             if expire:
                 queue.expire(cur, time.time(), self.timeout_grace_s)
-            return queue.dequeue(cur, worker_id, mode, time.time(), self._resources_ref)
+            return queue.dequeue(cur, worker_id, mode, time.time())
         return self._writer.call(write)
 
     def heartbeat(self, attempt_id: str) -> Attempt:
@@ -179,7 +161,7 @@ class SpanStore(StoreAPI):
 
     def rollout_summaries(self, rollout_ids: Sequence[str] | None = None, *, statuses: Sequence[str] | None = None,
                           metadata: dict[str, str] | None = None) -> list[RolloutSummary]:
-        return self._read(records.rollout_summaries, rollout_ids, statuses, metadata)
+        return self._read(queue.rollout_summaries, rollout_ids, statuses, metadata)
 
     # --- spans ---------------------------------------------------------------------------------
     def add_spans(self, spans: Sequence[Span]) -> int:
@@ -216,34 +198,26 @@ class SpanStore(StoreAPI):
     # --- resources and metrics -----------------------------------------------------------------
     def add_resource(self, name: str, payload: dict[str, Any], kind: ResourceKind = "other") -> Resource:
         res = as_model(Resource, {"name": name, "payload": payload, "kind": kind}, 0)
-
-        def write(cur: duckdb.DuckDBPyConnection) -> tuple[Resource, str | None]:
-            return records.add_resource(cur, res), cur.execute(queue.RESOURCES_REF_SQL).fetchall()[0][0]
-        stored, self._resources_ref = self._writer.call(write)  # once committed
-        return stored
+        return self._writer.call(lambda cur: queue.add_resource(cur, res))
 
     def get_resource(self, name: str, version: int | None = None) -> Resource:
-        return self._read(records.get_resource, name, version)
+        return self._read(queue.get_resource, name, version)
 
     def list_resources(self, name: str | None = None) -> list[Resource]:
-        return self._read(records.list_resources, name)
+        return self._read(queue.list_resources, name)
 
     def add_metrics(self, run_id: str, algorithm: str, step: int, metrics: dict[str, float]) -> None:
-        tbl, bad = records.metrics_table(run_id, algorithm, step, metrics)
+        tbl, bad = queue.metrics_table(run_id, algorithm, step, metrics)
         if bad:
             logger.warning("run %s step %d: non-finite metrics %s", run_id, step, bad)
         if tbl.num_rows:
             self._writer.call(lambda cur: cur.from_arrow(tbl).insert_into("train_metrics"))
 
     def metrics(self, run_id: str | None = None) -> list[Metric]:
-        return self._read(records.metrics, run_id)
+        return self._read(queue.metrics, run_id)
 
     # --- SQL -----------------------------------------------------------------------------------
     def query(self, sql: str, max_rows: int | None = None, *, limits: QueryLimits | None = None) -> pa.Table:
-        """One read-only SELECT on a cursor of its own; :func:`~spanlab.store.sql.fetch_user_query` refuses
-        anything that could write and applies ``limits`` (the store server's, for its ``/sql``)."""
-        cur = self._cursor()
-        try:
-            return fetch_user_query(cur, sql, max_rows, limits=limits)
-        finally:
-            cur.close()
+        """:func:`~spanlab.store.sql.fetch_user_query` refuses anything that could write and applies ``limits``
+        (the store server's, for its ``/sql``)."""
+        return self._read(lambda cur: fetch_user_query(cur, sql, max_rows, limits=limits))

@@ -1,27 +1,31 @@
-"""The rollout queue as plain SQL: each operation is a few statements inside the writer's transaction.
+"""The rollout queue and the small tables as plain SQL: rollouts and attempts, resources, training metrics.
 
-A dequeue is one ``UPDATE ... RETURNING`` of the oldest waiting rollout plus the INSERT of its attempt;
-the writer thread runs one transaction at a time, so two workers never get the same rollout. The retry
-policy lives in :func:`next_rollout_status`, one pure function that tests can read like a table. Every
-function here takes the cursor it runs on and keeps no state of its own, so the writer may run it again
-after a rolled-back group.
+Every function takes the cursor it runs on and keeps no state of its own: the writer runs the writes in its
+transaction (and may run one again after a rolled-back group), reads run on cursors of their own. The
+writer runs one transaction at a time, so two workers never dequeue the same rollout. The retry policy is
+:func:`next_rollout_status`, one pure function that tests can read like a table.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import duckdb
 import pyarrow as pa
 
-from spanlab.errors import InvalidSpanError, NotFoundError
-from spanlab.store.connection import dumps, fetch_dicts, loads
+from spanlab.errors import InvalidSpanError, NotFoundError, QueryError
+from spanlab.store.base import Metric, RolloutSummary
+from spanlab.store.schema import ATTEMPT_COLUMNS, IN_LIST, ROLLOUT_COLUMNS, dumps, fetch_dicts, loads, where
 from spanlab.types import (
     ACTIVE_ATTEMPT_STATUSES,
+    MAX_INT32,
     Attempt,
     FinishedAttemptStatus,
+    Resource,
     Rollout,
     RolloutConfig,
     RolloutStatus,
@@ -31,16 +35,9 @@ from spanlab.types import (
 logger = logging.getLogger(__name__)
 _WAITING = "('queuing', 'requeuing')"
 _ACTIVE = "('preparing', 'running')"
-_IN = "IN (SELECT unnest(?::VARCHAR[]))"
 # The latest version of every resource, as ``name@version,...``: what a rollout's first dequeue records.
 RESOURCES_REF_SQL = ("SELECT string_agg(name || '@' || v, ',' ORDER BY name) "
                      "FROM (SELECT name, max(version) AS v FROM resources GROUP BY name)")
-
-
-ROLLOUT_COLUMNS = ("rollout_id", "input", "mode", "status", "resources_version", "timeout_s", "unresponsive_s",
-                   "max_attempts", "retry_on", "metadata", "enqueue_time", "start_time", "end_time", "num_attempts")
-ATTEMPT_COLUMNS = ("attempt_id", "rollout_id", "sequence_id", "worker_id", "status", "start_time", "end_time",
-                   "last_heartbeat_time", "metadata")
 _ROLLOUTS = ", ".join(ROLLOUT_COLUMNS)
 _ATTEMPTS = ", ".join(ATTEMPT_COLUMNS)
 
@@ -78,16 +75,15 @@ def get_attempt(cur: duckdb.DuckDBPyConnection, attempt_id: str) -> Attempt:
 
 def list_rollouts(cur: duckdb.DuckDBPyConnection, equals: dict[str, Any], limit: int, offset: int) -> list[Rollout]:
     """Rollouts in enqueue order, those whose columns equal the non-None values of ``equals``."""
-    where = [(f"{k} = ?", v) for k, v in equals.items() if v is not None]
-    sql = f"SELECT {_ROLLOUTS} FROM rollouts {'WHERE ' + ' AND '.join(w for w, _ in where) if where else ''}"
-    rows = fetch_dicts(cur.execute(f"{sql} ORDER BY enqueue_time, rollout_id LIMIT ? OFFSET ?",
-                                   [*(v for _, v in where), limit, offset]))
+    clause, params = where(equals)
+    rows = fetch_dicts(cur.execute(f"SELECT {_ROLLOUTS} FROM rollouts {clause} ORDER BY enqueue_time, rollout_id "
+                                   "LIMIT ? OFFSET ?", [*params, limit, offset]))
     return [row_to_rollout(r) for r in rows]
 
 
 def enqueue(cur: duckdb.DuckDBPyConnection, rollouts: list[Rollout]) -> list[Rollout]:
     """Insert new rollouts (status ``queuing``); a rollout_id already stored is refused."""
-    found = cur.execute(f"SELECT rollout_id FROM rollouts WHERE rollout_id {_IN} LIMIT 1",
+    found = cur.execute(f"SELECT rollout_id FROM rollouts WHERE rollout_id {IN_LIST} LIMIT 1",
                         [[r.rollout_id for r in rollouts]]).fetchall()  # fetchall: DuckDB wants results finished
     if found:
         raise InvalidSpanError(f"enqueue: rollout_id {found[0][0]!r} already exists")
@@ -96,26 +92,26 @@ def enqueue(cur: duckdb.DuckDBPyConnection, rollouts: list[Rollout]) -> list[Rol
     return rollouts
 
 
-def dequeue(cur: duckdb.DuckDBPyConnection, worker_id: str | None, mode: str | None, now: float,
-            resources: str | None) -> tuple[Rollout, Attempt] | None:
+def dequeue(cur: duckdb.DuckDBPyConnection, worker_id: str | None, mode: str | None,
+            now: float) -> tuple[Rollout, Attempt] | None:
     """Take the oldest waiting rollout (of ``mode``, if given) and open its next attempt.
 
-    A rollout enqueued without ``resources_version`` takes ``resources`` (the latest versions, see
-    :data:`RESOURCES_REF_SQL`) when first dequeued, and keeps them across retries. A SELECT then an UPDATE by
-    primary key, not one ``UPDATE ... RETURNING`` with a subquery: DuckDB runs the two plain statements in
-    about half the time, and the writer's transaction makes them one step all the same.
+    A rollout enqueued without ``resources_version`` takes the latest versions (:data:`RESOURCES_REF_SQL`)
+    when first dequeued, and keeps them across retries. A SELECT then an UPDATE by primary key, not one
+    ``UPDATE ... RETURNING`` with a subquery: DuckDB runs the two plain statements in about half the time.
     """
-    mode_filter = "AND mode = ?" if mode else ""
-    rows = fetch_dicts(cur.execute(
-        f"SELECT {_ROLLOUTS} FROM rollouts WHERE status IN {_WAITING} {mode_filter} "
-        "ORDER BY enqueue_time, rollout_id LIMIT 1", [mode] if mode else []))
+    clause, params = where({"mode": mode or None}, (f"status IN {_WAITING}", []))
+    rows = fetch_dicts(cur.execute(f"SELECT {_ROLLOUTS} FROM rollouts {clause} ORDER BY enqueue_time, rollout_id "
+                                   "LIMIT 1", params))
     if not rows:
         return None
     old = row_to_rollout(rows[0])
-    rollout = old.model_copy(update={
-        "status": "preparing", "num_attempts": old.num_attempts + 1,
-        "start_time": old.start_time if old.start_time is not None else now,
-        "resources_version": old.resources_version if old.resources_version is not None else resources})
+    resources = old.resources_version
+    if resources is None:
+        resources = cur.execute(RESOURCES_REF_SQL).fetchall()[0][0]
+    rollout = old.model_copy(update={"status": "preparing", "num_attempts": old.num_attempts + 1,
+                                     "start_time": old.start_time if old.start_time is not None else now,
+                                     "resources_version": resources})
     cur.execute("UPDATE rollouts SET status = ?, num_attempts = ?, start_time = ?, resources_version = ? "
                 "WHERE rollout_id = ?", [rollout.status, rollout.num_attempts, rollout.start_time,
                                          rollout.resources_version, rollout.rollout_id])
@@ -129,15 +125,9 @@ def dequeue(cur: duckdb.DuckDBPyConnection, worker_id: str | None, mode: str | N
 
 def heartbeat(cur: duckdb.DuckDBPyConnection, attempt_id: str, now: float) -> Attempt:
     """Mark a live attempt alive (the first beat moves it and its rollout to ``running``); an attempt that
-    already ended is returned as it is, so its worker learns it was timed out. Every beat after the first is
-    one statement (a rollout of a minute beats ~30 times)."""
-    rows = fetch_dicts(cur.execute(f"UPDATE attempts SET last_heartbeat_time = ? WHERE attempt_id = ? AND "
-                                   f"status = 'running' RETURNING {_ATTEMPTS}", [now, attempt_id]))
-    if rows:
-        return row_to_attempt(rows[0])
-    rows = fetch_dicts(cur.execute(
-        f"UPDATE attempts SET last_heartbeat_time = ?, status = 'running' "
-        f"WHERE attempt_id = ? AND status = 'preparing' RETURNING {_ATTEMPTS}", [now, attempt_id]))
+    already ended is returned as it is, so its worker learns it was timed out."""
+    rows = fetch_dicts(cur.execute(f"UPDATE attempts SET last_heartbeat_time = ?, status = 'running' WHERE "
+                                   f"attempt_id = ? AND status IN {_ACTIVE} RETURNING {_ATTEMPTS}", [now, attempt_id]))
     if not rows:
         return get_attempt(cur, attempt_id)
     attempt = row_to_attempt(rows[0])
@@ -204,20 +194,18 @@ def last_attempts(cur: duckdb.DuckDBPyConnection, rollout_ids: Sequence[str]) ->
     cols = ", ".join(f"a.{c}" for c in ATTEMPT_COLUMNS)
     rows = fetch_dicts(cur.execute(
         f"SELECT {cols} FROM attempts a JOIN (SELECT rollout_id, max(sequence_id) AS sequence_id FROM attempts "
-        f"WHERE rollout_id {_IN} GROUP BY rollout_id) USING (rollout_id, sequence_id)",
+        f"WHERE rollout_id {IN_LIST} GROUP BY rollout_id) USING (rollout_id, sequence_id)",
         [list(rollout_ids)]))
     attempts = {r["rollout_id"]: row_to_attempt(r) for r in rows}
     rollouts = fetch_dicts(cur.execute(
-        f"SELECT {_ROLLOUTS} FROM rollouts WHERE rollout_id {_IN}", [list(attempts)]))
+        f"SELECT {_ROLLOUTS} FROM rollouts WHERE rollout_id {IN_LIST}", [list(attempts)]))
     by_id = {r["rollout_id"]: row_to_rollout(r) for r in rollouts}
     return [(by_id[rid], attempts[rid]) for rid in dict.fromkeys(rollout_ids) if rid in attempts]
 
 
 def count_rollouts(cur: duckdb.DuckDBPyConnection, statuses: Sequence[str] | None) -> int:
-    if statuses is None:
-        return cur.execute("SELECT count(*) FROM rollouts").fetchall()[0][0]
-    return cur.execute(f"SELECT count(*) FROM rollouts WHERE status {_IN}",
-                       [list(statuses)]).fetchall()[0][0]
+    clause, params = where({"status": statuses})
+    return cur.execute(f"SELECT count(*) FROM rollouts {clause}", params).fetchall()[0][0]
 
 
 def next_rollout_status(rollout: Rollout, attempt_status: FinishedAttemptStatus) -> RolloutStatus:
@@ -232,3 +220,60 @@ def next_rollout_status(rollout: Rollout, attempt_status: FinishedAttemptStatus)
     return "failed"
 
 
+def add_resource(cur: duckdb.DuckDBPyConnection, res: Resource) -> Resource:
+    """Store ``res`` as the next version of its name (versions count up from 1)."""
+    ((latest,),) = cur.execute("SELECT max(version) FROM resources WHERE name = ?", [res.name]).fetchall()
+    out = res.model_copy(update={"version": (latest or 0) + 1})
+    cur.execute("INSERT INTO resources VALUES (?, ?, ?, ?, ?)",
+                [out.name, out.version, out.kind, dumps(out.payload), out.created_time])
+    return out
+
+
+def get_resource(cur: duckdb.DuckDBPyConnection, name: str, version: int | None) -> Resource:
+    clause, params = where({"name": name, "version": version})
+    rows = fetch_dicts(cur.execute(f"SELECT * FROM resources {clause} ORDER BY version DESC LIMIT 1", params))
+    if not rows:
+        raise NotFoundError(f"unknown resource {name!r}" + (f" version {version}" if version else ""))
+    return _resource(rows[0])
+
+
+def list_resources(cur: duckdb.DuckDBPyConnection, name: str | None) -> list[Resource]:
+    clause, params = where({"name": name})
+    return [_resource(r) for r in fetch_dicts(cur.execute(f"SELECT * FROM resources {clause} ORDER BY name, version",
+                                                          params))]
+
+
+def _resource(row: dict[str, Any]) -> Resource:
+    return Resource(**{**row, "payload": loads(row["payload"]) or {}})
+
+
+def metrics_table(run_id: str, algorithm: str, step: int, metrics: dict[str, float]) -> tuple[pa.Table, list[str]]:
+    """One step's metrics as ``train_metrics`` rows (long format), and the names of non-finite ones."""
+    if not 0 <= step <= MAX_INT32:
+        raise InvalidSpanError(f"metrics of run {run_id!r}: step {step} is outside 0..{MAX_INT32}")
+    values = [None if v is None else float(v) for v in metrics.values()]
+    n, now = len(values), time.time()
+    tbl = pa.table({"run_id": pa.array([run_id] * n, pa.string()), "algorithm": pa.array([algorithm] * n, pa.string()),
+                    "step": pa.array([int(step)] * n, pa.int32()), "name": pa.array([str(k) for k in metrics]),
+                    "value": pa.array(values, pa.float64()), "time": pa.array([now] * n, pa.float64())})
+    bad = [k for k, v in zip(metrics, values, strict=True) if v is not None and not math.isfinite(v)]
+    return tbl, bad
+
+
+def metrics(cur: duckdb.DuckDBPyConnection, run_id: str | None) -> list[Metric]:
+    clause, params = where({"run_id": run_id})
+    rows = fetch_dicts(cur.execute(f"SELECT * FROM train_metrics {clause} ORDER BY time, step, name", params))
+    return [Metric(**r) for r in rows]
+
+
+def rollout_summaries(cur: duckdb.DuckDBPyConnection, rollout_ids: Sequence[str] | None,
+                      statuses: Sequence[str] | None, metadata: dict[str, str] | None) -> list[RolloutSummary]:
+    metadata = metadata or {}
+    if bad := [k for k in metadata if not k.replace("_", "").replace("-", "").isalnum()]:
+        raise QueryError(f"metadata keys are letters, digits, '_' and '-', not {bad[0]!r}")
+    clause, params = where({"rollout_id": rollout_ids, "status": statuses},
+                           *(("json_extract_string(metadata, ?) = ?", [f"$.{k}", v]) for k, v in metadata.items()))
+    sql = (f"SELECT {', '.join(RolloutSummary.model_fields)} FROM rollout_summary {clause} "
+           "ORDER BY enqueue_time, rollout_id")
+    return [RolloutSummary(**{**r, "input": loads(r["input"]), "metadata": loads(r["metadata"]) or {}})
+            for r in fetch_dicts(cur.execute(sql, params))]

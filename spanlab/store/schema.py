@@ -6,77 +6,117 @@ filter on (kind, model, finish reason, reward value, token counts) is its own co
 payloads (messages, tools, attributes) are JSON. The views are the stable surface users query with
 ``spanlab sql``: the tables may grow columns, the views keep their names and meanings. Times are epoch
 seconds (``*_time``) with a TIMESTAMP twin (``*_at``) for readability.
+
+Opening a file: DuckDB lets one process hold it read-write and refuses every other process meanwhile, and
+a file that is not a DuckDB database fails to open. Both become spanlab errors that say what to do, and the
+file is never touched (nothing stored is lost by a failed open).
 """
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
+from typing import Any
+
 import duckdb
 import pyarrow as pa
 
-from spanlab.errors import StoreError
+from spanlab.errors import StoreError, StoreLockedError
+
+MEMORY = ":memory:"
+
+# Settings of the user-facing query surface (`spanlab sql`, the UI, the store server's /sql): no file,
+# network or extension access, so SQL cannot read /etc/passwd or write anywhere.
+SAFE_QUERY_CONFIG: dict[str, Any] = {
+    "enable_external_access": False,
+    "autoinstall_known_extensions": False,
+    "autoload_known_extensions": False,
+    "allow_community_extensions": False,
+    "lock_configuration": True,
+}
+
+
+def connect(path: str | Path, *, read_only: bool = False, safe: bool = False) -> duckdb.DuckDBPyConnection:
+    """Open ``path`` (or ``:memory:``); ``safe`` applies :data:`SAFE_QUERY_CONFIG`."""
+    target = str(path)
+    if target != MEMORY:
+        p = Path(target)
+        if read_only and not p.exists():
+            raise StoreError(f"no span store at {p}: the file does not exist (set --db or SPANLAB_DB)")
+        if not read_only:
+            p.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return duckdb.connect(target, read_only=read_only, config=dict(SAFE_QUERY_CONFIG) if safe else {})
+    except duckdb.Error as exc:
+        raise translate_open_error(target, exc) from exc
+
+
+def translate_open_error(path: str, exc: Exception) -> StoreError:
+    msg = str(exc)
+    low = msg.lower()
+    if "lock" in low:
+        pid = re.search(r"PID (\d+)", msg)
+        holder = f" (PID {pid.group(1)})" if pid else ""
+        return StoreLockedError(
+            f"span store {path} is held read-write by another process{holder}. Only one process may open "
+            "it while it is written: stop that process, or query through its store server "
+            f"(spanlab store serve). DuckDB said: {msg}"
+        )
+    if "not a valid duckdb database" in low or "corrupt" in low or "invalid" in low or "serializ" in low:
+        return StoreError(
+            f"span store {path} is not a readable DuckDB database (corrupt or another kind of file); "
+            f"it was left untouched. DuckDB said: {msg}"
+        )
+    return StoreError(f"cannot open span store {path}: {msg}")
+
+
+def dumps(value: Any, *, allow_nan: bool = True) -> str | None:
+    """JSON for a JSON column; None stays SQL NULL. ``allow_nan=False``: NaN and Infinity (not JSON, which
+    DuckDB refuses) raise ``ValueError``."""
+    return None if value is None else json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=allow_nan)
+
+
+def loads(value: str | None) -> Any:
+    return None if value is None else json.loads(value)
+
+
+def fetch_dicts(cur: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    """Rows of the last result as dicts (small results only: queue rows, resources)."""
+    names = [d[0] for d in cur.description or []]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+IN_LIST = "IN (SELECT unnest(?::VARCHAR[]))"  # a whole list of strings as one parameter
+
+
+def where(filters: dict[str, Any], *extra: tuple[str, list[Any]]) -> tuple[str, list[Any]]:
+    """The WHERE clause ("" for none) of the filters given, and its parameters: a string or number is
+    ``column = ?``, a list ``column IN (...)``, None no filter; ``extra`` conditions come with their own."""
+    parts = [(f"{k} = ?", [v]) if isinstance(v, (str, int, float)) else (f"{k} {IN_LIST}", [list(v)])
+             for k, v in filters.items() if v is not None] + list(extra)
+    return ("WHERE " + " AND ".join(c for c, _ in parts)) if parts else "", [p for _, ps in parts for p in ps]
+
 
 SCHEMA_VERSION = 1
+
+# The queue's tables, column by column: their DDL and the queue's column lists are written from these.
+ROLLOUT_COLUMNS = {
+    "rollout_id": "VARCHAR PRIMARY KEY", "input": "JSON", "mode": "VARCHAR NOT NULL", "status": "VARCHAR NOT NULL",
+    "resources_version": "VARCHAR", "timeout_s": "DOUBLE", "unresponsive_s": "DOUBLE",
+    "max_attempts": "INTEGER NOT NULL", "retry_on": "VARCHAR[] NOT NULL", "metadata": "JSON",
+    "enqueue_time": "DOUBLE NOT NULL", "start_time": "DOUBLE", "end_time": "DOUBLE", "num_attempts": "INTEGER NOT NULL",
+}
+ATTEMPT_COLUMNS = {
+    "attempt_id": "VARCHAR PRIMARY KEY", "rollout_id": "VARCHAR NOT NULL", "sequence_id": "INTEGER NOT NULL",
+    "worker_id": "VARCHAR", "status": "VARCHAR NOT NULL", "start_time": "DOUBLE NOT NULL", "end_time": "DOUBLE",
+    "last_heartbeat_time": "DOUBLE", "metadata": "JSON",
+}
 
 TABLES_DDL = """
 CREATE TABLE IF NOT EXISTS spanlab_meta (
     key VARCHAR PRIMARY KEY,
     value VARCHAR
-);
-CREATE TABLE IF NOT EXISTS rollouts (
-    rollout_id VARCHAR PRIMARY KEY,
-    input JSON,
-    mode VARCHAR NOT NULL,
-    status VARCHAR NOT NULL,
-    resources_version VARCHAR,
-    timeout_s DOUBLE,
-    unresponsive_s DOUBLE,
-    max_attempts INTEGER NOT NULL,
-    retry_on VARCHAR[] NOT NULL,
-    metadata JSON,
-    enqueue_time DOUBLE NOT NULL,
-    start_time DOUBLE,
-    end_time DOUBLE,
-    num_attempts INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS attempts (
-    attempt_id VARCHAR PRIMARY KEY,
-    rollout_id VARCHAR NOT NULL,
-    sequence_id INTEGER NOT NULL,
-    worker_id VARCHAR,
-    status VARCHAR NOT NULL,
-    start_time DOUBLE NOT NULL,
-    end_time DOUBLE,
-    last_heartbeat_time DOUBLE,
-    metadata JSON
-);
-CREATE TABLE IF NOT EXISTS spans (
-    -- no PRIMARY KEY: an ART index cuts ingest ~4x; the store dedupes span_id per attempt itself
-    span_id VARCHAR NOT NULL,
-    rollout_id VARCHAR,
-    attempt_id VARCHAR,
-    sequence_id INTEGER NOT NULL,
-    parent_id VARCHAR,
-    name VARCHAR NOT NULL,
-    kind VARCHAR NOT NULL,
-    start_time DOUBLE NOT NULL,
-    end_time DOUBLE,
-    status VARCHAR NOT NULL,
-    attributes JSON,
-    model VARCHAR,
-    request_messages JSON,
-    request_tools JSON,
-    response_message JSON,
-    finish_reason VARCHAR,
-    prompt_token_ids INTEGER[],
-    response_token_ids INTEGER[],
-    response_logprobs FLOAT[],
-    loss_mask UTINYINT[],
-    prompt_tokens INTEGER,
-    completion_tokens INTEGER,
-    total_tokens INTEGER,
-    reward_name VARCHAR,
-    reward_value DOUBLE,
-    reward_call_span_id VARCHAR
 );
 CREATE TABLE IF NOT EXISTS resources (
     name VARCHAR NOT NULL,
@@ -97,23 +137,34 @@ CREATE TABLE IF NOT EXISTS train_metrics (
 );
 """
 
-_S, _I, _F, _IDS = pa.string(), pa.int32(), pa.float64(), pa.list_(pa.int32())
-SPAN_ARROW_SCHEMA = pa.schema([  # the spans table's columns, in its order (a test checks it)
+_S, _I, _F, _IDS, _FLOATS, _BYTES = (pa.string(), pa.int32(), pa.float64(), pa.list_(pa.int32()),
+                                     pa.list_(pa.float32()), pa.list_(pa.uint8()))
+SPAN_ARROW_SCHEMA = pa.schema([  # the spans table's columns, in its order: its DDL is written from this
     ("span_id", _S), ("rollout_id", _S), ("attempt_id", _S), ("sequence_id", _I), ("parent_id", _S), ("name", _S),
     ("kind", _S), ("start_time", _F), ("end_time", _F), ("status", _S), ("attributes", _S), ("model", _S),
     ("request_messages", _S), ("request_tools", _S), ("response_message", _S), ("finish_reason", _S),
-    ("prompt_token_ids", _IDS), ("response_token_ids", _IDS), ("response_logprobs", pa.list_(pa.float32())),
-    ("loss_mask", pa.list_(pa.uint8())), ("prompt_tokens", _I), ("completion_tokens", _I), ("total_tokens", _I),
+    ("prompt_token_ids", _IDS), ("response_token_ids", _IDS), ("response_logprobs", _FLOATS), ("loss_mask", _BYTES),
+    ("prompt_tokens", _I), ("completion_tokens", _I), ("total_tokens", _I),
     ("reward_name", _S), ("reward_value", _F), ("reward_call_span_id", _S),
 ])
 
 SPAN_COLUMNS: tuple[str, ...] = tuple(SPAN_ARROW_SCHEMA.names)
 JSON_SPAN_COLUMNS: tuple[str, ...] = ("attributes", "request_messages", "request_tools", "response_message")
+REQUIRED_SPAN_COLUMNS = ("span_id", "name", "kind", "start_time", "status")  # sequence_id: filled in if absent
+_SQL_TYPES = {_S: "VARCHAR", _I: "INTEGER", _F: "DOUBLE", _IDS: "INTEGER[]", _FLOATS: "FLOAT[]", _BYTES: "UTINYINT[]"}
+# No PRIMARY KEY: an ART index cuts ingest ~4x; the store dedupes span_id per attempt itself.
+_SPAN_SQL = {f.name: ("JSON" if f.name in JSON_SPAN_COLUMNS else _SQL_TYPES[f.type])
+             + (" NOT NULL" if f.name in (*REQUIRED_SPAN_COLUMNS, "sequence_id") else "") for f in SPAN_ARROW_SCHEMA}
+
+
+def _create(table: str, columns: dict[str, str]) -> str:
+    return f"CREATE TABLE IF NOT EXISTS {table} ({', '.join(f'{k} {v}' for k, v in columns.items())});"
 
 
 def init(cur: duckdb.DuckDBPyConnection, path: str) -> None:
     """Create the tables and views a file lacks (in the writer's transaction); refuse a newer schema."""
-    cur.execute(TABLES_DDL)
+    cur.execute(TABLES_DDL + _create("rollouts", ROLLOUT_COLUMNS) + _create("attempts", ATTEMPT_COLUMNS)
+                + _create("spans", _SPAN_SQL))
     rows = cur.execute("SELECT value FROM spanlab_meta WHERE key = 'schema_version'").fetchall()
     if not rows:
         cur.execute("INSERT INTO spanlab_meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])

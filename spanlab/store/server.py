@@ -1,15 +1,12 @@
 """The store server: one process owns the DuckDB file and serves the store API over HTTP.
 
-DuckDB lets one process write a file, so workers on other processes or machines reach the store
-through this server (``StoreClient`` speaks to it and implements the same ``StoreAPI``). Span batches
-travel as Arrow IPC. Every route runs its store call in a thread, so the event loop never waits on DuckDB;
-the store's writer groups concurrent writes into one commit, and every answer to a write comes after its
-commit. With a token, every request needs ``Authorization: Bearer <token>``, except the API's own
-description (``/openapi.json``, ``/docs``), which is public on purpose: it is the same for every install
-(it ships in the package), holds no data, and clients and fuzzers read it to know the routes. A bind
-beyond loopback without a token is refused unless asked for (``--insecure-no-token``). ``/sql`` runs
-one read-only SELECT (:func:`spanlab.store.sql.fetch_user_query`) on a small pool of its own
-(:class:`~spanlab.store.sql_pool.SqlPool`) under a time and byte limit, so it cannot starve the queue.
+DuckDB lets one process write a file, so workers on other processes or machines reach the store through
+this server (``StoreClient`` implements the same ``StoreAPI`` over it). Every route runs its store call in
+a thread, never on the event loop, and every answer to a write comes after its commit. With a token,
+every request needs ``Authorization: Bearer <token>`` except the API's own description (``/openapi.json``,
+``/docs``), public on purpose: it ships in the package, holds no data, and clients and fuzzers read it.
+``/sql`` runs one read-only SELECT on a small pool of its own (:class:`~spanlab.store.sql.SqlPool`) under
+a time and byte limit, so it cannot starve the queue.
 
 Run: spanlab store serve --db runs/spans.duckdb --port 8700 [--token T]
 """
@@ -30,33 +27,16 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from spanlab import otel
 from spanlab.errors import InvalidSpanError, NotFoundError, QueryError, StoreError
-from spanlab.store.arrow import table_to_spans
+from spanlab.serving import BodyLimit
+from spanlab.store import wire
 from spanlab.store.base import RolloutSummary
 from spanlab.store.duckdb_store import SpanStore
-from spanlab.store.http_bodies import (
-    BodyLimit,
-    DequeueRequest,
-    DequeueResponse,
-    FinishRequest,
-    InsertedResponse,
-    LastAttemptsRequest,
-    MetricsRequest,
-    ResourceRequest,
-    SqlRequest,
-    SummariesRequest,
-)
-from spanlab.store.sql import SURFACE_MAX_BYTES, SURFACE_TIMEOUT_S, QueryLimits, rows
-from spanlab.store.sql_pool import QueryBusyError, SqlPool
-from spanlab.store.wire import ARROW_STREAM, bytes_to_table, reader_to_chunks
-from spanlab.types import (
-    MAX_INT32,
-    FinishedAttemptStatus,
-    Resource,
-    Rollout,
-    Span,
-)
+from spanlab.store.spans import table_to_spans
+from spanlab.store.sql import SURFACE_MAX_BYTES, SURFACE_TIMEOUT_S, QueryBusyError, QueryLimits, SqlPool, rows
+from spanlab.types import MAX_INT32, FinishedAttemptStatus, Resource, Rollout, Span
 
 logger = logging.getLogger(__name__)
+run = asyncio.to_thread  # every store call off the event loop
 DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
 # The most specific class first: QueryBusyError is a QueryError.
 _STATUS: dict[type[Exception], int] = {InvalidSpanError: 422, NotFoundError: 404, QueryBusyError: 503,
@@ -95,12 +75,9 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
     for kind in _STATUS:
         app.add_exception_handler(kind, error)
 
-    async def run(fn: Any, *args: Any) -> Any:
-        return await asyncio.to_thread(fn, *args)
-
-    async def write_spans(spans: list[Span]) -> InsertedResponse:
+    async def write_spans(spans: list[Span]) -> wire.InsertedResponse:
         new_ids = await run(store.ingest, spans)
-        return InsertedResponse(inserted=len(new_ids), span_ids=new_ids)
+        return wire.InsertedResponse(inserted=len(new_ids), span_ids=new_ids)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -125,57 +102,56 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
     async def list_rollouts(status: str | None = None, mode: str | None = None,
                             limit: int = Query(1000, ge=1, le=100_000),
                             offset: int = Query(0, ge=0, le=MAX_INT32)) -> list[Rollout]:
-        return await run(lambda: store.list_rollouts(status=status, mode=mode, limit=limit, offset=offset))
+        return await run(store.list_rollouts, status=status, mode=mode, limit=limit, offset=offset)
 
     @app.post("/rollouts/last-attempts")
-    async def last_attempts(req: LastAttemptsRequest) -> list[DequeueResponse]:
+    async def last_attempts(req: wire.LastAttemptsRequest) -> list[wire.DequeueResponse]:
         """Each rollout with its latest attempt (rollouts never dequeued are left out)."""
         got = await run(store.last_attempts, req.rollout_ids)
-        return [DequeueResponse.model_construct(rollout=r, attempt=a) for r, a in got]
+        return [wire.DequeueResponse.model_construct(rollout=r, attempt=a) for r, a in got]
 
     @app.post("/rollouts/summaries")
-    async def rollout_summaries(req: SummariesRequest) -> list[RolloutSummary]:
-        return await run(lambda: store.rollout_summaries(req.rollout_ids, statuses=req.statuses,
-                                                         metadata=req.metadata))
+    async def rollout_summaries(req: wire.SummariesRequest) -> list[RolloutSummary]:
+        return await run(store.rollout_summaries, req.rollout_ids, statuses=req.statuses, metadata=req.metadata)
 
     @app.get("/rollout-count")
     async def count_rollouts(statuses: list[str] | None = Query(None)) -> int:
         return await run(store.count_rollouts, statuses)
 
     @app.post("/dequeue")
-    async def dequeue(req: DequeueRequest) -> DequeueResponse | None:
+    async def dequeue(req: wire.DequeueRequest) -> wire.DequeueResponse | None:
         got = await run(store.dequeue, req.worker_id, req.mode)
-        return None if got is None else DequeueResponse.model_construct(rollout=got[0], attempt=got[1])
+        return None if got is None else wire.DequeueResponse.model_construct(rollout=got[0], attempt=got[1])
 
     @app.post("/attempts/{attempt_id}/finish")
-    async def finish(attempt_id: str, req: FinishRequest) -> Rollout:
+    async def finish(attempt_id: str, req: wire.FinishRequest) -> Rollout:
         return await run(store.finish_attempt, attempt_id, req.status, req.spans)
 
     @app.post("/attempts/{attempt_id}/finish/arrow",
-              openapi_extra={"requestBody": {"content": {ARROW_STREAM: {"schema": {}}}}})
+              openapi_extra={"requestBody": {"content": {wire.ARROW_STREAM: {"schema": {}}}}})
     async def finish_arrow(attempt_id: str, request: Request, status: FinishedAttemptStatus = Query()) -> Rollout:
         """Finish with the last spans as an Arrow IPC stream (the `spans` table's columns)."""
-        spans = await run(table_to_spans, bytes_to_table(await request.body()))
-        return await run(store.finish_attempt, attempt_id, status, spans)
+        tbl = wire.bytes_to_table(await request.body())
+        return await run(lambda: store.finish_attempt(attempt_id, status, table_to_spans(tbl)))
 
     @app.post("/spans")
-    async def add_spans(spans: list[Span]) -> InsertedResponse:
+    async def add_spans(spans: list[Span]) -> wire.InsertedResponse:
         """Spans as JSON (any language); the Arrow route below is the fast path."""
         return await write_spans(spans)
 
-    @app.post("/spans/arrow", openapi_extra={"requestBody": {"content": {ARROW_STREAM: {"schema": {}}}}})
-    async def add_spans_arrow(request: Request) -> InsertedResponse:
+    @app.post("/spans/arrow", openapi_extra={"requestBody": {"content": {wire.ARROW_STREAM: {"schema": {}}}}})
+    async def add_spans_arrow(request: Request) -> wire.InsertedResponse:
         """A span batch as an Arrow IPC stream with the `spans` table's columns."""
-        return await write_spans(await run(table_to_spans, bytes_to_table(await request.body())))
+        return await write_spans(await run(table_to_spans, wire.bytes_to_table(await request.body())))
 
     @app.get("/spans/arrow", response_class=StreamingResponse)
     async def read_spans(rollout_ids: list[str] | None = Query(None), attempt_ids: list[str] | None = Query(None),
                          kinds: list[str] | None = Query(None), columns: list[str] | None = Query(None),
                          batch_size: int = Query(1024, ge=1, le=65_536),
                          span_ids: list[str] | None = Query(None)) -> StreamingResponse:
-        reader = await run(lambda: store.spans_reader(rollout_ids=rollout_ids, attempt_ids=attempt_ids, kinds=kinds,
-                                                      columns=columns, batch_size=batch_size, span_ids=span_ids))
-        return StreamingResponse(reader_to_chunks(reader), media_type=ARROW_STREAM)
+        reader = await run(store.spans_reader, rollout_ids=rollout_ids, attempt_ids=attempt_ids, kinds=kinds,
+                           columns=columns, batch_size=batch_size, span_ids=span_ids)
+        return StreamingResponse(wire.reader_to_chunks(reader), media_type=wire.ARROW_STREAM)
 
     @app.post("/v1/traces", openapi_extra={"requestBody": {"content": {
         "application/x-protobuf": {"schema": {}}, "application/json": {"schema": {}}}}})
@@ -191,7 +167,7 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
         return Response(otel.answer(kind), media_type=kind)
 
     @app.post("/resources")
-    async def add_resource(req: ResourceRequest) -> Resource:
+    async def add_resource(req: wire.ResourceRequest) -> Resource:
         return await run(store.add_resource, req.name, req.payload, req.kind)
 
     @app.get("/resources/{name}")
@@ -199,7 +175,7 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
         return await run(store.get_resource, name, version)
 
     @app.post("/metrics")
-    async def add_metrics(req: MetricsRequest) -> None:
+    async def add_metrics(req: wire.MetricsRequest) -> None:
         await run(store.add_metrics, req.run_id, req.algorithm, req.step, req.metrics)
 
     def sql_json(query: str, max_rows: int, limits: QueryLimits) -> bytes:
@@ -207,7 +183,7 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
         return json.dumps(list(rows(store.query(query, max_rows, limits=limits))), ensure_ascii=False).encode()
 
     @app.post("/sql", response_model=list[dict[str, Any]])
-    async def sql(req: SqlRequest, request: Request) -> Response:
+    async def sql(req: wire.SqlRequest, request: Request) -> Response:
         """One read-only SELECT over the tables and views; rows as JSON objects. 400 for a refused or
         stopped query (time or size limit), 503 when every SQL worker is busy."""
         body = await sql_pool.run(request.is_disconnected, sql_json, req.query, req.max_rows)

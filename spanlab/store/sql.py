@@ -5,45 +5,50 @@ User SQL must never change the store, whatever connection it is given (a read-on
 the store's own writable connection), so :func:`fetch_user_query` holds three independent lines:
 
 1. the text must be exactly one plain ``SELECT`` (``FROM``, ``VALUES``, ``SUMMARIZE``, ``DESCRIBE``, ``SHOW``
-   are SELECTs too): DuckDB's ``json_serialize_sql`` only serializes SELECT statements, and its tree is
-   checked for data-modifying CTEs (``WITH d AS (DELETE ... RETURNING *) SELECT``), which parse as SELECTs,
-   and for table functions that act on the file (``checkpoint()``): DuckDB's parser decides, not a regex of
-   ours (:func:`check_select`). ``EXPLAIN`` is refused because ``EXPLAIN ANALYZE`` runs its statement;
+   are SELECTs too), and DuckDB's parser decides, not a regex of ours (:func:`check_select`): its
+   ``json_serialize_sql`` tree is checked for data-modifying CTEs (``WITH d AS (DELETE ... RETURNING *)
+   SELECT``) and table functions that act on the file (``checkpoint()``). ``EXPLAIN`` is refused because
+   ``EXPLAIN ANALYZE`` runs its statement;
 2. it runs on a cursor of its own inside ``BEGIN TRANSACTION READ ONLY``, always rolled back: DuckDB itself
-   refuses any write the check above might miss;
+   refuses a write the check missed;
 3. user-facing surfaces open files read-only with external access disabled (:data:`SAFE_QUERY_CONFIG`), so
    no query reads other files (``read_csv('/etc/passwd')``), attaches databases or loads extensions.
 
-A query also gets a time limit (the cursor is interrupted from a watchdog thread when it passes, or when
-``cancel`` is set: the HTTP client left) and a byte limit on its result, counted while the result is read
-so 10 rows of 30 MB are refused before they are all in memory. Each refusal is a ``QueryError`` that says
-which rule it hit.
+A query also gets a time limit (a watchdog thread interrupts it, or when ``cancel`` is set: the HTTP
+client left) and a byte limit on its result, counted while it is read, so 10 rows of 30 MB are refused
+before they are all in memory. On a server, user SQL runs on a few threads of its own (:class:`SqlPool`),
+never on those that serve the queue or the pages, and a query that finds them all busy is answered at
+once (``QueryBusyError``, 503) rather than queued behind slow ones whose clients may long have gone.
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import decimal
 import json
 import math
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import duckdb
 import pyarrow as pa
 
 from spanlab.errors import QueryError
-from spanlab.store.connection import connect
+from spanlab.store.schema import connect
 
 # Limits of the shared query surfaces (the store server's /sql, the UI's SQL box): a query there must not
 # hold a thread or memory that the queue routes or other pages need.
 SURFACE_TIMEOUT_S = 10.0
 SURFACE_MAX_BYTES = 32 * 1024 * 1024
+T = TypeVar("T")
 _BATCH_ROWS = 256  # rows per Arrow batch while counting bytes: small enough that one batch cannot blow memory
+_POLL_S = 0.1  # how often a waiting request checks whether its client is still there
 
 
 @dataclass(frozen=True)
@@ -103,15 +108,11 @@ def _writes(node: Any) -> str | None:
         values = node
     else:
         return None
-    for value in values:
-        bad = _writes(value)
-        if bad:
-            return bad
-    return None
+    return next(filter(None, map(_writes, values)), None)
 
 
 def fetch_user_query(conn: duckdb.DuckDBPyConnection, sql: str, max_rows: int | None = None, *,
-                     params: Sequence[Any] | None = None, limits: QueryLimits | None = None) -> pa.Table:
+                     limits: QueryLimits | None = None) -> pa.Table:
     """Run a user's query where it cannot write (see the module docstring): at most ``max_rows`` rows,
     within ``limits``.
 
@@ -134,7 +135,7 @@ def fetch_user_query(conn: duckdb.DuckDBPyConnection, sql: str, max_rows: int | 
         if watchdog is not None:
             watchdog.start()
         try:
-            return _read_limited(cur, text, params, max_rows, max_bytes)
+            return _read_limited(cur, text, max_rows, max_bytes)
         finally:
             done.set()
             cur.execute("ROLLBACK")
@@ -164,17 +165,16 @@ def _watch(cur: duckdb.DuckDBPyConnection, timeout_s: float | None, cancel: thre
            done: threading.Event) -> None:
     """Interrupt ``cur`` when the time is up or ``cancel`` is set, unless the query finished first."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    while not done.is_set():
+    while not done.wait(0.05):
         if (cancel is not None and cancel.is_set()) or (deadline is not None and time.monotonic() >= deadline):
             cur.interrupt()
             return
-        done.wait(0.05)
 
 
-def _read_limited(cur: duckdb.DuckDBPyConnection, text: str, params: Sequence[Any] | None,
-                  max_rows: int | None, max_bytes: int | None) -> pa.Table:
+def _read_limited(cur: duckdb.DuckDBPyConnection, text: str, max_rows: int | None,
+                  max_bytes: int | None) -> pa.Table:
     """The result as Arrow, stopped with a ``QueryError`` once it passes ``max_bytes``."""
-    rel = cur.sql(text, params=list(params) if params else None)
+    rel = cur.sql(text)
     if max_rows is not None:
         rel = rel.limit(max_rows)
     reader = rel.to_arrow_reader(_BATCH_ROWS)
@@ -224,3 +224,49 @@ def rows(table: pa.Table) -> Iterator[dict[str, Any]]:
     for batch in table.to_batches(max_chunksize=1024):
         for row in batch.to_pylist():
             yield {k: _jsonable(v) for k, v in row.items()}
+
+
+class QueryBusyError(QueryError):
+    """Every SQL worker is busy; the client should retry later (HTTP 503)."""
+
+
+class SqlPool:
+    """``workers`` threads for user SQL, each call under a time and byte limit."""
+
+    def __init__(self, workers: int = 2, *, timeout_s: float | None = None, max_bytes: int | None = None) -> None:
+        self.workers = workers
+        self.timeout_s = timeout_s
+        self.max_bytes = max_bytes
+        self._executor = ThreadPoolExecutor(workers, thread_name_prefix="spanlab-sql")
+        self._free = threading.BoundedSemaphore(workers)
+
+    async def run(self, is_disconnected: Callable[[], Awaitable[bool]], fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args, limits)`` on a free worker, interrupted (through ``limits.cancel``) if ``is_disconnected()``
+        turns true; busy: an error at once."""
+        if not self._free.acquire(blocking=False):
+            raise QueryBusyError(
+                f"all {self.workers} SQL workers are busy with other queries: retry in a few seconds")
+        cancel = threading.Event()
+        limits = QueryLimits(timeout_s=self.timeout_s, max_bytes=self.max_bytes, cancel=cancel)
+
+        def call() -> T:
+            try:
+                return fn(*args, limits)
+            finally:
+                self._free.release()  # here, not in run(): the slot stays taken until the thread is free
+
+        future = asyncio.get_running_loop().run_in_executor(self._executor, call)
+        try:
+            while True:
+                done, _ = await asyncio.wait({future}, timeout=_POLL_S)
+                if done:
+                    return future.result()
+                if await is_disconnected():
+                    cancel.set()
+        except asyncio.CancelledError:
+            cancel.set()
+            raise
+
+    def close(self) -> None:
+        """Stop taking queries; running ones finish (their limits bound how long that takes)."""
+        self._executor.shutdown(wait=False, cancel_futures=True)

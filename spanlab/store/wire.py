@@ -1,4 +1,5 @@
-"""Arrow IPC on the wire: how span batches travel between store clients and the store server.
+"""What travels between ``StoreClient`` and the store server: strict request and response bodies, and span
+batches as Arrow IPC.
 
 JSON would turn every token ID into text and back (~100 ns each in Python); an Arrow IPC stream is the
 columns' own bytes, so a 2,500-token span costs a memcpy on each side.
@@ -7,11 +8,14 @@ columns' own bytes, so a 2,500-token span costs a memcpy on each side.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
+from pydantic import BaseModel, ConfigDict, Field
 
 from spanlab.errors import InvalidSpanError
+from spanlab.types import MAX_INT32, Attempt, FinishedAttemptStatus, ResourceKind, Rollout, RolloutMode, Span
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 _END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # continuation marker, then a 0-byte message
@@ -38,3 +42,55 @@ def reader_to_chunks(reader: pa.RecordBatchReader) -> Iterator[bytes]:
     for batch in reader:
         yield batch.serialize().to_pybytes()
     yield _END_OF_STREAM
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DequeueRequest(_Strict):
+    worker_id: str | None = None
+    mode: RolloutMode | None = None
+
+
+class DequeueResponse(_Strict):
+    rollout: Rollout
+    attempt: Attempt
+
+
+class FinishRequest(_Strict):
+    status: FinishedAttemptStatus
+    spans: list[Span] = Field(default_factory=list, description="the attempt's last spans, stored with the finish")
+
+
+class ResourceRequest(_Strict):
+    name: str = Field(min_length=1)
+    payload: dict[str, Any] = Field(default_factory=dict)
+    kind: ResourceKind = "other"
+
+
+class SqlRequest(_Strict):
+    query: str = Field(min_length=1, max_length=100_000)
+    max_rows: int = Field(default=10_000, ge=1, le=1_000_000)
+
+
+class LastAttemptsRequest(_Strict):
+    rollout_ids: list[str]
+
+
+class SummariesRequest(_Strict):
+    rollout_ids: list[str] | None = None
+    statuses: list[str] | None = None
+    metadata: dict[str, str] | None = None
+
+
+class MetricsRequest(_Strict):
+    run_id: str = Field(min_length=1)
+    algorithm: str
+    step: int = Field(ge=0, le=MAX_INT32)
+    metrics: dict[str, float | None]
+
+
+class InsertedResponse(_Strict):
+    inserted: int
+    span_ids: list[str]

@@ -1,19 +1,13 @@
 """The store's one writer: a thread that owns the DuckDB connection and commits every write in groups.
 
 Why one thread: DuckDB makes a change durable at COMMIT, and a COMMIT costs about the same for one row as
-for a thousand. Every write of the store (spans, enqueue, dequeue, heartbeat, finish, resources, metrics)
-is a function of the connection handed to :meth:`Writer.submit`; the thread runs what queued up while it
-was busy in one transaction, COMMITs, and only then answers each caller's future. So a write that returns
-is committed, and writers that arrive together share a commit. One thread also makes the queue atomic
-without locks: two dequeues never run at the same time.
-
-Span batches that queue up together (concurrent gateway calls, server requests) run as one INSERT, not one
-each: a statement costs milliseconds whatever its size, so a commit shared by thirty calls that still ran
-thirty inserts would save little (:class:`Batchable`).
-
-A request must be safe to run twice and change nothing outside the database: if one request of a group
-fails, the group is rolled back and each request runs again alone, so the error reaches only the caller
-that caused it.
+for a thousand. Every write of the store is a function of the connection; the thread runs what queued up
+while it was busy in one transaction, COMMITs, and only then answers each caller. So a write that returns
+is committed, writes that arrive together share a commit, and two dequeues never run at the same time.
+Span batches that queue up together run as one INSERT (:class:`Batchable`): a statement costs
+milliseconds whatever its size. A write must be safe to run twice and change nothing outside the
+database: if one write of a group fails, the group is rolled back and each runs again alone, so the
+error reaches only the caller that caused it.
 """
 
 from __future__ import annotations
@@ -36,6 +30,7 @@ from spanlab.errors import InvalidSpanError, StoreError
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 Write = Callable[[duckdb.DuckDBPyConnection], Any]
+_MAX_GROUP = 256
 
 
 class Batchable(ABC):
@@ -63,10 +58,9 @@ def _run_all(conn: duckdb.DuckDBPyConnection, fns: list[Write]) -> list[Any]:
 class Writer:
     """Owns ``conn`` from now on: nothing else may use it until :meth:`close` returns."""
 
-    def __init__(self, conn: duckdb.DuckDBPyConnection, name: str, *, max_group: int = 256) -> None:
+    def __init__(self, conn: duckdb.DuckDBPyConnection, name: str) -> None:
         self._conn = conn
         self._name = name
-        self.max_group = max_group
         self._queue: queue.SimpleQueue[tuple[Write, Future[Any]] | None] = queue.SimpleQueue()
         self._closed = False
         self._close_lock = threading.Lock()
@@ -101,15 +95,14 @@ class Writer:
     def _run(self) -> None:
         while True:  # a group: the first write, and whatever queued up meanwhile (None: close)
             group = [self._queue.get()]
-            while group[-1] is not None and len(group) < self.max_group:
+            while group[-1] is not None and len(group) < _MAX_GROUP:
                 try:
                     group.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            stopping = group[-1] is None
             if writes := [item for item in group if item is not None]:
                 self._commit(writes)
-            if stopping:
+            if group[-1] is None:
                 return
 
     def _commit(self, group: list[tuple[Write, Future[Any]]]) -> None:

@@ -18,7 +18,7 @@ import duckdb
 import pyarrow as pa
 
 from spanlab.errors import QueryError, StoreError
-from spanlab.store.connection import connect
+from spanlab.store.schema import connect
 from spanlab.store.sql import QueryLimits, fetch_user_query, rows
 
 
