@@ -154,7 +154,7 @@ def test_one_sft_round_trains_on_the_filtered_exact_ids(tmp_path: Path, restored
     (gain,) = report.paired_gains()
     assert gain.start == "warm_start" and gain.n == 2
     with SpanStore(db) as store:
-        assert [r.version for r in store.list_resources("policy")] == [1]  # pushed after round 0
+        assert [r.version for r in store.list_resources("policy")] == [1, 2]  # the warm start, then round 0
         # Each kept example is a recorded TITO session of a train rollout, token for token.
         sessions = {tuple(r["span_ids"]): r for r in store.query(
             "SELECT span_ids, token_ids, loss_mask FROM tito_sessions JOIN rollouts USING (rollout_id) "
