@@ -344,6 +344,8 @@ def train(
         raise typer.Exit(130) from None
     out = Console()
     out.print(report.table())
+    if report.paired_gains():
+        out.print(report.gains_table())
     out.print(f"run {report.run_id} in {report.seconds / 60:.1f} min; spans in {report.db}; "
               f"report in {cfg.run_dir / 'report.json'}")
     out.print(f'try: spanlab plot --db {report.db} --out {cfg.run_dir / "reward.png"}')

@@ -184,7 +184,7 @@ class Job:
             by_level.setdefault(str(task.get("level", "all")), []).append(reward)
         result = Evaluation(phase=phase, split=split, n=len(tasks), accuracy=batch.mean_reward,
                             by_level={k: sum(v) / len(v) for k, v in sorted(by_level.items())},
-                            seconds=batch.seconds, failed=batch.failed)
+                            seconds=batch.seconds, failed=batch.failed, rewards=list(batch.rewards))
         logger.info("%s: held-out accuracy on %s %.1f%% (n=%d) in %.0fs", phase, split, 100 * result.accuracy,
                     result.n, result.seconds)
         self.report.evaluations.append(result)

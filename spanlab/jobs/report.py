@@ -1,4 +1,10 @@
-"""What a training run reports: held-out accuracy per phase (with n), per-step metrics, timings."""
+"""What a training run reports: held-out accuracy per phase (with n), per-step metrics, timings, and the paired
+gain of the final policy over its start.
+
+Every phase evaluates the same tasks of a split in the same order (``split_tasks`` fixes them once), so
+the final policy and its start can be compared task by task: a paired interval is much tighter than two
+separate accuracies with their own noise, and it is what says whether training helped at all.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +25,25 @@ class Evaluation(BaseModel):
     by_level: dict[str, float] = Field(default_factory=dict)
     seconds: float = 0.0
     failed: int = 0
+    rewards: list[float] = Field(default_factory=list, description="one per task, in the split's task order")
+
+
+class PairedGain(BaseModel):
+    """Final minus start accuracy on one split, over the same tasks: mean and a seeded bootstrap interval."""
+
+    split: str
+    start: str  # the phase compared against: warm_start when the run had one, else base
+    n: int
+    start_accuracy: float
+    final_accuracy: float
+    diff: float
+    low: float
+    high: float
+    level: float = 0.95
+
+    @property
+    def excludes_zero(self) -> bool:
+        return self.low > 0 or self.high < 0
 
 
 class TrainReport(BaseModel):
@@ -34,6 +59,40 @@ class TrainReport(BaseModel):
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps(self.model_dump(), indent=2) + "\n")
+
+    def paired_gains(self, *, level: float = 0.95, seed: int = 0) -> list[PairedGain]:
+        """Per split, the final policy against its start (the warm start, else the base model) task by task.
+
+        Splits whose start or final evaluation lacks per-task rewards (a report from before they were kept)
+        or evaluated a different number of tasks are left out: an unpaired difference would not be this one.
+        """
+        from spanlab.algos.apo.stats import paired_difference  # numpy only: the seeded paired bootstrap
+
+        by_split: dict[str, dict[str, Evaluation]] = {}
+        for ev in self.evaluations:
+            by_split.setdefault(ev.split, {})[ev.phase] = ev
+        gains = []
+        for split, phases in by_split.items():
+            start = "warm_start" if "warm_start" in phases else "base"
+            before, after = phases.get(start), phases.get("final")
+            if before is None or after is None or not before.rewards or len(before.rewards) != len(after.rewards):
+                continue
+            d = paired_difference(after.rewards, before.rewards, level=level, seed=seed)
+            gains.append(PairedGain(split=split, start=start, n=d.n, start_accuracy=before.accuracy,
+                                    final_accuracy=after.accuracy, diff=d.mean, low=d.low, high=d.high, level=level))
+        return gains
+
+    def gains_table(self) -> Table:
+        """The paired final-vs-start rows, one per split."""
+        table = Table(title="final vs start on the same held-out tasks (paired bootstrap)")
+        for col in ("split", "start", "n", "start acc", "final acc", "diff", "95% interval", "excludes 0"):
+            table.add_column(col)
+        for g in self.paired_gains():
+            table.add_row(g.split, g.start, str(g.n), f"{100 * g.start_accuracy:.1f}%",
+                          f"{100 * g.final_accuracy:.1f}%", f"{100 * g.diff:+.1f}",
+                          f"[{100 * g.low:+.1f}, {100 * g.high:+.1f}]",
+                          "yes" if g.excludes_zero else "no")
+        return table
 
     def table(self) -> Table:
         """Held-out accuracy before and after, the figure a user runs the job for."""
@@ -52,4 +111,4 @@ class TrainReport(BaseModel):
         for ev in self.evaluations:
             by_split.setdefault(ev.split, {})[ev.phase] = ev.accuracy
         return {"run_id": self.run_id, "accuracy": acc, "accuracy_by_split": by_split, "steps": len(self.steps),
-                "seconds": round(self.seconds)}
+                "seconds": round(self.seconds), "paired_gains": [g.model_dump() for g in self.paired_gains()]}

@@ -135,19 +135,26 @@ def test_one_sft_round_trains_on_the_filtered_exact_ids(tmp_path: Path, restored
         "agent": {"name": "calc", "kwargs": {"max_tokens": 32, "max_turns": 2}},
         "dataset": {"name": "calc", "seed": 2, "levels": [1]},
         "eval": {"tasks": 2},
-        "sft": {"rounds": 1, "tasks_per_round": 2, "samples_per_task": 2, "backend": "torch",
+        "warm_start": {"demos": 3, "batch_size": 2, "lr": 1e-6},
+        "sft": {"rounds": 1, "tasks_per_round": 2, "samples_per_task": 2, "backend": "torch", "replay": 2,
                 "filter": {"rule": "best_of_n", "n": 1, "min_reward": 0.0, "dedupe": False},
                 "train": {"lr": 1e-6, "epochs": 1, "batch_size": 2}},
         "rollouts": {"concurrency": 4},
     })
     report = train(config)
 
-    assert [e.phase for e in report.evaluations] == ["base", "final"]
+    assert [e.phase for e in report.evaluations] == ["base", "warm_start", "final"]
     (round0,) = report.steps
     table = read_dataset(tmp_path / "runs" / "sft-smoke" / "round-0.parquet")
     assert table.num_rows == round0["filter_kept"] == 2  # best of 2 per task, floor 0: one session per task
+    # Trained on the kept sessions plus 2 of the warm start's 3 demonstrations, replayed (not in the Parquet).
+    assert round0["replay_examples"] == 2 and round0["sft_examples"] == 4
+    # The final policy is compared with the warm start on the same 2 held-out tasks, task by task.
+    assert all(len(e.rewards) == e.n == 2 for e in report.evaluations)
+    (gain,) = report.paired_gains()
+    assert gain.start == "warm_start" and gain.n == 2
     with SpanStore(db) as store:
-        assert [r.version for r in store.list_resources("policy")] == [1]  # pushed after round 0
+        assert [r.version for r in store.list_resources("policy")] == [1, 2]  # the warm start, then round 0
         # Each kept example is a recorded TITO session of a train rollout, token for token.
         sessions = {tuple(r["span_ids"]): r for r in store.query(
             "SELECT span_ids, token_ids, loss_mask FROM tito_sessions JOIN rollouts USING (rollout_id) "

@@ -27,6 +27,14 @@ class SFTRounds(Algorithm[SFTRoundsConfig]):
 
             choose_backend(self.settings)
 
+    def prepare(self, job: Job) -> None:
+        """Replay needs demonstrations: say so before the base evaluation, not after it."""
+        if self.settings.replay and job.task_set.demonstration is None:
+            from spanlab.errors import ConfigError
+
+            raise ConfigError(f"sft.replay: task set {job.config.dataset.name!r} has no demonstrations; "
+                              "set replay: 0")
+
     def train_tasks(self) -> int:
         return self.settings.rounds * self.settings.tasks_per_round
 

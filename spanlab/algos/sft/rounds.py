@@ -7,6 +7,12 @@ IDs: each round samples several rollouts per task from the served policy, keeps 
 round samples from the improved policy. Every round's dataset is kept as Parquet in the run folder and
 its figures go to ``train_metrics``.
 
+Replay (``sft.replay``): the kept examples are what the policy already gets right, often a handful of one
+kind of task, and fine-tuning on those alone pulls the model away from the rest of what the warm start
+taught it (on the SQL tutorial: level 1 up, level 2 down). Mixing a seeded draw of the warm start's
+demonstrations into each round keeps that data in the training mix. They are not in the round's Parquet
+(which holds rollouts only); ``replay_examples`` counts them.
+
 Trainers: Unsloth (``FastLanguageModel`` + LoRA + TRL) when it is importable and chosen, else the plain
 torch trainer of :mod:`spanlab.training.supervised` (full fine-tuning, or LoRA via peft).
 """
@@ -14,6 +20,8 @@ torch trainer of :mod:`spanlab.training.supervised` (full fine-tuning, or LoRA v
 from __future__ import annotations
 
 import logging
+import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from spanlab.adapters.conversation import encode_conversation
 from spanlab.adapters.grpo import Sample
 from spanlab.adapters.sft import IGNORE_INDEX, build_sft_dataset, rows_from_table, write_dataset
 from spanlab.algos.sft.config import SFTRoundsConfig
@@ -38,6 +47,12 @@ def train_sft(job: Job, rounds: SFTRoundsConfig) -> None:
     policy, config = job.policy, job.config
     backend = choose_backend(rounds)
     model_dir: Path | None = None  # Unsloth trains from a folder: the latest full weights
+    pool = replay_pool(job, rounds.replay)
+
+    def replay(r: int) -> list[Sample]:
+        return replay_samples(job.task_set.demonstration, pool, policy.tokenizer, rounds.replay,
+                              seed=config.dataset.seed, round_index=r)
+
     for r, tasks in job.steps(rounds.rounds, rounds.tasks_per_round, "SFT rounds"):
         batch = job.collect(tasks, group_size=rounds.samples_per_task, round=r)
         table, stats = build_sft_dataset(job.rig.store, batch.rollout_ids, rounds.filter, agents=config.agents)
@@ -48,13 +63,18 @@ def train_sft(job: Job, rounds: SFTRoundsConfig) -> None:
             logger.warning("round %d: the filter kept no examples (reward mean %.2f); nothing to train on",
                            r, batch.mean_reward)
         elif backend == "unsloth":
+            replayed = replay(r)
             model_dir = model_dir or _save_full(policy.model, policy.tokenizer, config.run_dir / "start")
-            model_dir, trained = _unsloth_round(model_dir, table, rounds, config.run_dir / f"round-{r}")
-            metrics.update(trained, sync_s=policy.sync.push_dir(model_dir).total_s)
+            rows = rows_from_table(table) + [_row(s) for s in replayed]
+            model_dir, trained = _unsloth_round(model_dir, rows, rounds, config.run_dir / f"round-{r}")
+            metrics.update(trained, replay_examples=len(replayed), sync_s=policy.sync.push_dir(model_dir).total_s)
         else:
-            policy.model, trained = _torch_round(policy.model, table, rounds, pad_id=policy.pad_id,
-                                                 progress=job.progress, label=f"round {r}")
-            metrics.update(trained, sync_s=policy.push())
+            replayed = replay(r)
+            samples, weights = samples_from_table(table)
+            policy.model, trained = _torch_round(policy.model, samples + replayed, weights + [1.0] * len(replayed),
+                                                 rounds, pad_id=policy.pad_id, progress=job.progress,
+                                                 label=f"round {r}")
+            metrics.update(trained, replay_examples=len(replayed), sync_s=policy.push())
         job.log_step(metrics)
         if rounds.eval_each_round and r < rounds.rounds - 1:
             job.held_out(f"round_{r + 1}")
@@ -81,6 +101,31 @@ def choose_backend(rounds: SFTRoundsConfig) -> str:
     return backend
 
 
+def replay_pool(job: Job, n: int) -> list[dict[str, Any]]:
+    """The train tasks replay draws from: the warm start's demonstrations (its first ``demos`` train tasks), or
+    the first ``n`` train tasks when the run has no warm start."""
+    ws = job.config.warm_start
+    return job.splits["train"][: ws.demos if ws is not None else n]
+
+
+def replay_samples(demonstration: Callable[[dict[str, Any]], dict[str, Any]] | None, pool: list[dict[str, Any]],
+                   tokenizer: Any, n: int, *, seed: int, round_index: int) -> list[Sample]:
+    """``n`` demonstrations of tasks drawn from ``pool`` (seeded by ``seed`` and the round, so each round replays
+    another draw), encoded with the policy's chat template exactly as the warm start encodes them."""
+    if n == 0:
+        return []
+    if demonstration is None:
+        raise ConfigError("sft.replay: the task set has no demonstrations to replay; set replay: 0")
+    chosen = random.Random(f"replay-{seed}-{round_index}").sample(pool, min(n, len(pool)))
+    return [encode_conversation(tokenizer, d["messages"], d.get("tools")) for d in map(demonstration, chosen)]
+
+
+def _row(sample: Sample) -> dict[str, Any]:
+    """A trainer sample as an SFT row (labels -100 off the loss mask), weight 1."""
+    labels = np.where(sample.loss_mask.astype(bool), sample.input_ids, IGNORE_INDEX)
+    return {"input_ids": sample.input_ids.tolist(), "labels": labels.tolist(), "weight": 1.0}
+
+
 def samples_from_table(table: pa.Table) -> tuple[list[Sample], list[float]]:
     """Trainer samples (loss mask = labels != -100) and their weights, from an SFT dataset table."""
     samples, weights = [], []
@@ -91,26 +136,25 @@ def samples_from_table(table: pa.Table) -> tuple[list[Sample], list[float]]:
     return samples, weights
 
 
-def _torch_round(model: torch.nn.Module, table: pa.Table, rounds: SFTRoundsConfig, *, pad_id: int, progress: Any,
-                 label: str) -> tuple[torch.nn.Module, dict[str, float]]:
+def _torch_round(model: torch.nn.Module, samples: list[Sample], weights: list[float], rounds: SFTRoundsConfig, *,
+                 pad_id: int, progress: Any, label: str) -> tuple[torch.nn.Module, dict[str, float]]:
     """One round of the plain trainer. A LoRA config wraps the model first; ``save: merged`` folds the adapter
     back in after the round (the engine reloads full weights, the next round starts a fresh adapter),
     ``save: adapter`` keeps training the same adapter and the engine hot-loads it."""
     if rounds.lora is not None and not hasattr(model, "peft_config"):
         model = apply_lora(model, rounds.lora)
-    samples, weights = samples_from_table(table)
     metrics = sft_train(model, samples, rounds.train, pad_id=pad_id, progress=progress, weights=weights, label=label)
     if hasattr(model, "peft_config") and rounds.save == "merged":
         model = model.merge_and_unload()
     return model, metrics
 
 
-def _unsloth_round(model_dir: str | Path, table: pa.Table, rounds: SFTRoundsConfig,
+def _unsloth_round(model_dir: str | Path, rows: list[dict[str, Any]], rounds: SFTRoundsConfig,
                    out_dir: Path) -> tuple[Path, dict[str, float]]:
     from spanlab.algos.sft.unsloth import train_unsloth_in_child
 
     lora = rounds.lora
-    result = train_unsloth_in_child(str(model_dir), rows_from_table(table), lr=rounds.train.lr,
+    result = train_unsloth_in_child(str(model_dir), rows, lr=rounds.train.lr,
                                     epochs=rounds.train.epochs, batch_size=rounds.train.batch_size,
                                     lora_r=lora.rank if lora else 16, lora_alpha=int(lora.alpha) if lora else 32,
                                     max_len=rounds.train.max_len, seed=rounds.train.seed, out_dir=out_dir,
