@@ -1,0 +1,143 @@
+"""One table across runs: held-out accuracy per split with 95% intervals, paired against a common start.
+
+Used by ``tutorials/compare/run.py``, which runs each algorithm from the same start into a store of its own.
+Everything here is read back from those stores (the framework's held-out rollouts carry
+``metadata.phase`` and ``metadata.split``; the training rollouts are every rollout whose mode is not
+``test``), not from configs or reports, so the table shows what ran. Intervals are the seeded percentile
+bootstrap of :mod:`spanlab.algos.apo.stats`; a difference is paired by task (every run evaluates the same
+held-out tasks: same task set, seed and ``eval.tasks``), which is tighter than comparing two intervals.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from spanlab.algos.apo.stats import Interval, bootstrap, paired_difference
+from spanlab.errors import ConfigError
+from spanlab.store import SpanStore, StoreAPI
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One row: the run in store ``db`` whose held-out evaluation ``phase`` (e.g. ``final``) is shown."""
+
+    label: str
+    algorithm: str
+    db: Path
+    phase: str
+    wall_s: float | None = None
+    counts_rollouts: bool = True  # False: a row that shares a store with another (the base model in the start's)
+    after: Path | None = None  # the store of the arm this one continued from: its training rollouts count too
+    after_wall_s: float | None = None
+    fallback: str | None = None  # shown when ``phase`` never ran (an APO search that kept its start has no final)
+
+
+def held_out(store: StoreAPI, phase: str, split: str) -> dict[str, float]:
+    """task_id -> reward of the held-out rollouts of ``phase`` on ``split`` (a failed rollout scores 0)."""
+    rewards: dict[str, float] = {}
+    for row in store.rollout_summaries(metadata={"phase": phase, "split": split}):
+        if row.mode == "test" and isinstance(row.input, dict):
+            rewards[str(row.input["task_id"])] = float(row.final_reward or 0.0)
+    return rewards
+
+
+def training_rollouts(store: StoreAPI) -> int:
+    """Rollouts the run spent on training or search: every rollout not run for the held-out evaluation."""
+    return sum(1 for row in store.rollout_summaries() if row.mode != "test")
+
+
+@dataclass(frozen=True)
+class SplitResult:
+    accuracy: Interval
+    diff: Interval | None  # paired vs the baseline; None for the baseline itself
+
+
+@dataclass(frozen=True)
+class Row:
+    arm: Arm
+    splits: dict[str, SplitResult]
+    rollouts: int | None
+    after_rollouts: int | None
+
+
+def _rewards(db: Path, phase: str, splits: Sequence[str]) -> tuple[dict[str, dict[str, float]], int]:
+    if not db.is_file():
+        raise ConfigError(f"{db}: no such store (did that stage run?)")
+    with SpanStore(db) as store:
+        by_split = {split: held_out(store, phase, split) for split in splits}
+        return by_split, training_rollouts(store)
+
+
+def measure(arms: Sequence[Arm], baseline: Arm, splits: Sequence[str], *, seed: int = 0) -> list[Row]:
+    """Each arm's accuracy per split and its paired difference to ``baseline`` (the same tasks, or an error)."""
+    start, _ = _rewards(baseline.db, baseline.phase, splits)
+    rows = []
+    for arm in arms:
+        rewards, rollouts = _rewards(arm.db, arm.phase, splits)
+        if arm.fallback is not None and not any(rewards.values()):
+            rewards = _rewards(arm.db, arm.fallback, splits)[0]
+        after = _rewards(arm.after, "final", ())[1] if arm.after is not None else None
+        results = {}
+        for split in splits:
+            got, ref = rewards[split], start[split]
+            if not got:
+                raise ConfigError(f"{arm.db}: no held-out rollouts of phase {arm.phase!r} on split {split!r}")
+            if set(got) != set(ref):
+                raise ConfigError(f"{arm.label}: its {split} tasks differ from the baseline's ({len(got)} vs "
+                                  f"{len(ref)} tasks, {len(set(got) ^ set(ref))} not shared); not a paired comparison")
+            ids = sorted(ref)
+            ours, theirs = [got[t] for t in ids], [ref[t] for t in ids]
+            diff = None if arm == baseline else paired_difference(ours, theirs, seed=seed)
+            results[split] = SplitResult(bootstrap(ours, seed=seed), diff)
+        rows.append(Row(arm, results, rollouts if arm.counts_rollouts else None, after))
+    return rows
+
+
+def _pct(i: Interval) -> str:
+    return f"{100 * i.mean:.1f}% [{100 * i.low:.1f}, {100 * i.high:.1f}]"
+
+
+def _diff(i: Interval | None) -> str:
+    return "-" if i is None else f"{100 * i.mean:+.1f} [{100 * i.low:+.1f}, {100 * i.high:+.1f}]"
+
+
+def _minutes(s: float | None) -> str:
+    return "-" if s is None or math.isnan(s) else f"{s / 60:.1f}"
+
+
+def markdown(rows: Sequence[Row], splits: Sequence[str]) -> str:
+    """The rows as a markdown table (accuracy in %, differences in points, 95% intervals in brackets)."""
+    n = {s: rows[0].splits[s].accuracy.n for s in splits} if rows else {}
+    head = ["arm", "algorithm"]
+    for split in splits:
+        head += [f"{split} (n={n[split]}) accuracy [95% CI]", f"{split}: vs start, points [95% CI]"]
+    head += ["training rollouts", "wall (min)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        cells = [row.arm.label, row.arm.algorithm]
+        for split in splits:
+            cells += [_pct(row.splits[split].accuracy), _diff(row.splits[split].diff)]
+        rollouts = "-" if row.rollouts is None else str(row.rollouts)
+        wall = _minutes(row.arm.wall_s) if row.arm.counts_rollouts else "(in the start's)"
+        if row.after_rollouts is not None and row.rollouts is not None:
+            rollouts = f"{row.rollouts + row.after_rollouts} ({row.after_rollouts} + {row.rollouts})"
+            wall = f"{wall} (+ {_minutes(row.arm.after_wall_s)})"
+        lines.append("| " + " | ".join([*cells, rollouts, wall]) + " |")
+    return "\n".join(lines)
+
+
+def build_table(arms: Sequence[Arm], baseline: Arm, splits: Sequence[str], *, seed: int = 0) -> str:
+    return markdown(measure(arms, baseline, splits, seed=seed), splits)
+
+
+def load_winner(db: Path, apo_json: Path, resource: str = "prompt") -> str:
+    """The POML template of the prompt version an APO run chose (``summary.best_version`` of its apo.json)."""
+    if not apo_json.is_file():
+        raise ConfigError(f"{apo_json}: no such file (did the APO run finish?)")
+    version = int(json.loads(apo_json.read_text())["summary"]["best_version"])
+    with SpanStore(db) as store:
+        return str(store.get_resource(resource, version).payload["template"])
