@@ -73,24 +73,36 @@ def _rewards(db: Path, phase: str, splits: Sequence[str]) -> tuple[dict[str, dic
 
 
 def measure(arms: Sequence[Arm], baseline: Arm, splits: Sequence[str], *, seed: int = 0) -> list[Row]:
-    """Each arm's accuracy per split and its paired difference to ``baseline`` (the same tasks, or an error)."""
+    """Each arm's accuracy per split and its paired difference to ``baseline``, on the tasks every arm ran.
+
+    The baseline may hold more tasks than the arms (calc's held-out tasks are a prefix of a longer list, so a
+    start evaluated on 60 and arms on 30 share those 30); every arm must have run the same tasks, all of them
+    among the baseline's, or it is an error rather than an unpaired comparison."""
     start, _ = _rewards(baseline.db, baseline.phase, splits)
-    rows = []
+    measured = []
     for arm in arms:
         rewards, rollouts = _rewards(arm.db, arm.phase, splits)
         if arm.fallback is not None and not any(rewards.values()):
             rewards = _rewards(arm.db, arm.fallback, splits)[0]
         after = _rewards(arm.after, "final", ())[1] if arm.after is not None else None
+        measured.append((arm, rewards, rollouts, after))
+    rows = []
+    for split in splits:
+        trained = [set(r[split]) for a, r, _, _ in measured if a != baseline] or [set(start[split])]
+        for arm, rewards, _, _ in measured:
+            ids = set(rewards[split])
+            if not ids:
+                raise ConfigError(f"{arm.db}: no held-out rollouts of phase {arm.phase!r} on split {split!r}")
+            if arm != baseline and (ids != trained[0] or not ids <= set(start[split])):
+                raise ConfigError(f"{arm.label}: its {split} tasks differ from the other runs' ({len(ids)} tasks, "
+                                  f"{len(ids - set(start[split]))} not in the baseline's); not a paired comparison")
+    common = {split: sorted(set.intersection(*[set(r[split]) for a, r, _, _ in measured if a != baseline],
+                                             set(start[split]))) for split in splits}
+    for arm, rewards, rollouts, after in measured:
         results = {}
         for split in splits:
-            got, ref = rewards[split], start[split]
-            if not got:
-                raise ConfigError(f"{arm.db}: no held-out rollouts of phase {arm.phase!r} on split {split!r}")
-            if set(got) != set(ref):
-                raise ConfigError(f"{arm.label}: its {split} tasks differ from the baseline's ({len(got)} vs "
-                                  f"{len(ref)} tasks, {len(set(got) ^ set(ref))} not shared); not a paired comparison")
-            ids = sorted(ref)
-            ours, theirs = [got[t] for t in ids], [ref[t] for t in ids]
+            ids = common[split]
+            ours, theirs = [rewards[split][t] for t in ids], [start[split][t] for t in ids]
             diff = None if arm == baseline else paired_difference(ours, theirs, seed=seed)
             results[split] = SplitResult(bootstrap(ours, seed=seed), diff)
         rows.append(Row(arm, results, rollouts if arm.counts_rollouts else None, after))

@@ -82,12 +82,24 @@ def test_different_tasks_are_refused_not_paired(tmp_path: Path) -> None:
     record(start_db, START, phase="warm_start", split="test")
     record(arm_db, {**ARM, "t9": 1.0}, phase="final", split="test")
     start = Arm("start", "warm start", start_db, "warm_start")
-    with pytest.raises(ConfigError, match="test tasks differ from the baseline's"):
+    with pytest.raises(ConfigError, match="test tasks differ from the other runs'"):
         measure([Arm("SFT", "sft", arm_db, "final")], start, ("test",))
     with pytest.raises(ConfigError, match="no held-out rollouts of phase 'final' on split 'family'"):
         measure([Arm("SFT", "sft", arm_db, "final")], start, ("family",))
     with pytest.raises(ConfigError, match="no such store"):
         measure([Arm("x", "x", tmp_path / "missing.duckdb", "final")], start, ("test",))
+
+
+def test_a_start_evaluated_on_more_tasks_is_paired_on_the_arms_tasks(tmp_path: Path) -> None:
+    start_db, arm_db, other_db = tmp_path / "start.duckdb", tmp_path / "grpo.duckdb", tmp_path / "sft.duckdb"
+    record(start_db, {**START, "t5": 1.0, "t6": 1.0}, phase="warm_start", split="test")
+    record(arm_db, ARM, phase="final", split="test")
+    record(other_db, {"t1": 1.0, "t2": 1.0}, phase="final", split="test")
+    start = Arm("start", "warm start", start_db, "warm_start")
+    rows = measure([start, Arm("GRPO", "grpo", arm_db, "final")], start, ("test",))
+    assert [r.splits["test"].accuracy.n for r in rows] == [4, 4] and rows[0].splits["test"].accuracy.mean == 0.5
+    with pytest.raises(ConfigError, match="SFT: its test tasks differ from the other runs'"):
+        measure([Arm("GRPO", "grpo", arm_db, "final"), Arm("SFT", "sft", other_db, "final")], start, ("test",))
 
 
 def test_load_winner_reads_the_chosen_prompt_version(tmp_path: Path) -> None:

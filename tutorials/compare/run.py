@@ -63,7 +63,11 @@ def set_budget(config: dict[str, Any], budget: int) -> None:
     """The algorithm's size key, so that the arm runs exactly ``budget`` training rollouts."""
     name = config["algorithm"]
     section = config.setdefault(name, {})
-    if name == "apo":
+    if name == "apo":  # the start prompt and each variant on val, the start prompt on the pool: budget in all
+        demos = section.setdefault("demos", {})
+        section["val_tasks"] = max(budget // 8, 1)
+        demos["pool_tasks"] = budget // 2
+        demos["candidates"] = max((budget - demos["pool_tasks"]) // section["val_tasks"] - 1, 1)
         section["max_rollouts"] = budget
         return
     keys = {"grpo": ("steps", "tasks_per_step", "group_size"),
@@ -75,15 +79,17 @@ def set_budget(config: dict[str, Any], budget: int) -> None:
     section[keys[0]] = budget // per_step
 
 
-def stage_config(name: str, base: dict[str, Any], out: Path, budget: int, eval_tasks: int) -> dict[str, Any]:
-    """The full train config of stage ``name``."""
+def stage_config(name: str, base: dict[str, Any], out: Path, budget: int, eval_tasks: int,
+                 start_eval_tasks: int | None = None) -> dict[str, Any]:
+    """The full train config of stage ``name`` (the start may be evaluated on more tasks than the arms)."""
     arm = load_yaml(HERE / "arms" / f"{name}.yaml")
     arm.pop("after", None)
     config = deep_merge(base, arm)
     for other in set(ALGORITHMS) - {config["algorithm"]}:
         config.pop(other, None)
     config.update(run_name=name, out_dir=str(out), db=str(out / f"{name}.duckdb"))
-    config["eval"] = {**config.get("eval", {}), "tasks": eval_tasks, "extra_splits": list(SPLITS[1:])}
+    tasks = start_eval_tasks or eval_tasks if name == "start" else eval_tasks
+    config["eval"] = {**config.get("eval", {}), "tasks": tasks, "extra_splits": list(SPLITS[1:])}
     if name == "start":
         return config
     config.pop("warm_start", None)
@@ -143,6 +149,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/compare"), help="stores, runs, configs, table.md")
     parser.add_argument("--budget", type=int, default=128, help="training rollouts per arm")
     parser.add_argument("--eval-tasks", type=int, default=60, help="held-out tasks per split")
+    parser.add_argument("--start-eval-tasks", type=int, default=None, help="held-out tasks per split for the "
+                        "start (default: --eval-tasks); the arms are paired with it on their own tasks, a prefix")
     parser.add_argument("--table-only", action="store_true", help="rebuild the table from the stores in --out")
     parser.add_argument("--stages", default=",".join(STAGES), help="run only these stages (comma-separated), "
                         "e.g. start; a later run of all stages reuses them")
@@ -155,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
     if unknown := sorted(set(chosen) - set(STAGES)):
         parser.error(f"--stages: unknown {unknown}; stages are {list(STAGES)}")
     for name in [s for s in STAGES if s in chosen]:
-        config = stage_config(name, base, out, args.budget, args.eval_tasks)
+        config = stage_config(name, base, out, args.budget, args.eval_tasks, args.start_eval_tasks)
         if args.table_only:
             timing = out / name / "wall.json"
             walls[name] = float(json.loads(timing.read_text())["seconds"]) if timing.is_file() else float("nan")
