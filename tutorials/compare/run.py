@@ -65,7 +65,7 @@ def set_budget(config: dict[str, Any], budget: int) -> None:
     section = config.setdefault(name, {})
     if name == "apo":  # the start prompt and each variant on val, the start prompt on the pool: budget in all
         demos = section.setdefault("demos", {})
-        section["val_tasks"] = max(budget // 8, 1)
+        section["val_tasks"] = max(budget // 8, 8)
         demos["pool_tasks"] = budget // 2
         demos["candidates"] = max((budget - demos["pool_tasks"]) // section["val_tasks"] - 1, 1)
         section["max_rollouts"] = budget
@@ -174,7 +174,12 @@ def main(argv: list[str] | None = None) -> None:
         walls[name] = run_stage(name, config, out)
     if chosen != list(STAGES) and not args.table_only:
         return
-    rows = arms(out, walls)
+    rows = []
+    for arm in arms(out, walls):  # --table-only on an unfinished comparison: the stages that ran
+        if arm.db.is_file():
+            rows.append(arm)
+        else:
+            logger.warning("%s: %s does not exist (the stage has not run); left out of the table", arm.label, arm.db)
     table = build_table(rows, baseline=rows[1], splits=SPLITS)
     (out / "table.md").write_text(table + "\n")
     sys.stdout.write(table + "\n")
