@@ -62,6 +62,9 @@ class DatasetConfig(_Section):
                                                  description="levels RL trains on; default `levels`")
     kwargs: dict[str, Any] = Field(default_factory=dict,
                                    description="the task set's own options, e.g. calc's phrasings: all")
+    train_tasks: int | None = Field(default=None, ge=1, le=1_000_000, description="train tasks to generate; "
+                                    "default: twice what the algorithm and warm start ask for. RL draws from those "
+                                    "of train_levels, so a run without a warm start may otherwise get a small pool")
 
     @model_validator(mode="after")
     def _train_levels_in_levels(self) -> DatasetConfig:

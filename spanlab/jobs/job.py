@@ -65,7 +65,7 @@ def split_tasks(task_set: TaskSet, config: TrainConfig, n_train: int) -> dict[st
         except ValueError as exc:
             raise ConfigError(f"{key}: task set {data.name!r}: {exc}") from exc
 
-    train = make("train", n_train * 2, "dataset")
+    train = make("train", data.train_tasks or n_train * 2, "dataset")
     splits = {"train": train, "eval": make(ev.split, ev.tasks, "dataset")}
     for split in ev.extra_splits:
         if split in ("train", ev.split) or f"eval:{split}" in splits:

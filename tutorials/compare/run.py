@@ -92,6 +92,9 @@ def stage_config(name: str, base: dict[str, Any], out: Path, budget: int, eval_t
     config["eval"] = {**config.get("eval", {}), "tasks": tasks, "extra_splits": list(SPLITS[1:])}
     if name == "start":
         return config
+    # The same train tasks as the start (its warm start asks for them): without it an arm would generate only
+    # twice its own draws, and RL's pool (the train_levels ones among them) would shrink to a handful.
+    config["dataset"] = {**config.get("dataset", {}), "train_tasks": 2 * int(config["warm_start"]["demos"])}
     config.pop("warm_start", None)
     config["engine"] = {**config.get("engine", {}), "model": str(out / "start" / "final")}
     if config["algorithm"] != "apo":  # APO evaluates its own start (its paired difference needs it)
