@@ -45,6 +45,12 @@ def held_out(store: StoreAPI, phase: str, split: str) -> dict[str, float]:
     return rewards
 
 
+def failed_held_out(store: StoreAPI, phase: str, splits: Sequence[str]) -> int:
+    """Held-out rollouts of ``phase`` that did not succeed (an engine error, a timeout): scored 0 above."""
+    return sum(1 for split in splits for row in store.rollout_summaries(metadata={"phase": phase, "split": split})
+               if row.mode == "test" and row.status != "succeeded")
+
+
 def training_rollouts(store: StoreAPI) -> int:
     """Rollouts the run spent on training or search: every rollout not run for the held-out evaluation."""
     return sum(1 for row in store.rollout_summaries() if row.mode != "test")
@@ -62,14 +68,16 @@ class Row:
     splits: dict[str, SplitResult]
     rollouts: int | None
     after_rollouts: int | None
+    failed: int = 0  # held-out rollouts of the shown phase that failed (counted as reward 0)
 
 
-def _rewards(db: Path, phase: str, splits: Sequence[str]) -> tuple[dict[str, dict[str, float]], int]:
+def _rewards(db: Path, phase: str, splits: Sequence[str]) -> tuple[dict[str, dict[str, float]], int, int]:
+    """(task_id -> reward per split, training rollouts, failed held-out rollouts) of one store."""
     if not db.is_file():
         raise ConfigError(f"{db}: no such store (did that stage run?)")
     with SpanStore(db) as store:
         by_split = {split: held_out(store, phase, split) for split in splits}
-        return by_split, training_rollouts(store)
+        return by_split, training_rollouts(store), failed_held_out(store, phase, splits)
 
 
 def measure(arms: Sequence[Arm], baseline: Arm, splits: Sequence[str], *, seed: int = 0) -> list[Row]:
@@ -78,12 +86,12 @@ def measure(arms: Sequence[Arm], baseline: Arm, splits: Sequence[str], *, seed: 
     The baseline may hold more tasks than the arms (calc's held-out tasks are a prefix of a longer list, so a
     start evaluated on 60 and arms on 30 share those 30); every arm must have run the same tasks, all of them
     among the baseline's, or it is an error rather than an unpaired comparison."""
-    start, _ = _rewards(baseline.db, baseline.phase, splits)
-    measured = []
+    start = _rewards(baseline.db, baseline.phase, splits)[0]
+    measured, failed = [], {}
     for arm in arms:
-        rewards, rollouts = _rewards(arm.db, arm.phase, splits)
+        rewards, rollouts, failed[arm.label] = _rewards(arm.db, arm.phase, splits)
         if arm.fallback is not None and not any(rewards.values()):
-            rewards = _rewards(arm.db, arm.fallback, splits)[0]
+            rewards, _, failed[arm.label] = _rewards(arm.db, arm.fallback, splits)
         after = _rewards(arm.after, "final", ())[1] if arm.after is not None else None
         measured.append((arm, rewards, rollouts, after))
     rows = []
@@ -105,7 +113,7 @@ def measure(arms: Sequence[Arm], baseline: Arm, splits: Sequence[str], *, seed: 
             ours, theirs = [rewards[split][t] for t in ids], [start[split][t] for t in ids]
             diff = None if arm == baseline else paired_difference(ours, theirs, seed=seed)
             results[split] = SplitResult(bootstrap(ours, seed=seed), diff)
-        rows.append(Row(arm, results, rollouts if arm.counts_rollouts else None, after))
+        rows.append(Row(arm, results, rollouts if arm.counts_rollouts else None, after, failed[arm.label]))
     return rows
 
 
@@ -127,7 +135,7 @@ def markdown(rows: Sequence[Row], splits: Sequence[str]) -> str:
     head = ["arm", "algorithm"]
     for split in splits:
         head += [f"{split} (n={n[split]}) accuracy [95% CI]", f"{split}: vs start, points [95% CI]"]
-    head += ["training rollouts", "wall (min)"]
+    head += ["training rollouts", "wall (min)", "held-out failed"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         cells = [row.arm.label, row.arm.algorithm]
@@ -138,7 +146,7 @@ def markdown(rows: Sequence[Row], splits: Sequence[str]) -> str:
         if row.after_rollouts is not None and row.rollouts is not None:
             rollouts = f"{row.rollouts + row.after_rollouts} ({row.after_rollouts} + {row.rollouts})"
             wall = f"{wall} (+ {_minutes(row.arm.after_wall_s)})"
-        lines.append("| " + " | ".join([*cells, rollouts, wall]) + " |")
+        lines.append("| " + " | ".join([*cells, rollouts, wall, str(row.failed)]) + " |")
     return "\n".join(lines)
 
 

@@ -16,19 +16,25 @@ from spanlab.algos.apo.stats import bootstrap, paired_difference
 from spanlab.compare import Arm, build_table, load_winner, measure
 from spanlab.errors import ConfigError
 from spanlab.store import SpanStore
-from spanlab.types import Rollout, reward_span
+from spanlab.types import Rollout, RolloutConfig, reward_span
 
 
-def record(db: Path, rewards: dict[str, float], *, phase: str = "", split: str = "", mode: str = "test") -> None:
-    """One finished rollout per task with its reward, as the framework's collector leaves them."""
+def record(db: Path, rewards: dict[str, float], *, phase: str = "", split: str = "", mode: str = "test",
+           failed: frozenset[str] = frozenset()) -> None:
+    """One finished rollout per task with its reward (those in ``failed``: a failed attempt, no reward), as the
+    framework's collector leaves them."""
     with SpanStore(db) as store:
         metadata = {"phase": phase, "split": split} if phase else {}
-        store.enqueue([Rollout(input={"task_id": t, "question": t}, mode=mode, metadata=metadata) for t in rewards])
+        store.enqueue([Rollout(input={"task_id": t, "question": t}, mode=mode, metadata=metadata,
+                               config=RolloutConfig(max_attempts=1)) for t in rewards])
         while (taken := store.dequeue()) is not None:
             rollout, attempt = taken
-            value = rewards[rollout.input["task_id"]]
+            task = rollout.input["task_id"]
+            if task in failed:
+                store.finish_attempt(attempt.attempt_id, "failed")
+                continue
             store.finish_attempt(attempt.attempt_id, "succeeded", [reward_span(rollout.rollout_id, attempt.attempt_id,
-                                                                               value)])
+                                                                               rewards[task])])
 
 
 START = {"t1": 1.0, "t2": 0.0, "t3": 0.0, "t4": 1.0}
@@ -39,7 +45,7 @@ def test_accuracy_intervals_and_paired_difference_come_from_the_stores(tmp_path:
     start_db, arm_db = tmp_path / "start.duckdb", tmp_path / "grpo.duckdb"
     for split in ("test", "family"):
         record(start_db, START, phase="warm_start", split=split)
-        record(arm_db, ARM, phase="final", split=split)
+        record(arm_db, ARM, phase="final", split=split, failed=frozenset({"t3"}))  # t3 scores 0 all the same
     record(arm_db, {"a": 1.0, "b": 0.0, "c": 1.0}, mode="train")  # training rollouts: counted, not evaluated
     record(arm_db, {"v": 1.0}, mode="val")
     record(arm_db, dict(START), phase="other", split="test")  # another phase: must not leak in
@@ -57,7 +63,8 @@ def test_accuracy_intervals_and_paired_difference_come_from_the_stores(tmp_path:
     table = build_table([start, arm], start, ("test", "family"))
     lines = table.splitlines()
     assert lines[0].startswith("| arm | algorithm | test (n=4) accuracy [95% CI] |")
-    assert lines[3].startswith("| GRPO | grpo | 75.0% [") and "+25.0 [" in lines[3] and lines[3].endswith("| 4 | 2.0 |")
+    assert lines[3].startswith("| GRPO | grpo | 75.0% [") and "+25.0 [" in lines[3]
+    assert lines[3].endswith("| 4 | 2.0 | 2 |")  # training rollouts, minutes, failed held-out rollouts
 
 
 def test_a_continued_arm_counts_its_parents_rollouts_and_an_apo_without_final_falls_back(tmp_path: Path) -> None:
@@ -74,7 +81,7 @@ def test_a_continued_arm_counts_its_parents_rollouts_and_an_apo_without_final_fa
     rows = measure([apo, chain], start, ("test",))
     assert rows[0].splits["test"].diff.mean == 0.0 and rows[0].rollouts == 2
     assert (rows[1].rollouts, rows[1].after_rollouts) == (3, 2)
-    assert build_table([chain], start, ("test",)).splitlines()[-1].endswith("| 5 (2 + 3) | 5.0 (+ 2.0) |")
+    assert build_table([chain], start, ("test",)).splitlines()[-1].endswith("| 5 (2 + 3) | 5.0 (+ 2.0) | 0 |")
 
 
 def test_different_tasks_are_refused_not_paired(tmp_path: Path) -> None:

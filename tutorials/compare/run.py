@@ -1,6 +1,7 @@
 """One table across algorithms on the calc agent: the same start, the same rollout budget, held-out accuracy.
 
-Run from the repo root (about 1.5 h on a busy 2-core machine with the defaults):
+Run from the repo root (tutorials/compare/README.md has the measured run, --budget 32 --eval-tasks 20
+--start-eval-tasks 60, and its times; the defaults below are larger and not timed):
 
     PYTHONPATH=. .venv/bin/python tutorials/compare/run.py [--out DIR] [--budget 128] [--eval-tasks 60]
 
@@ -11,7 +12,8 @@ Stages, each a normal ``spanlab train`` config written to ``OUT/configs/NAME.yam
 1. ``start``: the base config's SFT warm start, no training steps; writes the servable ``OUT/start/final/``.
 2. ``grpo``, ``sft``, ``apo``: each from ``engine.model: OUT/start/final`` with no warm start and no base
    evaluation of its own (``eval.base: false``: the start's evaluation is the baseline); the budget sets
-   ``grpo.steps``, ``sft.rounds`` or ``apo.max_rollouts`` so each arm runs ``--budget`` training rollouts.
+   ``grpo.steps``, ``sft.rounds`` or ``apo.max_rollouts`` so each arm runs ``--budget`` training rollouts,
+   and ``dataset.train_tasks`` gives each the start's train tasks.
 3. ``apo-grpo``: the grpo arm, starting from the apo arm's winning prompt (``prompt: OUT/apo/winner.poml``).
 
 A stage whose ``OUT/NAME/report.json`` exists is reused (so an interrupted comparison continues); its wall
