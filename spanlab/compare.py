@@ -84,8 +84,8 @@ def measure(arms: Sequence[Arm], baseline: Arm, splits: Sequence[str], *, seed: 
     """Each arm's accuracy per split and its paired difference to ``baseline``, on the tasks every arm ran.
 
     The baseline may hold more tasks than the arms (calc's held-out tasks are a prefix of a longer list, so a
-    start evaluated on 60 and arms on 30 share those 30); every arm must have run the same tasks, all of them
-    among the baseline's, or it is an error rather than an unpaired comparison."""
+    start evaluated on 60 and arms on 30 share those 30); every row is measured on the tasks all rows ran,
+    and the rows' task sets must be nested within the baseline's, or it is an error, not an unpaired comparison."""
     start = _rewards(baseline.db, baseline.phase, splits)[0]
     measured, failed = [], {}
     for arm in arms:
@@ -94,18 +94,19 @@ def measure(arms: Sequence[Arm], baseline: Arm, splits: Sequence[str], *, seed: 
             rewards, _, failed[arm.label] = _rewards(arm.db, arm.fallback, splits)
         after = _rewards(arm.after, "final", ())[1] if arm.after is not None else None
         measured.append((arm, rewards, rollouts, after))
-    rows = []
     for split in splits:
-        trained = [set(r[split]) for a, r, _, _ in measured if a != baseline] or [set(start[split])]
-        for arm, rewards, _, _ in measured:
-            ids = set(rewards[split])
-            if not ids:
+        sets = {arm.label: set(rewards[split]) for arm, rewards, _, _ in measured}
+        for arm, _, _, _ in measured:
+            if not sets[arm.label]:
                 raise ConfigError(f"{arm.db}: no held-out rollouts of phase {arm.phase!r} on split {split!r}")
-            if arm != baseline and (ids != trained[0] or not ids <= set(start[split])):
-                raise ConfigError(f"{arm.label}: its {split} tasks differ from the other runs' ({len(ids)} tasks, "
+        smallest = min(sets.values(), key=len) & set(start[split])
+        for label, ids in sets.items():  # nested lists of the same tasks (prefixes), or not a paired comparison
+            if not smallest <= ids or not ids <= set(start[split]):
+                raise ConfigError(f"{label}: its {split} tasks differ from the other runs' ({len(ids)} tasks, "
                                   f"{len(ids - set(start[split]))} not in the baseline's); not a paired comparison")
-    common = {split: sorted(set.intersection(*[set(r[split]) for a, r, _, _ in measured if a != baseline],
-                                             set(start[split]))) for split in splits}
+    common = {split: sorted(set.intersection(set(start[split]), *[set(r[split]) for _, r, _, _ in measured]))
+              for split in splits}
+    rows = []
     for arm, rewards, rollouts, after in measured:
         results = {}
         for split in splits:

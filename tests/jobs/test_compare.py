@@ -101,11 +101,12 @@ def test_a_start_evaluated_on_more_tasks_is_paired_on_the_arms_tasks(tmp_path: P
     start_db, arm_db, other_db = tmp_path / "start.duckdb", tmp_path / "grpo.duckdb", tmp_path / "sft.duckdb"
     record(start_db, {**START, "t5": 1.0, "t6": 1.0}, phase="warm_start", split="test")
     record(arm_db, ARM, phase="final", split="test")
-    record(other_db, {"t1": 1.0, "t2": 1.0}, phase="final", split="test")
+    record(other_db, {"t1": 1.0, "t5": 1.0}, phase="final", split="test")  # t5: the start's, not GRPO's
     start = Arm("start", "warm start", start_db, "warm_start")
-    rows = measure([start, Arm("GRPO", "grpo", arm_db, "final")], start, ("test",))
-    assert [r.splits["test"].accuracy.n for r in rows] == [4, 4] and rows[0].splits["test"].accuracy.mean == 0.5
-    with pytest.raises(ConfigError, match="SFT: its test tasks differ from the other runs'"):
+    base = Arm("base", "-", start_db, "warm_start", counts_rollouts=False)  # the start's own 6 tasks
+    rows = measure([base, start, Arm("GRPO", "grpo", arm_db, "final")], start, ("test",))
+    assert [r.splits["test"].accuracy.n for r in rows] == [4, 4, 4] and rows[0].splits["test"].accuracy.mean == 0.5
+    with pytest.raises(ConfigError, match=r"(SFT|GRPO): its test tasks differ from the other runs'"):
         measure([Arm("GRPO", "grpo", arm_db, "final"), Arm("SFT", "sft", other_db, "final")], start, ("test",))
 
 
