@@ -62,6 +62,9 @@ class DatasetConfig(_Section):
                                                  description="levels RL trains on; default `levels`")
     kwargs: dict[str, Any] = Field(default_factory=dict,
                                    description="the task set's own options, e.g. calc's phrasings: all")
+    train_tasks: int | None = Field(default=None, ge=1, le=1_000_000, description="train tasks to generate; "
+                                    "default: twice what the algorithm and warm start ask for. RL draws from those "
+                                    "of train_levels, so a run without a warm start may otherwise get a small pool")
 
     @model_validator(mode="after")
     def _train_levels_in_levels(self) -> DatasetConfig:
@@ -79,6 +82,8 @@ class EvalConfig(_Section):
         "(calc: family = unseen phrasings, depth = one more operation than any training problem)")
     tasks: int = Field(default=60, ge=1, le=100_000, description="held-out tasks per evaluation and split")
     temperature: float = Field(default=0.0, ge=0, le=10)
+    base: bool = Field(default=True, description="evaluate before training (phase base); false where the start "
+                       "was evaluated already, e.g. by the run that wrote the engine.model folder")
 
 
 class RolloutsConfig(_Section):
@@ -150,6 +155,10 @@ class TrainConfig(_Section):
         default=None, description="a chat template file to retokenize with (models a train/serve template mismatch)"
     )
     agent: AgentConfig = Field(default_factory=lambda: AgentConfig(name="calc"))
+    prompt: Path | None = Field(
+        default=None, description="a POML file to start from: stored as the latest version of the `prompt` "
+        "resource before the base evaluation, so every rollout that pins no prompt (training and held-out) runs "
+        "with it, e.g. an APO run's winner for GRPO (APO itself starts from apo.prompt)")
     agents: tuple[str, ...] | None = Field(
         default=None, description="roles of a multi-agent agent whose calls are trained on (None: every call)"
     )
@@ -205,6 +214,8 @@ class TrainConfig(_Section):
                              "running ones; drop one of them")
         if self.runner.backend == "ray" and (problem := unreachable(self.gateway, "gateway", "gateway")):
             raise ValueError(problem)
+        if self.prompt is not None and not self.prompt.is_file():
+            raise ValueError(f"prompt {str(self.prompt)!r} is not a file")
         if self.retokenize_template is not None:
             if self.token_source != "retokenized":
                 raise ValueError("retokenize_template is only used with token_source: retokenized")

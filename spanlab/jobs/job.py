@@ -65,7 +65,7 @@ def split_tasks(task_set: TaskSet, config: TrainConfig, n_train: int) -> dict[st
         except ValueError as exc:
             raise ConfigError(f"{key}: task set {data.name!r}: {exc}") from exc
 
-    train = make("train", n_train * 2, "dataset")
+    train = make("train", data.train_tasks or n_train * 2, "dataset")
     splits = {"train": train, "eval": make(ev.split, ev.tasks, "dataset")}
     for split in ev.extra_splits:
         if split in ("train", ev.split) or f"eval:{split}" in splits:
@@ -224,6 +224,7 @@ def check_job(config: TrainConfig) -> tuple[Algorithm, TaskSet, dict[str, Tasks]
     """Everything ``spanlab train`` can check before an engine starts: the algorithm's checks, the task
     splits, the agent and its kwargs, the store's folder. ``spanlab train --check`` runs this only; a run
     goes on with the algorithm, task set and splits it built."""
+    from spanlab.jobs.prompt import check_prompt
     from spanlab.jobs.rig import check_writable
     from spanlab.jobs.runner_rig import check_runner
     from spanlab.runner.agent import load_agent
@@ -234,6 +235,7 @@ def check_job(config: TrainConfig) -> tuple[Algorithm, TaskSet, dict[str, Tasks]
     # Built the way rollouts build it (they always pass the served model name), so a bad kwarg fails here.
     load_agent(config.agent.name, {"model": config.engine.served_model_name or config.engine.model,
                                    **config.agent.kwargs})
+    check_prompt(config)
     check_writable(config.db, config.run_dir)
     check_runner(config.runner)
     from spanlab.jobs.tracking import check_tracking
@@ -305,12 +307,17 @@ def run_job(config: TrainConfig, *, console: Console | None = None, resume: bool
                                      on_served=rig.gateway.set_served_version, served=rig.served,
                                      store=rig.store, run_dir=config.run_dir, lora=algorithm.policy_lora(),
                                      torch_threads=config.torch_threads)
+        from spanlab.jobs.prompt import check_prompt, store_prompt
+
+        if (template := check_prompt(config)) is not None:
+            store_prompt(rig.store, template, file=str(config.prompt), run_id=report.run_id)
         algorithm.prepare(job)
         if state is not None:
             resuming.resume(job, state)
             stack.enter_context(job.progress)
         else:
-            job.held_out("base")
+            if config.eval.base:
+                job.held_out("base")
             stack.enter_context(job.progress)
             job.warm_start()
             job.save_state()

@@ -102,3 +102,16 @@ def test_an_async_run_cannot_resume_and_its_defaults_follow_the_step() -> None:
     assert (config.loop.staleness, config.loop.groups_in_flight(3)) == (1, 6)
     with pytest.raises(ConfigError, match=r"--resume: a loop\.mode: async run keeps groups in flight"):
         check_resumable(build_algorithm(config), config)
+
+
+def test_dataset_train_tasks_sets_the_train_pool_rl_draws_from() -> None:
+    """Without a warm start a run generates twice its own draws; train_tasks gives it the pool a warm start had."""
+    from spanlab.jobs.job import check_job
+
+    data = {"algorithm": "grpo", "grpo": {"steps": 1, "tasks_per_step": 8},
+            "dataset": {"name": "calc", "levels": [1, 2, 3], "train_levels": [3]}}
+    _, _, small = check_job(parse_train_config(data))
+    _, _, large = check_job(parse_train_config({**data, "dataset": {**data["dataset"], "train_tasks": 128}}))
+    assert (len(small["train"]), len(large["train"])) == (16, 128)
+    assert len(small["rl"]) < 8 <= len(large["rl"]) and {t["level"] for t in large["rl"]} == {3}
+    assert large["train"][:16] == small["train"]  # a longer list of the same tasks, so runs stay comparable

@@ -46,6 +46,8 @@ class APO(Algorithm[APOConfig]):
     def check(self) -> None:
         if self.config.eval.split != "test":
             raise ConfigError("eval.split: APO selects prompts on val, so its held-out split must be test")
+        if not self.config.eval.base:
+            raise ConfigError("eval.base: APO's paired difference needs the start prompt's evaluation; remove it")
         if self.settings.search == "gepa":
             from spanlab.algos.apo.gepa_search import gepa_available
 
