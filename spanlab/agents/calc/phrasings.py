@@ -1,10 +1,13 @@
 """How each kind of calc problem is worded: several phrasing families per kind, some held out.
 
 A *phrasing family* is one template. Each kind's first template is the wording the tutorial always
-used (``phrasings: original`` trains on it alone, which is what the main job did); the rest of
-``TRAIN`` are other wordings a training set may use (``phrasings: all``). ``HELD_OUT`` templates are
+used (``phrasings: original`` trains on it alone, as the main job did until it took ``all``); the rest of
+``TRAIN`` are other wordings a training set may use (``phrasings: all``): for levels 1-3, six or seven per
+kind, varied the way people ask (order of facts, verbs, question forms), so that a model trained on them
+learns the arithmetic rather than one sentence. ``HELD_OUT`` templates are
 never used for training or for the question-held-out splits: they make the ``family`` split, which
-asks whether an agent learned the arithmetic or the sentence. Levels 4 and 5 (three and four
+asks whether an agent learned the arithmetic or the sentence (``tests/agents/test_calc_tasks.py`` checks that
+no training wording of levels 1-3 repeats a held-out one, or seven words of one). Levels 4 and 5 (three and four
 operations) are never trained by the default levels; they make the ``depth`` split.
 
 Slots: ``name``/``other`` (two different people), ``item`` (plural), ``box`` (plural container),
