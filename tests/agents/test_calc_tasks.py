@@ -125,10 +125,10 @@ def test_all_phrasings_are_stratified_over_templates() -> None:
             assert {k for k, _ in templates_of(level)} == set(KINDS[level])
 
 
-def test_the_main_jobs_demonstrations_cover_every_training_template() -> None:
-    """The warm start's demos (the first ``warm_start.demos`` train tasks) show every wording of every level at
-    least once; the 64 random-template demos of before covered 26 of 36."""
-    config = load_train_config(Path(__file__).parents[2] / "tutorials/calc/grpo.yaml")
+def test_the_phrasings_jobs_demonstrations_cover_every_training_template() -> None:
+    """grpo-phrasings.yaml's warm start demos (the first ``warm_start.demos`` train tasks) show every wording of
+    every level at least once; the 64 random-template demos of before covered 26 of 36."""
+    config = load_train_config(Path(__file__).parents[2] / "tutorials/calc/grpo-phrasings.yaml")
     assert config.warm_start is not None and config.dataset.kwargs.get("phrasings") == "all"
     demos = make_tasks("train", config.warm_start.demos, seed=config.dataset.seed, levels=config.dataset.levels,
                        **config.dataset.kwargs)
