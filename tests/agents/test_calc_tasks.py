@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+from pathlib import Path
 
 import pytest
 
 from spanlab.agents.calc.mcp_server import evaluate
 from spanlab.agents.calc.phrasings import HELD_OUT, TRAIN
-from spanlab.agents.calc.tasks import KINDS, LEVELS, make_tasks, split_of
+from spanlab.agents.calc.tasks import KINDS, LEVELS, make_tasks, split_of, templates_of
+from spanlab.jobs.config import load_train_config
 
 
 def test_same_seed_same_tasks_other_seed_other_tasks() -> None:
@@ -108,3 +111,51 @@ def test_depth_split_has_one_more_operation_than_any_asked_level(levels: tuple[i
     assert {sum(t["expression"].count(op) for op in "+-*/") for t in tasks} == {ops}
     for t in tasks:
         assert evaluate(t["expression"]) == str(t["answer"]) and 0 <= t["answer"] < 10_000, t
+
+
+def test_all_phrasings_are_stratified_over_templates() -> None:
+    """Each level's tasks take its templates in turn: any window of one cycle uses each template once."""
+    levels = (1, 2, 3)
+    for split in ("train", "val", "test"):
+        tasks = make_tasks(split, 3 * 24 * 2, seed=0, levels=levels, phrasings="all")
+        for level in levels:
+            cycle = [f"{k}/{i}" for k, i in templates_of(level)]
+            of_level = [t["family"] for t in tasks if t["level"] == level]
+            assert of_level[: 2 * len(cycle)] == cycle + cycle, (split, level)
+            assert {k for k, _ in templates_of(level)} == set(KINDS[level])
+
+
+def test_the_phrasings_jobs_demonstrations_cover_every_training_template() -> None:
+    """grpo-phrasings.yaml's warm start demos (the first ``warm_start.demos`` train tasks) show every wording of
+    every level at least once; the 64 random-template demos of before covered 26 of 36."""
+    config = load_train_config(Path(__file__).parents[2] / "tutorials/calc/grpo-phrasings.yaml")
+    assert config.warm_start is not None and config.dataset.kwargs.get("phrasings") == "all"
+    demos = make_tasks("train", config.warm_start.demos, seed=config.dataset.seed, levels=config.dataset.levels,
+                       **config.dataset.kwargs)
+    templates = {f"{k}/{i}" for lv in config.dataset.levels for k in KINDS[lv] for i in range(len(TRAIN[k]))}
+    assert {t["family"] for t in demos} == templates
+
+
+def _word_grams(template: str, n: int) -> set[tuple[str, ...]]:
+    """The ``n``-word stretches within each sentence (a stretch across a full stop is no shared wording)."""
+    grams = set()
+    for sentence in re.split(r"[.?;]", template.lower()):
+        words = re.findall(r"\{?\w+\}?", sentence)
+        grams |= {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
+    return grams
+
+
+STOCK_QUESTIONS = {("how", "many", "{item}", "does", "{name}", "have", "left"),
+                   ("what", "is", "the", "total", "number", "of", "{item}")}
+
+
+def test_training_wordings_do_not_copy_held_out_ones() -> None:
+    """The family split measures unseen wording only while no training template of its levels (1-3) repeats a
+    held-out one or a seven-word stretch of one, stock questions aside."""
+    train = [t for lv in LEVELS for k in KINDS[lv] for t in TRAIN[k]]
+    assert len(set(train)) == len(train)
+    for held_out in HELD_OUT.values():
+        for h in held_out:
+            assert h not in train
+            for t in train:
+                assert not (_word_grams(h, 7) & _word_grams(t, 7)) - STOCK_QUESTIONS, (h, t)

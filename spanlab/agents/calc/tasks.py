@@ -5,7 +5,8 @@ an exact division), 3 = two operations (solvable with one calculator expression 
 ``23 + 4 * 6``), 4 and 5 = three and four operations. Each task carries the expression that solves
 it, which the demonstrations (``demos.py``) use as the calculator call. Wordings live in
 ``phrasings.py``: ``phrasings="original"`` words every problem as the tutorial always did (one
-template per kind), ``"all"`` draws from every training template of the kind.
+template per kind), ``"all"`` uses every training template of the kind, in turn (stratified: the first
+``n`` tasks of a level cover its templates and kinds as evenly as ``n`` allows, see ``templates_of``).
 
 Splits. ``train``/``val``/``test`` are held out *by question*: a question belongs to one by a stable
 hash of its text (80/10/10), whatever seed generated it, so no seed can leak a test question into
@@ -176,16 +177,28 @@ def _people(rng: random.Random) -> Slots:
     return {"name": name, "item": item, "box": box, "other": NAMES[(NAMES.index(name) + 1) % len(NAMES)]}
 
 
-def _draw(rng: random.Random, level: int, split: Split, phrasings: Phrasings) -> tuple[str, str, int, str]:
-    """One problem of ``level`` worded for ``split``: question, expression, answer, family."""
+def templates_of(level: int) -> list[tuple[str, int]]:
+    """Every training template of ``level`` as ``(kind, index)``, kinds interleaved: the order ``phrasings="all"``
+    cycles through, so any ``len(templates_of(level))`` consecutive tasks of a level use each template once."""
+    kinds = tuple(KINDS[level])
+    return [(k, i) for i in range(max(len(TRAIN[k]) for k in kinds)) for k in kinds if i < len(TRAIN[k])]
+
+
+def _draw(rng: random.Random, level: int, split: Split, phrasings: Phrasings,
+          template: tuple[str, int] | None = None) -> tuple[str, str, int, str]:
+    """One problem of ``level`` worded for ``split``: question, expression, answer, family (``template``: this
+    kind and training template, not a random one)."""
     slots = _people(rng) if level > 1 else {}
-    kind = rng.choice(tuple(KINDS[level]))
+    kind = template[0] if template is not None else rng.choice(tuple(KINDS[level]))
     numbers, expression, answer = KINDS[level][kind](rng, slots)
     slots = {**slots, **numbers}
     if split == "family":
         index = rng.randrange(len(HELD_OUT[kind]))
         return HELD_OUT[kind][index].format(**slots), expression, answer, f"{kind}/held-out/{index}"
-    index = 0 if phrasings == "original" and split != "depth" else rng.randrange(len(TRAIN[kind]))
+    if template is not None:
+        index = template[1]
+    else:
+        index = 0 if phrasings == "original" and split != "depth" else rng.randrange(len(TRAIN[kind]))
     return TRAIN[kind][index].format(**slots), expression, answer, f"{kind}/{index}"
 
 
@@ -210,12 +223,16 @@ def make_tasks(
         levels = (max(levels) + 1,)
     stream = "depth" if split == "depth" else "family" if split == "family" else ""
     rngs = {lv: random.Random(f"spanlab-calc:{seed}:{lv}{stream}") for lv in levels}
+    # "all" on a split held out by question cycles through the level's templates (stratified: a warm start on the
+    # first n train tasks sees every template and kind as evenly as n allows); the others draw them at random.
+    cycle = {lv: templates_of(lv) for lv in levels} if phrasings == "all" and split in _SPLIT_BUCKETS else None
     seen: set[str] = set()
     tasks: list[CalcTask] = []
     for i in range(n):
         level = levels[i % len(levels)]
+        template = cycle[level][(i // len(levels)) % len(cycle[level])] if cycle is not None else None
         for _ in range(_MAX_DRAWS_PER_TASK):
-            question, expression, answer, family = _draw(rngs[level], level, split, phrasings)
+            question, expression, answer, family = _draw(rngs[level], level, split, phrasings, template)
             held_out_by_question = split in _SPLIT_BUCKETS
             if question not in seen and (not held_out_by_question or split_of(question) == split):
                 break
