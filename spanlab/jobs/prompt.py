@@ -41,14 +41,14 @@ def check_prompt(config: TrainConfig) -> str | None:
     return template
 
 
-def store_prompt(store: StoreAPI, template: str, **provenance: str) -> int:
-    """Make ``template`` the latest version of the ``prompt`` resource (a new version unless it is already)."""
-    versions = store.list_resources(RESOURCE)
+def store_prompt(store: StoreAPI, template: str, name: str = RESOURCE, **provenance: str) -> int:
+    """Make ``template`` the latest version of the ``name`` resource (a new version unless it is already)."""
+    versions = store.list_resources(name)
     sha = template_sha(template)
     if versions and (versions[-1].payload.get("sha256") or template_sha(versions[-1].payload["template"])) == sha:
         return int(versions[-1].version or 0)
-    res = store.add_resource(RESOURCE, {"template": template, "sha256": sha, "origin": "config", **provenance},
+    res = store.add_resource(name, {"template": template, "sha256": sha, "origin": "config", **provenance},
                              kind="prompt_template")
-    logger.info("prompt: %s is %s@%s, the version every unpinned rollout runs with", provenance.get("file"),
-                RESOURCE, res.version)
+    logger.info("prompt: %s@%s (%s) is the version every unpinned rollout runs with", name, res.version,
+                provenance.get("file") or provenance.get("origin", "config"))
     return int(res.version or 0)

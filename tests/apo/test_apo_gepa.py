@@ -77,8 +77,13 @@ def test_gepa_search_end_to_end_on_recorded_rollouts(tmp_path: Path, vllm_server
     assert all(c["val"] is not None for c in demos if c["status"] == "scored")
 
     with SpanStore(tmp_path / "gepa.duckdb") as store:
-        versions = [r.version for r in store.list_resources("prompt")]
-        assert versions[:2] == [1, 2] and len(versions) == 2 + sum(c["status"] == "scored" for c in demos)
+        resources = store.list_resources("prompt")
+        versions = [r.version for r in resources]
+        scored = 2 + sum(c["status"] == "scored" for c in demos)
+        # The winner ends as the latest version (its text stored again unless it was the last one scored).
+        winner = next(c for c in data["candidates"] if c["version"] == data["summary"]["best_version"])
+        assert resources[-1].payload["template"] == winner["template"]
+        assert versions[:2] == [1, 2] and len(versions) == scored + (winner["version"] != scored)
         rows = store.query("SELECT resources_version AS v, input->>'$.task_id' AS t, rollout_id, final_reward AS r, "
                            "mode FROM rollout_summary").to_pylist()
         # A demo variant's example is a train task whose recorded rollout earned at least min_reward.

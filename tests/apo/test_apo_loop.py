@@ -83,7 +83,13 @@ def test_apo_loop_end_to_end_then_cached_then_deterministic(tmp_path: Path, vllm
     assert len(edit_reqs) == 3 and all(SCRIPT["critiques"][0] in r["messages"][1]["content"] for r in edit_reqs)
 
     with SpanStore(db) as store:
-        assert [r.version for r in store.list_resources("prompt")] == [1, 2]  # rejected texts are never stored
+        versions = store.list_resources("prompt")
+        assert [r.version for r in versions[:2]] == [1, 2]  # rejected texts are never stored
+        # The winner ends as the latest version, the one every unpinned rollout after APO runs with: a third
+        # version (its text again) only when the winner is not the last candidate scored.
+        winner = next(c for c in data["candidates"] if c["version"] == summary["best_version"])
+        assert versions[-1].payload["template"] == winner["template"]
+        assert len(versions) == 2 + (summary["best_version"] != 2)
         rows = store.query("SELECT resources_version AS v, input->>'$.task_id' AS t, mode, rollout_id "
                            "FROM rollouts ORDER BY enqueue_time").to_pylist()
         assert len(rows) == summary["rollouts_total"]

@@ -126,6 +126,12 @@ class APO(Algorithm[APOConfig]):
         data = {"run_id": job.report.run_id, "summary": summary, "rounds": self.search.rounds,
                 "candidates": [c.summary() for c in self.search.lineage]}
         (self.config.run_dir / "apo.json").write_text(json.dumps(data, indent=2) + "\n")
+        # The search leaves its last *candidate* as the latest version, which is what every unpinned rollout
+        # (a later GRPO or SFT run on this store, a served agent) would read: make it the winner instead.
+        from spanlab.jobs.prompt import store_prompt
+
+        store_prompt(job.rig.store, self.best.template, self.settings.resource, origin="apo winner",
+                     run_id=job.report.run_id, candidate=self.best.id)
         job.progress.console.print(lineage_table(self.search.lineage, self.best))
         job.progress.console.print(
             f"test mean reward {summary['test_base']:.3f} -> {summary['test_final']:.3f} (paired diff "
