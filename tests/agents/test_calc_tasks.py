@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import re
 from pathlib import Path
 
 import pytest
 
 from spanlab.agents.calc.mcp_server import evaluate
-from spanlab.agents.calc.phrasings import HELD_OUT, TRAIN
+from spanlab.agents.calc.phrasings import HELD_OUT, TRAIN, choose_variant, first_variant, variants
 from spanlab.agents.calc.tasks import KINDS, LEVELS, make_tasks, split_of, templates_of
 from spanlab.jobs.config import load_train_config
 
@@ -117,7 +118,8 @@ def test_all_phrasings_are_stratified_over_templates() -> None:
     """Each level's tasks take its templates in turn: any window of one cycle uses each template once."""
     levels = (1, 2, 3)
     for split in ("train", "val", "test"):
-        tasks = make_tasks(split, 3 * 24 * 2, seed=0, levels=levels, phrasings="all")
+        longest = max(len(templates_of(level)) for level in levels)
+        tasks = make_tasks(split, len(levels) * longest * 2, seed=0, levels=levels, phrasings="all")
         for level in levels:
             cycle = [f"{k}/{i}" for k, i in templates_of(level)]
             of_level = [t["family"] for t in tasks if t["level"] == level]
@@ -125,10 +127,10 @@ def test_all_phrasings_are_stratified_over_templates() -> None:
             assert {k for k, _ in templates_of(level)} == set(KINDS[level])
 
 
-def test_the_phrasings_jobs_demonstrations_cover_every_training_template() -> None:
-    """grpo-phrasings.yaml's warm start demos (the first ``warm_start.demos`` train tasks) show every wording of
-    every level at least once; the 64 random-template demos of before covered 26 of 36."""
-    config = load_train_config(Path(__file__).parents[2] / "tutorials/calc/grpo-phrasings.yaml")
+def test_the_main_jobs_demonstrations_cover_every_training_template() -> None:
+    """The main job's warm start demos (the first ``warm_start.demos`` train tasks) show every wording family of
+    every level at least once; the 64 random-template demos of an earlier config covered 26 of 36."""
+    config = load_train_config(Path(__file__).parents[2] / "tutorials/calc/grpo.yaml")
     assert config.warm_start is not None and config.dataset.kwargs.get("phrasings") == "all"
     demos = make_tasks("train", config.warm_start.demos, seed=config.dataset.seed, levels=config.dataset.levels,
                        **config.dataset.kwargs)
@@ -152,10 +154,26 @@ STOCK_QUESTIONS = {("how", "many", "{item}", "does", "{name}", "have", "left"),
 def test_training_wordings_do_not_copy_held_out_ones() -> None:
     """The family split measures unseen wording only while no training template of its levels (1-3) repeats a
     held-out one or a seven-word stretch of one, stock questions aside."""
-    train = [t for lv in LEVELS for k in KINDS[lv] for t in TRAIN[k]]
+    train = [v for lv in LEVELS for k in KINDS[lv] for t in TRAIN[k] for v in variants(t)]
     assert len(set(train)) == len(train)
     for held_out in HELD_OUT.values():
         for h in held_out:
             assert h not in train
             for t in train:
                 assert not (_word_grams(h, 7) & _word_grams(t, 7)) - STOCK_QUESTIONS, (h, t)
+
+
+def test_a_wording_family_stands_for_every_combination_of_its_choices() -> None:
+    template = "[Add|Sum] {a} and {b}[.|!]"
+    assert variants(template) == ["Add {a} and {b}.", "Add {a} and {b}!", "Sum {a} and {b}.", "Sum {a} and {b}!"]
+    assert first_variant(template) == "Add {a} and {b}." and variants("{a} + {b}") == ["{a} + {b}"]
+    rng = random.Random(0)
+    assert {choose_variant(template, rng) for _ in range(100)} == set(variants(template))
+
+
+def test_all_phrasings_draw_many_wordings_per_family() -> None:
+    """A family's questions are worded with its choices drawn per question, not one sentence per family."""
+    tasks = make_tasks("train", 600, seed=0, levels=(2,), phrasings="all")
+    of_family = [t for t in tasks if t["family"] == "l2_add/0"]
+    opening = {" ".join(t["question"].split()[1:2] + t["question"].split()[3:5]) for t in of_family}
+    assert len(of_family) >= 10 and len(opening) >= 5, opening

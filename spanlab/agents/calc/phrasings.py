@@ -1,14 +1,19 @@
 """How each kind of calc problem is worded: several phrasing families per kind, some held out.
 
-A *phrasing family* is one template. Each kind's first template is the wording the tutorial always
-used (``phrasings: original`` trains on it alone, as the main job did until it took ``all``); the rest of
-``TRAIN`` are other wordings a training set may use (``phrasings: all``): for levels 1-3, six or seven per
-kind, varied the way people ask (order of facts, verbs, question forms), so that a model trained on them
-learns the arithmetic rather than one sentence. ``HELD_OUT`` templates are
-never used for training or for the question-held-out splits: they make the ``family`` split, which
-asks whether an agent learned the arithmetic or the sentence (``tests/agents/test_calc_tasks.py`` checks that
-no training wording of levels 1-3 repeats a held-out one, or seven words of one). Levels 4 and 5 (three and four
-operations) are never trained by the default levels; they make the ``depth`` split.
+A *phrasing family* is one template. A training template may hold choices, ``[has|owns|keeps]``: each
+question made from it takes one alternative per choice, so one family stands for many wordings (the
+verbs, question forms and orders of facts people use), and a model trained on them learns the
+arithmetic rather than a sentence. Each kind's first template, with every first alternative, is the
+wording the tutorial always used (``phrasings: original`` trains on that sentence alone); ``phrasings:
+all`` takes every training template of the kind in turn, with its choices drawn at random.
+
+``HELD_OUT`` templates are never used for training or for the question-held-out splits: they make the
+``family`` split, which asks whether an agent learned the arithmetic or the sentence.
+``tests/agents/test_calc_tasks.py`` checks that no wording a training template of levels 1-3 stands
+for repeats a held-out one, or seven words of one. The training wordings were written after the
+held-out ones, by people who had read them: the family split is unseen *templates*, not a blind test
+of vocabulary. Levels 4 and 5 (three and four operations) are never trained by the default levels;
+they make the ``depth`` split.
 
 Slots: ``name``/``other`` (two different people), ``item`` (plural), ``box`` (plural container),
 numbers ``a`` ... ``e`` and ``ab`` (``a * b``, for divisions).
@@ -16,101 +21,217 @@ numbers ``a`` ... ``e`` and ``ab`` (``a * b``, for divisions).
 
 from __future__ import annotations
 
+import itertools
+import random
+import re
+
+_CHOICE = re.compile(r"\[([^\[\]]*)\]")
+
+
+def _parts(template: str) -> list[list[str]]:
+    """A template as a list of alternatives per piece: fixed text is a piece with one alternative."""
+    pieces = _CHOICE.split(template)
+    return [piece.split("|") if i % 2 else [piece] for i, piece in enumerate(pieces)]
+
+
+def variants(template: str) -> list[str]:
+    """Every wording ``template`` stands for (one per combination of its choices)."""
+    return ["".join(combo) for combo in itertools.product(*_parts(template))]
+
+
+def first_variant(template: str) -> str:
+    """The wording with every first alternative (the ``original`` one for a kind's first template)."""
+    return "".join(options[0] for options in _parts(template))
+
+
+def choose_variant(template: str, rng: random.Random) -> str:
+    """One wording of ``template``, each choice drawn from ``rng`` (no draw for a template without choices)."""
+    return "".join(rng.choice(options) if len(options) > 1 else options[0] for options in _parts(template))
+
+
+_HOW_MANY_NOW = "[How many {item} does {name} have now?|How many {item} does {name} have in total?|How many {item} " \
+    "does {name} have altogether?]"
+_HOW_MANY_LEFT = "[How many {item} are left?|How many {item} remain?|How many {item} does {name} have left?|How " \
+    "many {item} does {name} have now?]"
+
 TRAIN: dict[str, tuple[str, ...]] = {
     # Level 1: a bare operation.
     "l1_add": (
-        "What is {a} + {b}?",
-        "Compute {a} plus {b}.",
-        "What do you get when you add {a} and {b}?",
-        "Calculate {a} + {b}.",
-        "Add {a} and {b}.",
-        "{a} plus {b} equals what?",
-        "Please work out {a} + {b}.",
+        "[What is|What's|How much is] {a} [+|plus] {b}?",
+        "[Compute|Calculate|Work out|Evaluate|Please compute|Please work out] {a} [plus|+] {b}.",
+        "What do you get [when you add|if you add] {a} [and|to] {b}?",
+        "[Add|Add up|Please add] {a} and {b}.",
+        "{a} [plus|+] {b} [equals what?|is what?|makes what?|gives what number?|is how much?]",
+        "What is the [sum|total] of {a} and {b}?",
+        "[Give me|Tell me|I need] the [sum|total] of {a} and {b}.",
+        "If you add {b} to {a}, what [do you get|is the result|is the answer]?",
+        "What number is {b} more than {a}?",
+        "Increase {a} by {b}. What [is the result|do you get]?",
     ),
     "l1_sub": (
-        "What is {a} - {b}?",
-        "Compute {a} minus {b}.",
-        "Subtract {b} from {a}.",
-        "What is {a} take away {b}?",
-        "Work out {a} minus {b}.",
-        "What remains when {b} is taken from {a}?",
-        "{a} minus {b} gives what number?",
+        "[What is|What's|How much is] {a} [-|minus] {b}?",
+        "[Compute|Calculate|Work out|Evaluate|Please compute|Please work out] {a} [minus|-] {b}.",
+        "Subtract {b} from {a}[.| and give the result.]",
+        "What is {a} [take away|less] {b}?",
+        "What [remains|is left] when {b} is [taken from|subtracted from|removed from] {a}?",
+        "{a} [minus|-] {b} [gives what number?|equals what?|is what?|is how much?]",
+        "Take {b} away from {a}. What [is left|remains|do you get]?",
+        "What is the difference [between|of] {a} and {b}?",
+        "If you [subtract|take away|remove] {b} from {a}, what [do you get|is left]?",
+        "Decrease {a} by {b}. What [is the result|do you get]?",
     ),
     "l1_mul": (
-        "What is {a} * {b}?",
-        "Compute {a} times {b}.",
-        "Multiply {a} by {b}.",
+        "[What is|What's|How much is] {a} [*|times] {b}?",
+        "[Compute|Calculate|Work out|Evaluate|Please compute|Please calculate] {a} [times|*] {b}.",
+        "Multiply {a} [by|and] {b}.",
         "What is the product of {a} and {b}?",
-        "Work out {a} times {b}.",
-        "What number is {a} times {b}?",
-        "Please calculate {a} * {b}.",
+        "[Give me|Tell me|I need] the product of {a} and {b}.",
+        "{a} [times|*] {b} [equals what?|is what?|gives what number?|makes how many?]",
+        "If you multiply {a} by {b}, what [do you get|is the result]?",
+        "What is {a} [groups|lots|sets] of {b}?",
+        "What do you get when you multiply {a} [by|and] {b}?",
+        "What is {a} multiplied by {b}?",
     ),
     # Level 2: one-step word problems.
     "l2_add": (
-        "{name} has {a} {item} and gets {b} more. How many {item} does {name} have now?",
-        "{name} had {a} {item}. {other} gave {name} {b} more. How many {item} does {name} have?",
-        "{name} collected {a} {item} on Monday and {b} {item} on Tuesday. How many {item} did {name} collect in total?",
-        "{name} saved {a} {item} last week and {b} {item} this week. How many {item} has {name} saved?",
-        "There are {a} {item} in one pile and {b} in another. How many {item} are there in all?",
-        "{name} picks up {b} more {item}, adding to the {a} {item} {name} already had. How many {item} are there now?",
+        "{name} [has|owns|keeps] {a} {item} and [gets|receives|finds|buys|wins|is given|picks up|earns] {b} more. "
+        + _HOW_MANY_NOW,
+        "{name} had {a} {item}. {other} [gave|handed|sent|brought] {name} {b} more. [How many {item} does {name} "
+        "have?|How many {item} does {name} have now?|What is the total number of {item} now?]",
+        "{name} [collected|picked|found|made|bought] {a} {item} on [Monday|Saturday|the first day] and {b} {item} on "
+        "[Tuesday|Sunday|the second day]. [How many {item} did {name} get in total?|How many {item} is that "
+        "altogether?|What is the total number of {item}?]",
+        "{name} saved {a} {item} [last week|yesterday|in May] and {b} {item} [this week|today|in June]. [How many "
+        "{item} has {name} saved?|How many {item} is that in all?]",
+        "There are {a} {item} in one [pile|box|bag|room|drawer] and {b} in another. How many {item} are there "
+        "[in all|altogether|in total]?",
+        "{name} picks up {b} more {item}, adding to the {a} {item} {name} already had. How many {item} are there "
+        "now?",
+        "{name} [gets|buys|finds|is given] {b} new {item}. Before that, {name} had {a}. " + _HOW_MANY_NOW,
+        "A [class|team|club|library] has {a} {item}. Another {b} [arrive|are added|are donated]. How many {item} "
+        "does it have [now|in total]?",
+        "[You have|You own|You start with] {a} {item}. [You get|You buy|You find|You are given] {b} more. How "
+        "many {item} do you have [now|in total]?",
+        "How many {item} does {name} have after [getting|buying|finding] {b} more? {name} had {a} {item} "
+        "[before|at first].",
     ),
     "l2_sub": (
-        "{name} has {a} {item} and gives away {b}. How many {item} are left?",
-        "{name} had {a} {item} and lost {b} of them. How many {item} does {name} have left?",
-        "A shop had {a} {item} and sold {b}. How many {item} remain?",
-        "{name} had {a} {item}. {other} took {b}. How many {item} remain with {name}?",
-        "A box holds {a} {item}. If {b} are taken away, how many {item} stay in the box?",
-        "{name} needs to pack {a} {item} and has packed {b} so far. How many {item} still need packing?",
+        "{name} has {a} {item} and [gives away|loses|sells|eats|uses|drops|donates|throws away] {b}. "
+        "[How many {item} are left?|How many {item} remain?|How many {item} does {name} have left?|How many "
+        "{item} does {name} have now?]",
+        "{name} had {a} {item} and [lost|sold|used|gave away|ate|broke] {b} of them. [How many {item} does {name} "
+        "have left?|How many {item} are left?|How many {item} does {name} still have?]",
+        "A [shop|store|market|stall] had {a} {item} and sold {b}. How many {item} [remain|are left|does it "
+        "have now]?",
+        "{name} had {a} {item}. {other} [took|borrowed|ate|used] {b}. [How many {item} remain with {name}?|How "
+        "many {item} does {name} have now?|How many {item} are left?]",
+        "A [box|bag|jar|basket] holds {a} {item}. If {b} are [taken away|taken out|removed], how many {item} "
+        "[stay in it|are still inside|are left]?",
+        "{name} needs to [pack|sort|wash|count] {a} {item} and has done {b} so far. How many {item} [still need "
+        "doing|are still to do|are left to do]?",
+        "There were {a} {item}[ in the room| on the table| at the party]. {b} [were eaten|were taken|were "
+        "sold|were lost|went missing]. How many {item} are [left|there now]?",
+        "If {name} [has|starts with] {a} {item} and [gives away|loses|sells] {b}, how many [are left|does "
+        "{name} have then]?",
+        "{name} [loses|sells|gives away|uses] {b} {item}. [Before that|At first], {name} had {a}. " + _HOW_MANY_LEFT,
+        "[You have|You own|You start with] {a} {item}. [You give away|You lose|You sell|You use] {b}. How many "
+        "{item} do you have [left|now]?",
     ),
     "l2_mul": (
-        "There are {a} {box} with {b} {item} in each. How many {item} are there?",
-        "{name} has {a} {box}, and each holds {b} {item}. How many {item} does {name} have?",
-        "Each of {a} {box} contains {b} {item}. What is the total number of {item}?",
-        "{name} buys {a} {box} of {item}. Each one has {b} {item}. How many {item} did {name} buy?",
-        "A store puts {b} {item} in each of its {a} {box}. How many {item} is that in total?",
+        "There are {a} {box} with {b} {item} [in each|each|in every one]. [How many {item} are there?|How many "
+        "{item} are there in total?|What is the total number of {item}?]",
+        "{name} has {a} {box}, and each [holds|has|contains] {b} {item}. How many {item} does {name} have?",
+        "Each of {a} {box} [contains|holds|has] {b} {item}. [What is the total number of {item}?|How many {item} "
+        "are there altogether?]",
+        "{name} [buys|gets|orders] {a} {box} of {item}. Each one has {b} {item}. How many {item} [did {name} "
+        "get|is that in total]?",
+        "A [store|shop|farm] puts {b} {item} in each of its {a} {box}. How many {item} is that in total?",
         "{name} lays out {a} rows of {item}, {b} in a row. How many {item} are laid out?",
+        "{a} {box} hold {b} {item} [each|apiece]. How many {item} are there [in all|in total]?",
+        "How many {item} are in {a} {box} with {b} in each?",
+        "{a} [friends|kids|children|students] each [have|bring|get] {b} {item}. How many {item} do they have "
+        "[together|in total|altogether]?",
+        "{name} [reads|eats|collects|makes] {b} {item} [a day|every day|each day] for {a} days. How many {item} "
+        "is that?",
     ),
     "l2_div": (
-        "{name} shares {ab} {item} equally among {a} friends. How many {item} does each friend get?",
-        "{ab} {item} are split evenly into {a} {box}. How many {item} go in each?",
-        "If {a} friends share {ab} {item} equally, how many {item} does each one get?",
+        "{name} [shares|splits|divides] {ab} {item} [equally|evenly] among {a} friends. How many {item} does each "
+        "friend get?",
+        "{ab} {item} are [split|divided|shared] evenly into {a} {box}. How many {item} go in each?",
+        "If {a} [friends|people|kids|students] share {ab} {item} equally, how many {item} does each one get?",
         "{ab} {item} are shared out equally by {a} people. How many {item} does each person get?",
         "{name} puts {ab} {item} into {a} equal groups. How many {item} are in each group?",
         "Divide {ab} {item} evenly among {a} {box}. How many {item} go into each of them?",
+        "{name} wants to split {ab} {item} into {a} equal [piles|groups|stacks]. How many {item} [go in|are in] "
+        "each [one|of them]?",
+        "There are {ab} {item} for {a} [children|players|guests]. If everyone gets the same number, how many "
+        "{item} does each of them get?",
+        "If {ab} {item} are [shared|split] evenly between {a} [people|kids], how many does each get?",
+        "{name} [earns|saves|reads] {ab} {item} in {a} days, the same number each day. How many {item} is that "
+        "[per day|a day|each day]?",
+        "{a} [friends|kids|players] [split|share|divide] {ab} {item} [evenly|equally|fairly]. How many {item} does "
+        "each [one|of them] get?",
+        "{ab} {item} must go into {a} {box}, with an equal number in each. How many {item} go in each?",
+        "Each of {a} [kids|children|people] gets an equal share of {ab} {item}. How many {item} is [one|each] share?",
+        "{ab} {item} are [given out|passed out] [equally|evenly] to {a} [kids|people|students]. How many {item} "
+        "does each [one|person] get?",
+        "What does each of {a} [people|friends] get if {ab} {item} are [shared|split] [equally|evenly]?",
+        "{name} has {a} [friends|guests] and {ab} {item} to give them. Everyone gets the same amount. How many "
+        "{item} does each of them get?",
     ),
     # Level 3: two operations.
     "l3_add_mul": (
-        "{name} has {a} {item} and buys {b} {box} with {c} {item} in each. How many {item} does {name} have now?",
-        "{name} already has {a} {item}. Then {name} buys {b} {box} that hold {c} {item} each. How many {item} "
-        "does {name} have in total?",
-        "A teacher has {a} {item} on the desk and {b} {box} of {c} {item} each in the cupboard. How many {item} "
-        "are there altogether?",
+        "{name} has {a} {item} and [buys|gets|receives|finds|wins|is given] {b} {box} with {c} {item} [in "
+        "each|each]. " + _HOW_MANY_NOW,
+        "{name} already has {a} {item}. Then {name} [buys|gets|receives] {b} {box} that [hold|contain|have] {c} "
+        "{item} each. How many {item} does {name} have in total?",
+        "[A teacher|A librarian|{name}] has {a} {item} on the desk and {b} {box} of {c} {item} each in the "
+        "cupboard. How many {item} are there altogether?",
         "{name} had {a} {item}. Today {name} got {b} more {box}, each with {c} {item}. How many {item} does "
         "{name} have altogether?",
-        "In a room there are {a} loose {item} and {b} {box} with {c} {item} in every box. How many {item} are "
-        "in the room?",
-        "{name} has {a} {item} and wins {b} {box} containing {c} {item} each. How many {item} does {name} have now?",
+        "In a room there are {a} loose {item} and {b} {box} with {c} {item} in every box. How many {item} are in "
+        "the room?",
+        "{name} has {a} {item} and wins {b} {box} containing {c} {item} each. How many {item} does {name} have "
+        "now?",
+        "{name} [gets|buys|is given] {b} {box} of {c} {item} [each|apiece]. {name} [also has|already had] {a} "
+        "{item}. [How many {item} does {name} have now?|How many {item} is that in total?]",
+        "How many {item} does {name} have after [buying|getting] {b} {box} of {c} {item} each, if {name} "
+        "[started with|already had] {a}?",
+        "There are {a} {item} [on a shelf|in a bag] and {b} {box} [next to it|nearby] with {c} {item} in each. "
+        "How many {item} are there in all?",
     ),
     "l3_mul_sub": (
-        "{name} has {b} {box} with {c} {item} in each and gives away {a} {item}. How many {item} are left?",
-        "There are {b} {box} with {c} {item} each. {a} {item} are taken out. How many {item} remain?",
+        "{name} has {b} {box} with {c} {item} in each and [gives away|loses|sells|eats|uses] {a} {item}. "
+        + _HOW_MANY_LEFT,
+        "There are {b} {box} with {c} {item} each. {a} {item} are [taken out|removed|sold|eaten]. How many "
+        "{item} remain?",
         "{name} buys {b} {box} of {c} {item} and then uses {a} of them. How many {item} are left?",
         "{name} bought {b} {box} with {c} {item} in each, then lost {a} {item}. How many {item} does {name} have "
         "now?",
         "A shop gets {b} {box} of {c} {item} and sells {a} {item}. How many {item} does the shop have left?",
         "There were {c} {item} in each of {b} {box}, but {a} of them broke. How many {item} are still good?",
+        "{name} gives {a} {item} to {other} from {b} {box} that [hold|have] {c} {item} each. How many {item} "
+        "does {name} have left?",
+        "How many {item} are left after {a} are [sold|used|eaten] from {b} {box} of {c} {item} each?",
+        "{b} [friends|kids] each bring {c} {item}, and {a} {item} get [eaten|lost|used]. How many {item} are "
+        "left?",
     ),
     "l3_sub_sub": (
-        "{name} has {a} {item}, gives {b} to a friend and then loses {c}. How many {item} are left?",
+        "{name} has {a} {item}, [gives|sells] {b} to a friend and then [loses|drops|uses] {c}. How many {item} are "
+        "left?",
         "{name} started with {a} {item}, sold {b} and then gave {c} to {other}. How many {item} does {name} "
         "have now?",
-        "A jar held {a} {item}. {b} were taken out in the morning and {c} in the evening. How many {item} are "
-        "left in the jar?",
+        "A [jar|box|basket] held {a} {item}. {b} were taken out in the morning and {c} in the evening. How many "
+        "{item} are left in it?",
         "{name} had {a} {item}. {name} gave {b} to {other} and {c} to a neighbour. How many {item} does {name} "
         "have left?",
         "There are {a} {item} on a shelf. {b} are sold before lunch and {c} after lunch. How many {item} are on "
         "the shelf now?",
         "{name} began the day with {a} {item}, used {b}, then gave away {c}. How many {item} remain?",
+        "{name} [loses|uses|sells] {b} {item} and then {c} more. {name} had {a} {item} [at first|to begin with]. "
+        "[How many {item} are left?|How many {item} does {name} have now?]",
+        "Out of {a} {item}, {name} [eats|uses|sells] {b} and {other} [eats|uses|takes] {c}. How many {item} are "
+        "left?",
     ),
     "l3_sum_mul": (
         "One pack of {item} costs {a} dollars. {name} buys {b} packs and {other} buys {c} packs. How many "
@@ -125,6 +246,12 @@ TRAIN: dict[str, tuple[str, ...]] = {
         "total cost in dollars?",
         "{name} wants {b} packs of {item}, and {other} wants {c} packs. If each pack is {a} dollars, how many "
         "dollars is that altogether?",
+        "{name} [buys|orders|gets] {b} bags of {item} and {other} [buys|orders|gets] {c}. Every bag costs {a} "
+        "dollars. [How much do they pay in dollars?|What is the total cost in dollars?]",
+        "Tickets cost {a} dollars each. {name} needs {b} and {other} needs {c}. How many dollars [is that "
+        "together|do they need in total]?",
+        "{b} [kids|boys] and {c} [adults|girls] each [get|buy] a pack of {item} that costs {a} dollars. How many "
+        "dollars [is that in all|do they spend altogether]?",
     ),
     # Level 4: three operations (the depth split under the default levels).
     "l4_add_mul_sub": (

@@ -6,7 +6,8 @@ an exact division), 3 = two operations (solvable with one calculator expression 
 it, which the demonstrations (``demos.py``) use as the calculator call. Wordings live in
 ``phrasings.py``: ``phrasings="original"`` words every problem as the tutorial always did (one
 template per kind), ``"all"`` uses every training template of the kind, in turn (stratified: the first
-``n`` tasks of a level cover its templates and kinds as evenly as ``n`` allows, see ``templates_of``).
+``n`` tasks of a level cover its templates and kinds as evenly as ``n`` allows, see ``templates_of``), each
+with its choices of verbs and question forms drawn per question.
 
 Splits. ``train``/``val``/``test`` are held out *by question*: a question belongs to one by a stable
 hash of its text (80/10/10), whatever seed generated it, so no seed can leak a test question into
@@ -24,7 +25,7 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Literal, TypedDict
 
-from spanlab.agents.calc.phrasings import HELD_OUT, TRAIN
+from spanlab.agents.calc.phrasings import HELD_OUT, TRAIN, choose_variant, first_variant
 from spanlab.agents.task_args import check_task_args
 
 Split = Literal["train", "val", "test", "family", "depth"]
@@ -195,11 +196,10 @@ def _draw(rng: random.Random, level: int, split: Split, phrasings: Phrasings,
     if split == "family":
         index = rng.randrange(len(HELD_OUT[kind]))
         return HELD_OUT[kind][index].format(**slots), expression, answer, f"{kind}/held-out/{index}"
-    if template is not None:
-        index = template[1]
-    else:
-        index = 0 if phrasings == "original" and split != "depth" else rng.randrange(len(TRAIN[kind]))
-    return TRAIN[kind][index].format(**slots), expression, answer, f"{kind}/{index}"
+    if phrasings == "original" and split != "depth":
+        return first_variant(TRAIN[kind][0]).format(**slots), expression, answer, f"{kind}/0"
+    index = template[1] if template is not None else rng.randrange(len(TRAIN[kind]))
+    return choose_variant(TRAIN[kind][index], rng).format(**slots), expression, answer, f"{kind}/{index}"
 
 
 def task_id(question: str) -> str:
