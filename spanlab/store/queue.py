@@ -59,18 +59,21 @@ def row_to_attempt(row: dict[str, Any]) -> Attempt:
     return Attempt(**{**row, "metadata": loads(row["metadata"]) or {}})
 
 
+def _first(cur: duckdb.DuckDBPyConnection, sql: str, params: list[Any], missing: str) -> dict[str, Any]:
+    """The first row of ``sql``; none is a ``NotFoundError`` saying ``missing``."""
+    if rows := fetch_dicts(cur.execute(sql, params)):
+        return rows[0]
+    raise NotFoundError(missing)
+
+
 def get_rollout(cur: duckdb.DuckDBPyConnection, rollout_id: str) -> Rollout:
-    rows = fetch_dicts(cur.execute(f"SELECT {_ROLLOUTS} FROM rollouts WHERE rollout_id = ?", [rollout_id]))
-    if not rows:
-        raise NotFoundError(f"unknown rollout_id {rollout_id!r}")
-    return row_to_rollout(rows[0])
+    sql = f"SELECT {_ROLLOUTS} FROM rollouts WHERE rollout_id = ?"
+    return row_to_rollout(_first(cur, sql, [rollout_id], f"unknown rollout_id {rollout_id!r}"))
 
 
 def get_attempt(cur: duckdb.DuckDBPyConnection, attempt_id: str) -> Attempt:
-    rows = fetch_dicts(cur.execute(f"SELECT {_ATTEMPTS} FROM attempts WHERE attempt_id = ?", [attempt_id]))
-    if not rows:
-        raise NotFoundError(f"unknown attempt_id {attempt_id!r}")
-    return row_to_attempt(rows[0])
+    sql = f"SELECT {_ATTEMPTS} FROM attempts WHERE attempt_id = ?"
+    return row_to_attempt(_first(cur, sql, [attempt_id], f"unknown attempt_id {attempt_id!r}"))
 
 
 def list_rollouts(cur: duckdb.DuckDBPyConnection, equals: dict[str, Any], limit: int, offset: int) -> list[Rollout]:
@@ -138,13 +141,11 @@ def heartbeat(cur: duckdb.DuckDBPyConnection, attempt_id: str, now: float) -> At
 
 def finish(cur: duckdb.DuckDBPyConnection, attempt_id: str, status: FinishedAttemptStatus, now: float) -> Rollout:
     """End a live attempt and apply the retry policy; an attempt that already ended changes nothing."""
-    rows = fetch_dicts(cur.execute(  # the attempt's status and its rollout, in one statement
-        f"SELECT a.status AS attempt_status, {', '.join('r.' + c for c in ROLLOUT_COLUMNS)} "
-        "FROM attempts a JOIN rollouts r USING (rollout_id) WHERE a.attempt_id = ?", [attempt_id]))
-    if not rows:
-        raise NotFoundError(f"unknown attempt_id {attempt_id!r}")
-    attempt_status = rows[0].pop("attempt_status")
-    rollout = row_to_rollout(rows[0])
+    row = _first(cur, f"SELECT a.status AS attempt_status, {', '.join('r.' + c for c in ROLLOUT_COLUMNS)} "
+                 "FROM attempts a JOIN rollouts r USING (rollout_id) WHERE a.attempt_id = ?", [attempt_id],
+                 f"unknown attempt_id {attempt_id!r}")  # the attempt's status and its rollout, in one statement
+    attempt_status = row.pop("attempt_status")
+    rollout = row_to_rollout(row)
     if attempt_status not in ACTIVE_ATTEMPT_STATUSES:
         return rollout
     new_status = next_rollout_status(rollout, status)
@@ -158,13 +159,11 @@ def finish(cur: duckdb.DuckDBPyConnection, attempt_id: str, status: FinishedAtte
 def expire(cur: duckdb.DuckDBPyConnection, now: float, timeout_grace_s: float) -> list[Attempt]:
     """End live attempts past their rollout's ``timeout_s`` (plus ``timeout_grace_s``, so the worker, which
     enforces its timeout itself, acts first) or silent for longer than ``unresponsive_s``."""
-    overdue = cur.execute(
-        f"SELECT a.attempt_id, CASE WHEN r.timeout_s IS NOT NULL AND ? - a.start_time > r.timeout_s + ? "
-        f"THEN 'timeout' ELSE 'unresponsive' END "
-        f"FROM attempts a JOIN rollouts r USING (rollout_id) WHERE a.status IN {_ACTIVE} AND ("
-        f"(r.timeout_s IS NOT NULL AND ? - a.start_time > r.timeout_s + ?) OR (r.unresponsive_s IS NOT NULL "
-        f"AND ? - coalesce(a.last_heartbeat_time, a.start_time) > r.unresponsive_s)) ORDER BY a.start_time",
-        [now, timeout_grace_s, now, timeout_grace_s, now]).fetchall()
+    overdue = cur.execute(  # a NULL limit compares as NULL: no verdict
+        "SELECT a.attempt_id, CASE WHEN ? - a.start_time > r.timeout_s + ? THEN 'timeout' WHEN ? - coalesce("
+        "a.last_heartbeat_time, a.start_time) > r.unresponsive_s THEN 'unresponsive' END AS verdict FROM attempts a "
+        f"JOIN rollouts r USING (rollout_id) WHERE a.status IN {_ACTIVE} AND verdict IS NOT NULL ORDER BY a.start_time",
+        [now, timeout_grace_s, now]).fetchall()
     ended = []
     for attempt_id, verdict in overdue:
         rollout = finish(cur, attempt_id, verdict, now)
@@ -231,10 +230,8 @@ def add_resource(cur: duckdb.DuckDBPyConnection, res: Resource) -> Resource:
 
 def get_resource(cur: duckdb.DuckDBPyConnection, name: str, version: int | None) -> Resource:
     clause, params = where({"name": name, "version": version})
-    rows = fetch_dicts(cur.execute(f"SELECT * FROM resources {clause} ORDER BY version DESC LIMIT 1", params))
-    if not rows:
-        raise NotFoundError(f"unknown resource {name!r}" + (f" version {version}" if version else ""))
-    return _resource(rows[0])
+    return _resource(_first(cur, f"SELECT * FROM resources {clause} ORDER BY version DESC LIMIT 1", params,
+                            f"unknown resource {name!r}" + (f" version {version}" if version else "")))
 
 
 def list_resources(cur: duckdb.DuckDBPyConnection, name: str | None) -> list[Resource]:
@@ -251,13 +248,11 @@ def metrics_table(run_id: str, algorithm: str, step: int, metrics: dict[str, flo
     """One step's metrics as ``train_metrics`` rows (long format), and the names of non-finite ones."""
     if not 0 <= step <= MAX_INT32:
         raise InvalidSpanError(f"metrics of run {run_id!r}: step {step} is outside 0..{MAX_INT32}")
-    values = [None if v is None else float(v) for v in metrics.values()]
-    n, now = len(values), time.time()
-    tbl = pa.table({"run_id": pa.array([run_id] * n, pa.string()), "algorithm": pa.array([algorithm] * n, pa.string()),
-                    "step": pa.array([int(step)] * n, pa.int32()), "name": pa.array([str(k) for k in metrics]),
-                    "value": pa.array(values, pa.float64()), "time": pa.array([now] * n, pa.float64())})
-    bad = [k for k, v in zip(metrics, values, strict=True) if v is not None and not math.isfinite(v)]
-    return tbl, bad
+    now = time.time()
+    rows = [{"run_id": run_id, "algorithm": algorithm, "step": int(step), "name": str(k),
+             "value": None if v is None else float(v), "time": now} for k, v in metrics.items()]
+    bad = [r["name"] for r in rows if r["value"] is not None and not math.isfinite(r["value"])]
+    return pa.Table.from_pylist(rows), bad  # DuckDB casts to the columns' types
 
 
 def metrics(cur: duckdb.DuckDBPyConnection, run_id: str | None) -> list[Metric]:

@@ -100,7 +100,13 @@ def where(filters: dict[str, Any], *extra: tuple[str, list[Any]]) -> tuple[str, 
 
 SCHEMA_VERSION = 1
 
-# The queue's tables, column by column: their DDL and the queue's column lists are written from these.
+# The tables, column by column: their DDL and the queue's column lists are written from these.
+META_COLUMNS = {"key": "VARCHAR PRIMARY KEY", "value": "VARCHAR"}
+RESOURCE_COLUMNS = {"name": "VARCHAR NOT NULL", "version": "INTEGER NOT NULL", "kind": "VARCHAR NOT NULL",
+                    "payload": "JSON", "created_time": "DOUBLE NOT NULL"}
+# long format (one row per metric per step) so new metrics need no migration and SQL can pivot
+METRIC_COLUMNS = {"run_id": "VARCHAR NOT NULL", "algorithm": "VARCHAR NOT NULL", "step": "INTEGER NOT NULL",
+                  "name": "VARCHAR NOT NULL", "value": "DOUBLE", "time": "DOUBLE NOT NULL"}
 ROLLOUT_COLUMNS = {
     "rollout_id": "VARCHAR PRIMARY KEY", "input": "JSON", "mode": "VARCHAR NOT NULL", "status": "VARCHAR NOT NULL",
     "resources_version": "VARCHAR", "timeout_s": "DOUBLE", "unresponsive_s": "DOUBLE",
@@ -112,30 +118,6 @@ ATTEMPT_COLUMNS = {
     "worker_id": "VARCHAR", "status": "VARCHAR NOT NULL", "start_time": "DOUBLE NOT NULL", "end_time": "DOUBLE",
     "last_heartbeat_time": "DOUBLE", "metadata": "JSON",
 }
-
-TABLES_DDL = """
-CREATE TABLE IF NOT EXISTS spanlab_meta (
-    key VARCHAR PRIMARY KEY,
-    value VARCHAR
-);
-CREATE TABLE IF NOT EXISTS resources (
-    name VARCHAR NOT NULL,
-    version INTEGER NOT NULL,
-    kind VARCHAR NOT NULL,
-    payload JSON,
-    created_time DOUBLE NOT NULL,
-    PRIMARY KEY (name, version)
-);
-CREATE TABLE IF NOT EXISTS train_metrics (
-    -- long format (one row per metric per step) so new metrics need no migration and SQL can pivot
-    run_id VARCHAR NOT NULL,
-    algorithm VARCHAR NOT NULL,
-    step INTEGER NOT NULL,
-    name VARCHAR NOT NULL,
-    value DOUBLE,
-    time DOUBLE NOT NULL
-);
-"""
 
 _S, _I, _F, _IDS, _FLOATS, _BYTES = (pa.string(), pa.int32(), pa.float64(), pa.list_(pa.int32()),
                                      pa.list_(pa.float32()), pa.list_(pa.uint8()))
@@ -157,13 +139,16 @@ _SPAN_SQL = {f.name: ("JSON" if f.name in JSON_SPAN_COLUMNS else _SQL_TYPES[f.ty
              + (" NOT NULL" if f.name in (*REQUIRED_SPAN_COLUMNS, "sequence_id") else "") for f in SPAN_ARROW_SCHEMA}
 
 
-def _create(table: str, columns: dict[str, str]) -> str:
-    return f"CREATE TABLE IF NOT EXISTS {table} ({', '.join(f'{k} {v}' for k, v in columns.items())});"
+def _create(table: str, columns: dict[str, str], *constraints: str) -> str:
+    parts = [f"{k} {v}" for k, v in columns.items()] + list(constraints)
+    return f"CREATE TABLE IF NOT EXISTS {table} ({', '.join(parts)});"
 
 
 def init(cur: duckdb.DuckDBPyConnection, path: str) -> None:
     """Create the tables and views a file lacks (in the writer's transaction); refuse a newer schema."""
-    cur.execute(TABLES_DDL + _create("rollouts", ROLLOUT_COLUMNS) + _create("attempts", ATTEMPT_COLUMNS)
+    cur.execute(_create("spanlab_meta", META_COLUMNS) + _create("train_metrics", METRIC_COLUMNS)
+                + _create("resources", RESOURCE_COLUMNS, "PRIMARY KEY (name, version)")
+                + _create("rollouts", ROLLOUT_COLUMNS) + _create("attempts", ATTEMPT_COLUMNS)
                 + _create("spans", _SPAN_SQL))
     rows = cur.execute("SELECT value FROM spanlab_meta WHERE key = 'schema_version'").fetchall()
     if not rows:
