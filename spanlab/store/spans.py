@@ -1,14 +1,11 @@
 """The ``spans`` table: the one gate every span passes, its Arrow form, the insert the writer runs, span reads.
 
-Every span is checked by the pydantic models of ``spanlab/types.py`` (the one place the span rules are
-written): typed spans when they are built, an Arrow batch (the store server's wire format, bulk producers)
-by :func:`table_to_spans`, which validates each row as a ``Span`` with its token columns as NumPy views (no
-Python int per token). A batch becomes one Arrow table (:func:`spans_to_arrow`; DuckDB inserts it with one
-statement, ~60x faster than ``executemany``) and passes :func:`check_limits`. What only the database can
-tell is decided by :class:`Insert`, in the writer's transaction: that every attempt exists and belongs to the
-span's rollout, which span IDs the attempt stored already (a retried write is skipped, not duplicated), and
-the next ``sequence_id`` of spans that left it empty. Read-back turns rows into typed ``Span`` objects
-through the same :func:`row_to_span`, only when the caller asks for objects; training code stays on Arrow.
+The span rules are the pydantic models of ``spanlab/types.py``, and only those: typed spans are checked when
+built, an Arrow batch (the wire format) row by row in :func:`table_to_spans`, token columns as NumPy views (no
+Python int per token). A batch becomes one Arrow table (:func:`spans_to_arrow`), which DuckDB inserts in one
+statement, within :func:`check_limits`. What only the database can tell is decided by :class:`Insert`, in the
+writer's transaction: that every attempt exists and belongs to the span's rollout, which span IDs it stored
+already (a retried write is skipped, not duplicated), and the next ``sequence_id`` of spans that left it empty.
 """
 
 from __future__ import annotations
@@ -124,14 +121,8 @@ def spans_to_arrow(spans: Sequence[Span]) -> pa.Table:
     columns["request_messages"] = [m or None for m in columns["request_messages"]]
     for name in JSON_SPAN_COLUMNS:
         columns[name] = [_json(spans, i, name, v) for i, v in enumerate(columns[name])]
-    arrays = []
-    for field in SPAN_ARROW_SCHEMA:
-        if field.name in _LIST_TYPES:
-            arrays.append(list_column(columns[field.name], _LIST_TYPES[field.name], field.type))
-        elif all(v is None for v in columns[field.name]):
-            arrays.append(pa.nulls(len(spans), field.type))
-        else:
-            arrays.append(pa.array(columns[field.name], type=field.type))
+    arrays = [list_column(columns[f.name], _LIST_TYPES[f.name], f.type) if f.name in _LIST_TYPES
+              else pa.array(columns[f.name], type=f.type) for f in SPAN_ARROW_SCHEMA]
     return pa.Table.from_arrays(arrays, schema=SPAN_ARROW_SCHEMA)
 
 
@@ -190,9 +181,7 @@ class Insert(Batchable):
 
 def _insert_rows(cur: duckdb.DuckDBPyConnection, tbl: pa.Table) -> list[int]:
     """Insert the rows of ``tbl`` not stored yet; returns their row numbers."""
-    span_ids = tbl["span_id"].to_pylist()
-    attempt_ids = tbl["attempt_id"].to_pylist()
-    rollout_ids = tbl["rollout_id"].to_pylist()
+    span_ids, attempt_ids, rollout_ids = (tbl[c].to_pylist() for c in ("span_id", "attempt_id", "rollout_id"))
     named = sorted({a for a in attempt_ids if a is not None})
     owners: dict[str | None, str] = {}
     stored: set[tuple[str, str | None]] = set()
@@ -217,25 +206,24 @@ def _insert_rows(cur: duckdb.DuckDBPyConnection, tbl: pa.Table) -> list[int]:
     if None in attempt_ids:  # unattributed spans: deduplicated against the other unattributed ones
         stored |= set(cur.execute(f"SELECT span_id, attempt_id FROM spans WHERE attempt_id IS NULL "
                                   f"AND span_id {IN_LIST}", [span_ids]).fetchall())
-        ((last[None],),) = cur.execute("SELECT max(sequence_id) FROM spans WHERE attempt_id IS NULL").fetchall()
+        sql = "SELECT coalesce(max(sequence_id), -1) FROM spans WHERE attempt_id IS NULL"
+        ((last[None],),) = cur.execute(sql).fetchall()
     keep, seqs = [], []
     for i, (span_id, attempt_id, given) in enumerate(
         zip(span_ids, attempt_ids, tbl["sequence_id"].to_pylist(), strict=True)
     ):
-        if (span_id, attempt_id) in stored:
-            continue
-        stored.add((span_id, attempt_id))
-        prev = last.get(attempt_id)
-        seq = (0 if prev is None else prev + 1) if given is None else given
-        last[attempt_id] = seq if prev is None else max(prev, seq)
-        keep.append(i)
-        seqs.append(seq)
+        if (span_id, attempt_id) not in stored:
+            stored.add((span_id, attempt_id))
+            prev = last.get(attempt_id, -1)  # -1: no span of the attempt yet
+            seq = prev + 1 if given is None else given
+            last[attempt_id] = max(prev, seq)
+            keep.append(i)
+            seqs.append(seq)
     if not keep:
         return []
     if len(keep) != tbl.num_rows:
         tbl = tbl.take(pa.array(keep, pa.int64()))
-    idx = tbl.schema.get_field_index("sequence_id")
-    tbl = tbl.set_column(idx, tbl.schema.field(idx), pa.array(seqs, pa.int32()))
+    tbl = tbl.set_column(tbl.schema.get_field_index("sequence_id"), "sequence_id", pa.array(seqs, pa.int32()))
     cur.from_arrow(tbl).insert_into("spans")  # columns by position: SPAN_ARROW_SCHEMA follows the table (tested)
     return keep
 
