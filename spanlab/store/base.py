@@ -1,10 +1,8 @@
 """The store interface every component programs against, and the typed rows its reads return.
 
-``SpanStore`` (DuckDB, in-process) implements it; ``StoreClient`` (the store server over HTTP) implements
-the same methods with the same behaviour (the adapter and loop tests run on both), so a gateway, runner,
-adapter or algorithm works with either without knowing which. Adapters and loops read through the typed
-methods here (last attempts, rollout summaries, spans by ID, metrics), never through SQL with parameters:
-``query`` is for a user's read-only SQL.
+``SpanStore`` (DuckDB, in-process) and ``StoreClient`` (the store server over HTTP) implement it with the
+same behaviour (the adapter and loop tests run on both), so a gateway, runner, adapter or algorithm works with
+either. Programs read through the typed methods, never SQL with parameters: ``query`` is for a user's SQL.
 """
 
 from __future__ import annotations

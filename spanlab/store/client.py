@@ -1,11 +1,9 @@
 """``StoreClient``: the store API over HTTP, for workers in other processes or on other machines.
 
-It implements :class:`StoreAPI`, so a runner, gateway or algorithm takes either a ``SpanStore`` or a
-``StoreClient``. Span batches go as Arrow IPC. Calls that are safe to repeat (reads, span writes,
-which the server deduplicates by span_id, heartbeats, finishing an attempt) are retried across
-connection failures and server restarts; the others are retried only when the request never reached
-the server. HTTP is urllib3's connection pool: a runner makes two calls per rollout, and a lighter client
-than httpx keeps each call cheap.
+Span batches go as Arrow IPC. Calls that are safe to repeat (reads, span writes, which the server
+deduplicates by span_id, heartbeats, finishing an attempt) are retried across connection failures and
+server restarts; the others only when the request never reached the server. HTTP is urllib3's connection
+pool: a runner makes two calls per rollout, and a lighter client than httpx keeps each call cheap.
 """
 
 from __future__ import annotations

@@ -91,10 +91,8 @@ class SpanStore(StoreAPI):
     def restrict_to_store(self) -> None:
         """Turn off DuckDB's access to other files, the network and extensions (for a process that serves
         user SQL, the store server). Irreversible."""
-        def restrict(cur: duckdb.DuckDBPyConnection) -> None:
-            for key, value in SAFE_QUERY_CONFIG.items():
-                cur.execute(f"SET {key} = {str(value).lower()}")
-        self._writer.call(restrict)
+        settings = "; ".join(f"SET {key} = {str(value).lower()}" for key, value in SAFE_QUERY_CONFIG.items())
+        self._writer.call(lambda cur: cur.execute(settings))
 
     # --- rollout queue -------------------------------------------------------------------------
     def enqueue(self, rollouts: Sequence[Rollout]) -> list[Rollout]:
@@ -185,8 +183,7 @@ class SpanStore(StoreAPI):
                      kinds: Sequence[str] | None = None, columns: Sequence[str] | None = None,
                      batch_size: int = 1024, span_ids: Sequence[str] | None = None) -> pa.RecordBatchReader:
         cols = list(columns) if columns else list(SPAN_COLUMNS)
-        unknown = [c for c in cols if c not in SPAN_COLUMNS]
-        if unknown:
+        if unknown := [c for c in cols if c not in SPAN_COLUMNS]:
             raise InvalidSpanError(f"unknown span columns {unknown}; known: {', '.join(SPAN_COLUMNS)}")
         sql, params = spans_sql.select(
             {"rollout_id": rollout_ids, "attempt_id": attempt_ids, "kind": kinds, "span_id": span_ids}, cols)

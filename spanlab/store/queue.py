@@ -76,9 +76,11 @@ def get_attempt(cur: duckdb.DuckDBPyConnection, attempt_id: str) -> Attempt:
     return row_to_attempt(_first(cur, sql, [attempt_id], f"unknown attempt_id {attempt_id!r}"))
 
 
-def list_rollouts(cur: duckdb.DuckDBPyConnection, equals: dict[str, Any], limit: int, offset: int) -> list[Rollout]:
-    """Rollouts in enqueue order, those whose columns equal the non-None values of ``equals``."""
-    clause, params = where(equals)
+def list_rollouts(cur: duckdb.DuckDBPyConnection, equals: dict[str, Any], limit: int, offset: int,
+                  *extra: tuple[str, list[Any]]) -> list[Rollout]:
+    """Rollouts in enqueue order, those whose columns equal the non-None values of ``equals`` (and ``extra``
+    conditions, as in :func:`~spanlab.store.schema.where`)."""
+    clause, params = where(equals, *extra)
     rows = fetch_dicts(cur.execute(f"SELECT {_ROLLOUTS} FROM rollouts {clause} ORDER BY enqueue_time, rollout_id "
                                    "LIMIT ? OFFSET ?", [*params, limit, offset]))
     return [row_to_rollout(r) for r in rows]
@@ -103,12 +105,10 @@ def dequeue(cur: duckdb.DuckDBPyConnection, worker_id: str | None, mode: str | N
     when first dequeued, and keeps them across retries. A SELECT then an UPDATE by primary key, not one
     ``UPDATE ... RETURNING`` with a subquery: DuckDB runs the two plain statements in about half the time.
     """
-    clause, params = where({"mode": mode or None}, (f"status IN {_WAITING}", []))
-    rows = fetch_dicts(cur.execute(f"SELECT {_ROLLOUTS} FROM rollouts {clause} ORDER BY enqueue_time, rollout_id "
-                                   "LIMIT 1", params))
-    if not rows:
+    waiting = list_rollouts(cur, {"mode": mode or None}, 1, 0, (f"status IN {_WAITING}", []))
+    if not waiting:
         return None
-    old = row_to_rollout(rows[0])
+    old = waiting[0]
     resources = old.resources_version
     if resources is None:
         resources = cur.execute(RESOURCES_REF_SQL).fetchall()[0][0]
@@ -213,8 +213,7 @@ def next_rollout_status(rollout: Rollout, attempt_status: FinishedAttemptStatus)
         return "cancelled"
     if attempt_status == "succeeded":
         return "succeeded"
-    retryable = attempt_status in rollout.config.retry_on
-    if retryable and rollout.num_attempts < rollout.config.max_attempts:
+    if attempt_status in rollout.config.retry_on and rollout.num_attempts < rollout.config.max_attempts:
         return "requeuing"
     return "failed"
 

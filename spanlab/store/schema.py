@@ -54,20 +54,14 @@ def connect(path: str | Path, *, read_only: bool = False, safe: bool = False) ->
 
 def translate_open_error(path: str, exc: Exception) -> StoreError:
     msg = str(exc)
-    low = msg.lower()
-    if "lock" in low:
-        pid = re.search(r"PID (\d+)", msg)
-        holder = f" (PID {pid.group(1)})" if pid else ""
-        return StoreLockedError(
-            f"span store {path} is held read-write by another process{holder}. Only one process may open "
-            "it while it is written: stop that process, or query through its store server "
-            f"(spanlab store serve). DuckDB said: {msg}"
-        )
-    if "not a valid duckdb database" in low or "corrupt" in low or "invalid" in low or "serializ" in low:
-        return StoreError(
-            f"span store {path} is not a readable DuckDB database (corrupt or another kind of file); "
-            f"it was left untouched. DuckDB said: {msg}"
-        )
+    if "lock" in msg.lower():
+        holder = f" (PID {pid.group(1)})" if (pid := re.search(r"PID (\d+)", msg)) else ""
+        return StoreLockedError(f"span store {path} is held read-write by another process{holder}. Only one process "
+                                "may open it while it is written: stop that process, or query through its store "
+                                f"server (spanlab store serve). DuckDB said: {msg}")
+    if any(word in msg.lower() for word in ("not a valid duckdb database", "corrupt", "invalid", "serializ")):
+        return StoreError(f"span store {path} is not a readable DuckDB database (corrupt or another kind of file); "
+                          f"it was left untouched. DuckDB said: {msg}")
     return StoreError(f"cannot open span store {path}: {msg}")
 
 
