@@ -165,13 +165,7 @@ class StoreClient(StoreAPI):
         lists = {"rollout_ids": rollout_ids, "attempt_ids": attempt_ids, "kinds": kinds, "columns": columns,
                  "span_ids": span_ids}
         params = {"batch_size": batch_size} | {k: list(v) for k, v in lists.items() if v is not None}
-        try:
-            resp = self._request("GET", "/spans/arrow", params=params, stream=True)
-        except HTTPError as exc:
-            raise StoreError(f"store server {self.url}: {exc}") from exc
-        if not 200 <= resp.status < 300:
-            resp.read()
-            self._check(resp)
+        resp = self._call("GET", "/spans/arrow", idempotent=True, params=params, stream=True)
         return ipc.open_stream(resp)  # urllib3 reads exactly what pyarrow asks for, across HTTP chunks
 
     # --- resources -----------------------------------------------------------------------------

@@ -120,8 +120,7 @@ class SpanStore(StoreAPI):
         if status not in _FINISHED:
             raise InvalidSpanError(f"finish_attempt: status must be {'|'.join(_FINISHED)}, not {status!r}")
         tbl = self._checked(spans)
-        foreign = set(tbl["attempt_id"].to_pylist()) - {attempt_id}
-        if foreign:
+        if foreign := set(tbl["attempt_id"].to_pylist()) - {attempt_id}:
             raise InvalidSpanError(f"finish_attempt({attempt_id!r}) got spans of attempt "
                                    f"{sorted(map(str, foreign))[0]!r}; nothing stored, the attempt is still open")
 

@@ -1,9 +1,8 @@
 """The rollout queue and the small tables as plain SQL: rollouts and attempts, resources, training metrics.
 
-Every function takes the cursor it runs on and keeps no state of its own: the writer runs the writes in its
-transaction (and may run one again after a rolled-back group), reads run on cursors of their own. The
-writer runs one transaction at a time, so two workers never dequeue the same rollout. The retry policy is
-:func:`next_rollout_status`, one pure function that tests can read like a table.
+Every function takes the cursor it runs on and keeps no state: the writer runs the writes, one transaction
+at a time (so two workers never dequeue the same rollout), reads run on cursors of their own. The retry
+policy is :func:`next_rollout_status`, one pure function that tests can read like a table.
 """
 
 from __future__ import annotations
@@ -102,8 +101,8 @@ def dequeue(cur: duckdb.DuckDBPyConnection, worker_id: str | None, mode: str | N
     """Take the oldest waiting rollout (of ``mode``, if given) and open its next attempt.
 
     A rollout enqueued without ``resources_version`` takes the latest versions (:data:`RESOURCES_REF_SQL`)
-    when first dequeued, and keeps them across retries. A SELECT then an UPDATE by primary key, not one
-    ``UPDATE ... RETURNING`` with a subquery: DuckDB runs the two plain statements in about half the time.
+    when first dequeued, and keeps them across retries. A SELECT then an UPDATE by primary key, because
+    DuckDB runs those faster than one ``UPDATE ... RETURNING`` with a subquery.
     """
     waiting = list_rollouts(cur, {"mode": mode or None}, 1, 0, (f"status IN {_WAITING}", []))
     if not waiting:
@@ -183,22 +182,19 @@ def cancel(cur: duckdb.DuckDBPyConnection, rollout_id: str, now: float) -> Rollo
 
 
 def list_attempts(cur: duckdb.DuckDBPyConnection, rollout_id: str) -> list[Attempt]:
-    rows = fetch_dicts(cur.execute(
-        f"SELECT {_ATTEMPTS} FROM attempts WHERE rollout_id = ? ORDER BY sequence_id", [rollout_id]))
+    rows = fetch_dicts(cur.execute(f"SELECT {_ATTEMPTS} FROM attempts WHERE rollout_id = ? ORDER BY sequence_id",
+                                   [rollout_id]))
     return [row_to_attempt(r) for r in rows]
 
 
 def last_attempts(cur: duckdb.DuckDBPyConnection, rollout_ids: Sequence[str]) -> list[tuple[Rollout, Attempt]]:
     """Each rollout with its latest attempt, in the order of ``rollout_ids`` (rollouts never dequeued: left out)."""
-    cols = ", ".join(f"a.{c}" for c in ATTEMPT_COLUMNS)
-    rows = fetch_dicts(cur.execute(
-        f"SELECT {cols} FROM attempts a JOIN (SELECT rollout_id, max(sequence_id) AS sequence_id FROM attempts "
-        f"WHERE rollout_id {IN_LIST} GROUP BY rollout_id) USING (rollout_id, sequence_id)",
-        [list(rollout_ids)]))
+    rows = fetch_dicts(cur.execute(f"SELECT {_ATTEMPTS} FROM attempts WHERE rollout_id {IN_LIST} "
+                                   "QUALIFY sequence_id = max(sequence_id) OVER (PARTITION BY rollout_id)",
+                                   [list(rollout_ids)]))
     attempts = {r["rollout_id"]: row_to_attempt(r) for r in rows}
-    rollouts = fetch_dicts(cur.execute(
-        f"SELECT {_ROLLOUTS} FROM rollouts WHERE rollout_id {IN_LIST}", [list(attempts)]))
-    by_id = {r["rollout_id"]: row_to_rollout(r) for r in rollouts}
+    sql = f"SELECT {_ROLLOUTS} FROM rollouts WHERE rollout_id {IN_LIST}"
+    by_id = {r["rollout_id"]: row_to_rollout(r) for r in fetch_dicts(cur.execute(sql, [list(attempts)]))}
     return [(by_id[rid], attempts[rid]) for rid in dict.fromkeys(rollout_ids) if rid in attempts]
 
 

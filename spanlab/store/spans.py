@@ -145,9 +145,8 @@ def _json(spans: Sequence[Span], i: int, name: str, value: Any) -> str | None:
 def check_limits(tbl: pa.Table, max_tokens_per_span: int, max_json_bytes: int) -> None:
     """Limits that protect the store: no span_id twice in a batch, no span over the token or JSON limit."""
     ids = tbl["span_id"].to_pylist()
-    if len(set(ids)) != len(ids):
-        dup = next(s for s, n in Counter(ids).items() if n > 1)
-        raise InvalidSpanError(f"span_id {dup!r} appears twice in the batch; nothing stored")
+    if dups := [s for s, n in Counter(ids).items() if n > 1]:
+        raise InvalidSpanError(f"span_id {dups[0]!r} appears twice in the batch; nothing stored")
     n_tokens = sum(pc.list_value_length(tbl[c]).fill_null(0).to_numpy() for c in ("prompt_token_ids",
                                                                                 "response_token_ids"))
     if len(n_tokens) and n_tokens.max() > max_tokens_per_span:
