@@ -26,6 +26,7 @@ from spanlab.types import (
     RolloutConfig,
     RolloutMode,
     Span,
+    StrictModel,
 )
 
 
@@ -53,10 +54,8 @@ class RolloutSummary(BaseModel):
     metadata: dict[str, Any] = {}
 
 
-class Metric(BaseModel):
+class Metric(StrictModel):
     """One training metric of one step (a row of ``train_metrics``)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     run_id: str
     algorithm: str

@@ -29,11 +29,8 @@ MEMORY = ":memory:"
 # Settings of the user-facing query surface (`spanlab sql`, the UI, the store server's /sql): no file,
 # network or extension access, so SQL cannot read /etc/passwd or write anywhere.
 SAFE_QUERY_CONFIG: dict[str, Any] = {
-    "enable_external_access": False,
-    "autoinstall_known_extensions": False,
-    "autoload_known_extensions": False,
-    "allow_community_extensions": False,
-    "lock_configuration": True,
+    "enable_external_access": False, "autoinstall_known_extensions": False, "autoload_known_extensions": False,
+    "allow_community_extensions": False, "lock_configuration": True,
 }
 
 
