@@ -94,11 +94,9 @@ class SpanStore(StoreAPI):
         settings = "; ".join(f"SET {key} = {str(value).lower()}" for key, value in SAFE_QUERY_CONFIG.items())
         self._writer.call(lambda cur: cur.execute(settings))
 
-    # --- rollout queue -------------------------------------------------------------------------
     def enqueue(self, rollouts: Sequence[Rollout]) -> list[Rollout]:
         rollouts = [as_model(Rollout, r, i) for i, r in enumerate(rollouts)]
-        ids = [r.rollout_id for r in rollouts]
-        if len(set(ids)) != len(ids):
+        if len({r.rollout_id for r in rollouts}) != len(rollouts):
             raise InvalidSpanError("enqueue: the batch repeats a rollout_id")
         return self._writer.call(lambda cur: queue.enqueue(cur, rollouts)) if rollouts else []
 
@@ -160,7 +158,6 @@ class SpanStore(StoreAPI):
                           metadata: dict[str, str] | None = None) -> list[RolloutSummary]:
         return self._read(queue.rollout_summaries, rollout_ids, statuses, metadata)
 
-    # --- spans ---------------------------------------------------------------------------------
     def add_spans(self, spans: Sequence[Span]) -> int:
         return len(self.ingest(spans))
 
@@ -174,7 +171,7 @@ class SpanStore(StoreAPI):
 
     def _checked(self, spans: Sequence[Span]) -> pa.Table:
         """The batch as one Arrow table, every span validated (dicts too) and within the store's limits."""
-        tbl = spans_to_arrow([as_model(Span, s, i) for i, s in enumerate(spans)])
+        tbl = spans_to_arrow(spans)
         spans_sql.check_limits(tbl, self.max_tokens_per_span, self.max_json_bytes)
         return tbl
 
@@ -191,7 +188,6 @@ class SpanStore(StoreAPI):
         except duckdb.Error as exc:
             raise StoreError(f"cannot read spans: {exc}") from exc
 
-    # --- resources and metrics -----------------------------------------------------------------
     def add_resource(self, name: str, payload: dict[str, Any], kind: ResourceKind = "other") -> Resource:
         res = as_model(Resource, {"name": name, "payload": payload, "kind": kind}, 0)
         return self._writer.call(lambda cur: queue.add_resource(cur, res))
@@ -212,7 +208,6 @@ class SpanStore(StoreAPI):
     def metrics(self, run_id: str | None = None) -> list[Metric]:
         return self._read(queue.metrics, run_id)
 
-    # --- SQL -----------------------------------------------------------------------------------
     def query(self, sql: str, max_rows: int | None = None, *, limits: QueryLimits | None = None) -> pa.Table:
         """:func:`~spanlab.store.sql.fetch_user_query` refuses anything that could write and applies ``limits``
         (the store server's, for its ``/sql``)."""

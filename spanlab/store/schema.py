@@ -1,15 +1,13 @@
 """DuckDB tables and views of the span store, and the Arrow schema spans are ingested with.
 
-Token IDs are ``INTEGER[]`` and logprobs ``FLOAT[]``: a column store keeps them compact and reads
-them back as Arrow list arrays without ever building Python ints. Everything the user might want to
-filter on (kind, model, finish reason, reward value, token counts) is its own column; free-form
-payloads (messages, tools, attributes) are JSON. The views are the stable surface users query with
-``spanlab sql``: the tables may grow columns, the views keep their names and meanings. Times are epoch
-seconds (``*_time``) with a TIMESTAMP twin (``*_at``) for readability.
+Token IDs are ``INTEGER[]`` and logprobs ``FLOAT[]``: a column store keeps them compact and reads them back
+as Arrow list arrays without ever building Python ints. What users filter on (kind, model, finish reason,
+reward value, token counts) is a column of its own; free-form payloads (messages, tools, attributes) are
+JSON. The views are the stable surface of ``spanlab sql``: the tables may grow columns, the views keep their
+names and meanings. Times are epoch seconds (``*_time``) with a TIMESTAMP twin (``*_at``).
 
-Opening a file: DuckDB lets one process hold it read-write and refuses every other process meanwhile, and
-a file that is not a DuckDB database fails to open. Both become spanlab errors that say what to do, and the
-file is never touched (nothing stored is lost by a failed open).
+Opening a file another process holds read-write (DuckDB allows one), or one that is not a DuckDB database,
+fails with a spanlab error that says what to do, and the file is never touched.
 """
 
 from __future__ import annotations

@@ -50,9 +50,7 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
     bearer = HTTPBearer(auto_error=False)
 
     def authorize(cred: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
-        if token is None:
-            return
-        if cred is None or not hmac.compare_digest(cred.credentials.encode(), token.encode()):
+        if token is not None and (cred is None or not hmac.compare_digest(cred.credentials.encode(), token.encode())):
             raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
 
     @asynccontextmanager

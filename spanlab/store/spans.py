@@ -109,8 +109,9 @@ def row_to_span(row: dict[str, Any], index: int = 0) -> Span:
     return as_model(Span, span, index)
 
 
-def spans_to_arrow(spans: Sequence[Span]) -> pa.Table:
-    """Validated spans as one Arrow table with the span schema (the token IDs copied once)."""
+def spans_to_arrow(spans: Sequence[Span | dict[str, Any]]) -> pa.Table:
+    """Spans (dicts validated as ``Span`` first) as one Arrow table with the span schema (token IDs copied once)."""
+    spans = [as_model(Span, s, i) for i, s in enumerate(spans)]
     llms = [s.llm for s in spans]
     usages = [x.usage if x else None for x in llms]
     rewards = [s.reward for s in spans]
