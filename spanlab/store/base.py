@@ -73,10 +73,8 @@ class StoreAPI(ABC):
     def enqueue(self, rollouts: Sequence[Rollout]) -> list[Rollout]:
         """Add rollouts (status ``queuing``); an existing ``rollout_id`` is an error."""
 
-    def enqueue_one(
-        self, input: Any, *, mode: RolloutMode = "train", config: RolloutConfig | None = None,
-        metadata: dict[str, Any] | None = None, resources_version: str | None = None,
-    ) -> Rollout:
+    def enqueue_one(self, input: Any, *, mode: RolloutMode = "train", config: RolloutConfig | None = None,
+                    metadata: dict[str, Any] | None = None, resources_version: str | None = None) -> Rollout:
         rollout = Rollout(input=input, mode=mode, config=config or RolloutConfig(), metadata=metadata or {},
                           resources_version=resources_version)
         return self.enqueue([rollout])[0]

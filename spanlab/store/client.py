@@ -29,7 +29,6 @@ from spanlab.types import Attempt, FinishedAttemptStatus, Resource, ResourceKind
 logger = logging.getLogger(__name__)
 
 _ERRORS = {400: QueryError, 404: NotFoundError, 413: InvalidSpanError, 422: InvalidSpanError}
-_JSON = {"Content-Type": "application/json"}
 
 
 class StoreClient(StoreAPI):
@@ -90,7 +89,7 @@ class StoreClient(StoreAPI):
 
     def _json(self, method: str, path: str, *, idempotent: bool = True, json_body: Any = None, **kw: Any) -> Any:
         if json_body is not None:
-            kw |= {"body": json.dumps(json_body).encode(), "headers": _JSON}
+            kw |= {"body": json.dumps(json_body).encode(), "headers": {"Content-Type": "application/json"}}
         return json.loads(self._call(method, path, idempotent=idempotent, **kw).data)
 
     def enqueue(self, rollouts: Sequence[Rollout]) -> list[Rollout]:

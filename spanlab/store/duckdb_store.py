@@ -101,8 +101,7 @@ class SpanStore(StoreAPI):
         return self._writer.call(lambda cur: queue.enqueue(cur, rollouts)) if rollouts else []
 
     def dequeue(self, worker_id: str | None = None, mode: str | None = None) -> tuple[Rollout, Attempt] | None:
-        expire = time.time() - self._last_stale_check >= self._stale_check_interval_s
-        if expire:
+        if expire := time.time() - self._last_stale_check >= self._stale_check_interval_s:
             self._last_stale_check = time.time()
 
         def write(cur: duckdb.DuckDBPyConnection) -> tuple[Rollout, Attempt] | None:

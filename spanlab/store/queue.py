@@ -87,9 +87,8 @@ def list_rollouts(cur: duckdb.DuckDBPyConnection, equals: dict[str, Any], limit:
 
 def enqueue(cur: duckdb.DuckDBPyConnection, rollouts: list[Rollout]) -> list[Rollout]:
     """Insert new rollouts (status ``queuing``); a rollout_id already stored is refused."""
-    found = cur.execute(f"SELECT rollout_id FROM rollouts WHERE rollout_id {IN_LIST} LIMIT 1",
-                        [[r.rollout_id for r in rollouts]]).fetchall()  # fetchall: DuckDB wants results finished
-    if found:
+    if found := cur.execute(f"SELECT rollout_id FROM rollouts WHERE rollout_id {IN_LIST} LIMIT 1",
+                            [[r.rollout_id for r in rollouts]]).fetchall():  # fetchall: DuckDB wants results finished
         raise InvalidSpanError(f"enqueue: rollout_id {found[0][0]!r} already exists")
     rows = pa.Table.from_pylist([dict(zip(ROLLOUT_COLUMNS, _rollout_row(r), strict=True)) for r in rollouts])
     cur.from_arrow(rows).insert_into("rollouts")  # one statement for any number of rows, by column position
@@ -108,8 +107,7 @@ def dequeue(cur: duckdb.DuckDBPyConnection, worker_id: str | None, mode: str | N
     if not waiting:
         return None
     old = waiting[0]
-    resources = old.resources_version
-    if resources is None:
+    if (resources := old.resources_version) is None:
         resources = cur.execute(RESOURCES_REF_SQL).fetchall()[0][0]
     rollout = old.model_copy(update={"status": "preparing", "num_attempts": old.num_attempts + 1,
                                      "start_time": old.start_time if old.start_time is not None else now,

@@ -37,8 +37,6 @@ from spanlab.vectors import list_column, list_rows
 
 _LIST_TYPES: dict[str, type] = {"prompt_token_ids": np.int32, "response_token_ids": np.int32,
                                 "response_logprobs": np.float32, "loss_mask": np.uint8}
-
-
 _TOP = ("span_id", "rollout_id", "attempt_id", "sequence_id", "parent_id", "name", "kind", "start_time", "end_time",
         "status")
 _LLM = ("model", "request_messages", "request_tools", "response_message", "finish_reason", *_LIST_TYPES)
@@ -155,10 +153,8 @@ def check_limits(tbl: pa.Table, max_tokens_per_span: int, max_json_bytes: int) -
         raise InvalidSpanError(f"span #{i} ({ids[i]}): {n_tokens[i]} token IDs exceed "
                                f"max_tokens_per_span={max_tokens_per_span}; nothing stored")
     for col in JSON_SPAN_COLUMNS:
-        if tbl[col].null_count == tbl.num_rows:
-            continue
         lengths = pc.binary_length(tbl[col]).fill_null(0).to_numpy()
-        if lengths.max() > max_json_bytes:
+        if len(lengths) and lengths.max() > max_json_bytes:
             i = int(lengths.argmax())
             raise InvalidSpanError(f"span #{i} ({ids[i]}): `{col}` is {lengths[i]} bytes of JSON, "
                                    f"over max_json_bytes={max_json_bytes}; nothing of this batch was stored")

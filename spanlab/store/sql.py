@@ -79,8 +79,7 @@ def check_select(conn: duckdb.DuckDBPyConnection, sql: str) -> str:
     parsed = json.loads(tree)
     if parsed.get("error"):
         raise QueryError(f"not allowed or not parsed as one plain SELECT: {parsed.get('error_message')}")
-    bad = _writes(parsed)
-    if bad:
+    if bad := _writes(parsed):
         raise QueryError(f"not allowed: the query contains {bad} (only reads run here)")
     return text
 
