@@ -21,7 +21,7 @@ from spanlab.errors import InvalidSpanError, StoreError
 from spanlab.store import queue, schema
 from spanlab.store import spans as spans_sql
 from spanlab.store.base import Metric, RolloutSummary, StoreAPI
-from spanlab.store.schema import MEMORY, SAFE_QUERY_CONFIG, SPAN_COLUMNS, connect
+from spanlab.store.schema import MEMORY, SAFE_QUERY_CONFIG, SPAN_COLUMNS, connect, where
 from spanlab.store.spans import as_model, spans_to_arrow, table_to_spans
 from spanlab.store.sql import QueryLimits, fetch_user_query
 from spanlab.store.writer import Writer
@@ -180,8 +180,9 @@ class SpanStore(StoreAPI):
         cols = list(columns) if columns else list(SPAN_COLUMNS)
         if unknown := [c for c in cols if c not in SPAN_COLUMNS]:
             raise InvalidSpanError(f"unknown span columns {unknown}; known: {', '.join(SPAN_COLUMNS)}")
-        sql, params = spans_sql.select(
-            {"rollout_id": rollout_ids, "attempt_id": attempt_ids, "kind": kinds, "span_id": span_ids}, cols)
+        filters = {"rollout_id": rollout_ids, "attempt_id": attempt_ids, "kind": kinds, "span_id": span_ids}
+        clause, params = where(filters)
+        sql = f"SELECT {', '.join(cols)} FROM spans {clause} ORDER BY rollout_id, attempt_id, sequence_id"
         try:  # the reader keeps its cursor alive while it streams
             return self._cursor().sql(sql, params=params).to_arrow_reader(batch_size)
         except duckdb.Error as exc:

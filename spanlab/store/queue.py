@@ -59,7 +59,6 @@ def row_to_attempt(row: dict[str, Any]) -> Attempt:
 
 
 def _first(cur: duckdb.DuckDBPyConnection, sql: str, params: list[Any], missing: str) -> dict[str, Any]:
-    """The first row of ``sql``; none is a ``NotFoundError`` saying ``missing``."""
     if rows := fetch_dicts(cur.execute(sql, params)):
         return rows[0]
     raise NotFoundError(missing)

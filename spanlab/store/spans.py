@@ -1,4 +1,4 @@
-"""The ``spans`` table: the one gate every span passes, its Arrow form, the insert the writer runs, span reads.
+"""The ``spans`` table: the one gate every span passes, its Arrow form and back, the insert the writer runs.
 
 The span rules are the pydantic models of ``spanlab/types.py``, and only those: typed spans are checked when
 built, an Arrow batch (the wire format) row by row in :func:`table_to_spans`, token columns as NumPy views (no
@@ -22,15 +22,7 @@ import pyarrow.compute as pc
 from pydantic import ValidationError
 
 from spanlab.errors import InvalidSpanError
-from spanlab.store.schema import (
-    IN_LIST,
-    JSON_SPAN_COLUMNS,
-    REQUIRED_SPAN_COLUMNS,
-    SPAN_ARROW_SCHEMA,
-    dumps,
-    loads,
-    where,
-)
+from spanlab.store.schema import IN_LIST, JSON_SPAN_COLUMNS, REQUIRED_SPAN_COLUMNS, SPAN_ARROW_SCHEMA, dumps, loads
 from spanlab.store.writer import Batchable
 from spanlab.types import Span
 from spanlab.vectors import list_column, list_rows
@@ -222,10 +214,3 @@ def _insert_rows(cur: duckdb.DuckDBPyConnection, tbl: pa.Table) -> list[int]:
     tbl = tbl.set_column(tbl.schema.get_field_index("sequence_id"), "sequence_id", pa.array(seqs, pa.int32()))
     cur.from_arrow(tbl).insert_into("spans")  # columns by position: SPAN_ARROW_SCHEMA follows the table (tested)
     return keep
-
-
-def select(lists: dict[str, Sequence[str] | None], cols: Sequence[str]) -> tuple[str, list[Any]]:
-    """The SQL of a span read: ``cols`` of the rows whose columns are in the given lists (None: any), in
-    attempt and sequence order."""
-    clause, params = where(lists)
-    return f"SELECT {', '.join(cols)} FROM spans {clause} ORDER BY rollout_id, attempt_id, sequence_id", params

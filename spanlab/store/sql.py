@@ -238,12 +238,10 @@ class SqlPool:
 
         future = asyncio.get_running_loop().run_in_executor(self._executor, call)
         try:
-            while True:
-                done, _ = await asyncio.wait({future}, timeout=_POLL_S)
-                if done:
-                    return future.result()
+            while (await asyncio.wait({future}, timeout=_POLL_S))[1]:  # still pending
                 if await is_disconnected():
                     cancel.set()
+            return future.result()
         except asyncio.CancelledError:
             cancel.set()
             raise
