@@ -4,7 +4,8 @@ DuckDB lets one process write a file, so workers elsewhere reach the store throu
 ``StoreClient``). Every route runs its store call in a thread, never on the event loop, and answers a write
 after its commit. With a token, every request needs ``Authorization: Bearer <token>`` except the API's own
 description (``/openapi.json``, ``/docs``), public on purpose: it ships in the package and holds no data.
-``/sql`` runs on a small pool of its own (:class:`~spanlab.store.sql.SqlPool`), so it cannot starve the queue.
+``/sql`` runs one read-only SELECT under a time and byte limit on a small pool of its own
+(:class:`~spanlab.store.sql.SqlPool`), so it cannot starve the queue.
 
 Run: spanlab store serve --db runs/spans.duckdb --port 8700 [--token T]
 """

@@ -4,9 +4,10 @@
 User SQL must never change the store, whatever connection it is given (a read-only file, or a cursor of
 the store's own writable connection), so :func:`fetch_user_query` holds three independent lines:
 
-1. the text is exactly one plain ``SELECT`` as DuckDB's own parser sees it (:func:`check_select`), with no
-   data-modifying CTE (``WITH d AS (DELETE ... RETURNING *) SELECT``) and no table function that acts on the
-   file (``checkpoint()``); ``EXPLAIN`` is refused because ``EXPLAIN ANALYZE`` runs its statement;
+1. the text is exactly one plain ``SELECT`` (``FROM``, ``VALUES``, ``SUMMARIZE``, ``DESCRIBE``, ``SHOW`` are
+   SELECTs too) as DuckDB's own parser sees it (:func:`check_select`), with no data-modifying CTE (``WITH d
+   AS (DELETE ... RETURNING *) SELECT``) and no table function that acts on the file (``checkpoint()``);
+   ``EXPLAIN`` is refused because ``EXPLAIN ANALYZE`` runs its statement;
 2. it runs inside ``BEGIN TRANSACTION READ ONLY``, always rolled back: DuckDB refuses a write the check missed;
 3. user-facing surfaces open files with external access disabled (:data:`SAFE_QUERY_CONFIG`), so no query
    reads other files (``read_csv('/etc/passwd')``), attaches databases or loads extensions.
