@@ -1,10 +1,8 @@
 """The store interface every component programs against, and the typed rows its reads return.
 
-``SpanStore`` (DuckDB, in-process) implements it; ``StoreClient`` (the store server over HTTP) implements
-the same methods with the same behaviour (the adapter and loop tests run on both), so a gateway, runner,
-adapter or algorithm works with either without knowing which. Adapters and loops read through the typed
-methods here (last attempts, rollout summaries, spans by ID, metrics), never through SQL with parameters:
-``query`` is for a user's read-only SQL.
+``SpanStore`` (DuckDB, in-process) and ``StoreClient`` (the store server over HTTP) implement it with the
+same behaviour (the adapter and loop tests run on both), so a gateway, runner, adapter or algorithm works with
+either. Programs read through the typed methods, never SQL with parameters: ``query`` is for a user's SQL.
 """
 
 from __future__ import annotations
@@ -28,6 +26,7 @@ from spanlab.types import (
     RolloutConfig,
     RolloutMode,
     Span,
+    StrictModel,
 )
 
 
@@ -55,10 +54,8 @@ class RolloutSummary(BaseModel):
     metadata: dict[str, Any] = {}
 
 
-class Metric(BaseModel):
+class Metric(StrictModel):
     """One training metric of one step (a row of ``train_metrics``)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     run_id: str
     algorithm: str
@@ -76,10 +73,8 @@ class StoreAPI(ABC):
     def enqueue(self, rollouts: Sequence[Rollout]) -> list[Rollout]:
         """Add rollouts (status ``queuing``); an existing ``rollout_id`` is an error."""
 
-    def enqueue_one(
-        self, input: Any, *, mode: RolloutMode = "train", config: RolloutConfig | None = None,
-        metadata: dict[str, Any] | None = None, resources_version: str | None = None,
-    ) -> Rollout:
+    def enqueue_one(self, input: Any, *, mode: RolloutMode = "train", config: RolloutConfig | None = None,
+                    metadata: dict[str, Any] | None = None, resources_version: str | None = None) -> Rollout:
         rollout = Rollout(input=input, mode=mode, config=config or RolloutConfig(), metadata=metadata or {},
                           resources_version=resources_version)
         return self.enqueue([rollout])[0]

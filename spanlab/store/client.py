@@ -1,11 +1,9 @@
 """``StoreClient``: the store API over HTTP, for workers in other processes or on other machines.
 
-It implements :class:`StoreAPI`, so a runner, gateway or algorithm takes either a ``SpanStore`` or a
-``StoreClient``. Span batches go as Arrow IPC. Calls that are safe to repeat (reads, span writes,
-which the server deduplicates by span_id, heartbeats, finishing an attempt) are retried across
-connection failures and server restarts; the others are retried only when the request never reached
-the server. HTTP is urllib3's connection pool: a runner makes two calls per rollout, and a lighter client
-than httpx keeps each call cheap.
+Span batches go as Arrow IPC. Calls that are safe to repeat (reads, span writes, which the server
+deduplicates by span_id, heartbeats, finishing an attempt) are retried across connection failures and
+server restarts; the others only when the request never reached the server. HTTP is urllib3's connection
+pool: a runner makes two calls per rollout, and a lighter client than httpx keeps each call cheap.
 """
 
 from __future__ import annotations
@@ -31,7 +29,6 @@ from spanlab.types import Attempt, FinishedAttemptStatus, Resource, ResourceKind
 logger = logging.getLogger(__name__)
 
 _ERRORS = {400: QueryError, 404: NotFoundError, 413: InvalidSpanError, 422: InvalidSpanError}
-_JSON = {"Content-Type": "application/json"}
 
 
 class StoreClient(StoreAPI):
@@ -50,7 +47,6 @@ class StoreClient(StoreAPI):
     def close(self) -> None:
         self._http.close()
 
-    # --- transport -----------------------------------------------------------------------------
     def _request(self, method: str, path: str, *, params: dict[str, Any] | None = None, body: bytes | None = None,
                  headers: dict[str, str] | None = None, stream: bool = False) -> urllib3.BaseHTTPResponse:
         url = self._prefix + path + ("?" + urlencode(params, doseq=True) if params else "")
@@ -93,10 +89,9 @@ class StoreClient(StoreAPI):
 
     def _json(self, method: str, path: str, *, idempotent: bool = True, json_body: Any = None, **kw: Any) -> Any:
         if json_body is not None:
-            kw |= {"body": json.dumps(json_body).encode(), "headers": _JSON}
+            kw |= {"body": json.dumps(json_body).encode(), "headers": {"Content-Type": "application/json"}}
         return json.loads(self._call(method, path, idempotent=idempotent, **kw).data)
 
-    # --- queue ---------------------------------------------------------------------------------
     def enqueue(self, rollouts: Sequence[Rollout]) -> list[Rollout]:
         body = [Rollout.model_validate(r).model_dump(mode="json") for r in rollouts]
         return [Rollout.model_validate(r) for r in self._json("POST", "/rollouts", idempotent=False, json_body=body)]
@@ -113,7 +108,7 @@ class StoreClient(StoreAPI):
             return Rollout.model_validate(self._json("POST", f"/attempts/{attempt_id}/finish",
                                                      json_body={"status": status}))
         got = self._json("POST", f"/attempts/{attempt_id}/finish/arrow", params={"status": status},
-                         body=table_to_bytes(_spans_table(spans)), headers={"Content-Type": ARROW_STREAM})
+                         body=table_to_bytes(spans_to_arrow(spans)), headers={"Content-Type": ARROW_STREAM})
         return Rollout.model_validate(got)
 
     def expire_stale_attempts(self) -> list[Attempt]:
@@ -153,9 +148,8 @@ class StoreClient(StoreAPI):
         params = {} if statuses is None else {"statuses": list(statuses)}
         return int(self._json("GET", "/rollout-count", params=params))
 
-    # --- spans ---------------------------------------------------------------------------------
     def add_spans(self, spans: Sequence[Span]) -> int:
-        return self.add_span_table(_spans_table(spans)) if spans else 0
+        return self.add_span_table(spans_to_arrow(spans)) if spans else 0
 
     def add_span_table(self, tbl: pa.Table) -> int:
         resp = self._json("POST", "/spans/arrow", body=table_to_bytes(tbl), headers={"Content-Type": ARROW_STREAM})
@@ -167,16 +161,9 @@ class StoreClient(StoreAPI):
         lists = {"rollout_ids": rollout_ids, "attempt_ids": attempt_ids, "kinds": kinds, "columns": columns,
                  "span_ids": span_ids}
         params = {"batch_size": batch_size} | {k: list(v) for k, v in lists.items() if v is not None}
-        try:
-            resp = self._request("GET", "/spans/arrow", params=params, stream=True)
-        except HTTPError as exc:
-            raise StoreError(f"store server {self.url}: {exc}") from exc
-        if not 200 <= resp.status < 300:
-            resp.read()
-            self._check(resp)
+        resp = self._call("GET", "/spans/arrow", idempotent=True, params=params, stream=True)
         return ipc.open_stream(resp)  # urllib3 reads exactly what pyarrow asks for, across HTTP chunks
 
-    # --- resources -----------------------------------------------------------------------------
     def add_resource(self, name: str, payload: dict[str, Any], kind: ResourceKind = "other") -> Resource:
         body = {"name": name, "payload": payload, "kind": kind}
         return Resource.model_validate(self._json("POST", "/resources", idempotent=False, json_body=body))
@@ -189,7 +176,6 @@ class StoreClient(StoreAPI):
         params = {"name": name} if name else {}
         return [Resource.model_validate(r) for r in self._json("GET", "/resources", params=params)]
 
-    # --- training metrics ----------------------------------------------------------------------
     def add_metrics(self, run_id: str, algorithm: str, step: int, metrics: dict[str, float]) -> None:
         body = {"run_id": run_id, "algorithm": algorithm, "step": int(step),
                 "metrics": {str(k): None if v is None else float(v) for k, v in metrics.items()}}
@@ -199,14 +185,9 @@ class StoreClient(StoreAPI):
         params = {} if run_id is None else {"run_id": run_id}
         return [Metric.model_validate(m) for m in self._json("GET", "/metrics", params=params)]
 
-    # --- SQL -----------------------------------------------------------------------------------
     def query(self, sql: str, max_rows: int | None = None) -> pa.Table:
         body: dict[str, Any] = {"query": sql} | ({} if max_rows is None else {"max_rows": max_rows})
         return pa.Table.from_pylist(self._json("POST", "/sql", json_body=body))
-
-
-def _spans_table(spans: Sequence[Span | dict[str, Any]]) -> pa.Table:
-    return spans_to_arrow([s if isinstance(s, Span) else Span.model_validate(s) for s in spans])
 
 
 def _text(resp: urllib3.BaseHTTPResponse) -> str:

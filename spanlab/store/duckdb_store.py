@@ -21,7 +21,7 @@ from spanlab.errors import InvalidSpanError, StoreError
 from spanlab.store import queue, schema
 from spanlab.store import spans as spans_sql
 from spanlab.store.base import Metric, RolloutSummary, StoreAPI
-from spanlab.store.schema import MEMORY, SAFE_QUERY_CONFIG, SPAN_COLUMNS, connect
+from spanlab.store.schema import MEMORY, SAFE_QUERY_CONFIG, SPAN_COLUMNS, connect, where
 from spanlab.store.spans import as_model, spans_to_arrow, table_to_spans
 from spanlab.store.sql import QueryLimits, fetch_user_query
 from spanlab.store.writer import Writer
@@ -91,22 +91,17 @@ class SpanStore(StoreAPI):
     def restrict_to_store(self) -> None:
         """Turn off DuckDB's access to other files, the network and extensions (for a process that serves
         user SQL, the store server). Irreversible."""
-        def restrict(cur: duckdb.DuckDBPyConnection) -> None:
-            for key, value in SAFE_QUERY_CONFIG.items():
-                cur.execute(f"SET {key} = {str(value).lower()}")
-        self._writer.call(restrict)
+        settings = "; ".join(f"SET {key} = {str(value).lower()}" for key, value in SAFE_QUERY_CONFIG.items())
+        self._writer.call(lambda cur: cur.execute(settings))
 
-    # --- rollout queue -------------------------------------------------------------------------
     def enqueue(self, rollouts: Sequence[Rollout]) -> list[Rollout]:
         rollouts = [as_model(Rollout, r, i) for i, r in enumerate(rollouts)]
-        ids = [r.rollout_id for r in rollouts]
-        if len(set(ids)) != len(ids):
+        if len({r.rollout_id for r in rollouts}) != len(rollouts):
             raise InvalidSpanError("enqueue: the batch repeats a rollout_id")
         return self._writer.call(lambda cur: queue.enqueue(cur, rollouts)) if rollouts else []
 
     def dequeue(self, worker_id: str | None = None, mode: str | None = None) -> tuple[Rollout, Attempt] | None:
-        expire = time.time() - self._last_stale_check >= self._stale_check_interval_s
-        if expire:
+        if expire := time.time() - self._last_stale_check >= self._stale_check_interval_s:
             self._last_stale_check = time.time()
 
         def write(cur: duckdb.DuckDBPyConnection) -> tuple[Rollout, Attempt] | None:
@@ -122,8 +117,7 @@ class SpanStore(StoreAPI):
         if status not in _FINISHED:
             raise InvalidSpanError(f"finish_attempt: status must be {'|'.join(_FINISHED)}, not {status!r}")
         tbl = self._checked(spans)
-        foreign = set(tbl["attempt_id"].to_pylist()) - {attempt_id}
-        if foreign:
+        if foreign := set(tbl["attempt_id"].to_pylist()) - {attempt_id}:
             raise InvalidSpanError(f"finish_attempt({attempt_id!r}) got spans of attempt "
                                    f"{sorted(map(str, foreign))[0]!r}; nothing stored, the attempt is still open")
 
@@ -163,7 +157,6 @@ class SpanStore(StoreAPI):
                           metadata: dict[str, str] | None = None) -> list[RolloutSummary]:
         return self._read(queue.rollout_summaries, rollout_ids, statuses, metadata)
 
-    # --- spans ---------------------------------------------------------------------------------
     def add_spans(self, spans: Sequence[Span]) -> int:
         return len(self.ingest(spans))
 
@@ -177,7 +170,7 @@ class SpanStore(StoreAPI):
 
     def _checked(self, spans: Sequence[Span]) -> pa.Table:
         """The batch as one Arrow table, every span validated (dicts too) and within the store's limits."""
-        tbl = spans_to_arrow([as_model(Span, s, i) for i, s in enumerate(spans)])
+        tbl = spans_to_arrow(spans)
         spans_sql.check_limits(tbl, self.max_tokens_per_span, self.max_json_bytes)
         return tbl
 
@@ -185,17 +178,16 @@ class SpanStore(StoreAPI):
                      kinds: Sequence[str] | None = None, columns: Sequence[str] | None = None,
                      batch_size: int = 1024, span_ids: Sequence[str] | None = None) -> pa.RecordBatchReader:
         cols = list(columns) if columns else list(SPAN_COLUMNS)
-        unknown = [c for c in cols if c not in SPAN_COLUMNS]
-        if unknown:
+        if unknown := [c for c in cols if c not in SPAN_COLUMNS]:
             raise InvalidSpanError(f"unknown span columns {unknown}; known: {', '.join(SPAN_COLUMNS)}")
-        sql, params = spans_sql.select(
-            {"rollout_id": rollout_ids, "attempt_id": attempt_ids, "kind": kinds, "span_id": span_ids}, cols)
+        filters = {"rollout_id": rollout_ids, "attempt_id": attempt_ids, "kind": kinds, "span_id": span_ids}
+        clause, params = where(filters)
+        sql = f"SELECT {', '.join(cols)} FROM spans {clause} ORDER BY rollout_id, attempt_id, sequence_id"
         try:  # the reader keeps its cursor alive while it streams
             return self._cursor().sql(sql, params=params).to_arrow_reader(batch_size)
         except duckdb.Error as exc:
             raise StoreError(f"cannot read spans: {exc}") from exc
 
-    # --- resources and metrics -----------------------------------------------------------------
     def add_resource(self, name: str, payload: dict[str, Any], kind: ResourceKind = "other") -> Resource:
         res = as_model(Resource, {"name": name, "payload": payload, "kind": kind}, 0)
         return self._writer.call(lambda cur: queue.add_resource(cur, res))
@@ -216,7 +208,6 @@ class SpanStore(StoreAPI):
     def metrics(self, run_id: str | None = None) -> list[Metric]:
         return self._read(queue.metrics, run_id)
 
-    # --- SQL -----------------------------------------------------------------------------------
     def query(self, sql: str, max_rows: int | None = None, *, limits: QueryLimits | None = None) -> pa.Table:
         """:func:`~spanlab.store.sql.fetch_user_query` refuses anything that could write and applies ``limits``
         (the store server's, for its ``/sql``)."""

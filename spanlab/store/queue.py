@@ -1,9 +1,8 @@
 """The rollout queue and the small tables as plain SQL: rollouts and attempts, resources, training metrics.
 
-Every function takes the cursor it runs on and keeps no state of its own: the writer runs the writes in its
-transaction (and may run one again after a rolled-back group), reads run on cursors of their own. The
-writer runs one transaction at a time, so two workers never dequeue the same rollout. The retry policy is
-:func:`next_rollout_status`, one pure function that tests can read like a table.
+Every function takes the cursor it runs on and keeps no state: the writer runs the writes, one transaction
+at a time (so two workers never dequeue the same rollout), reads run on cursors of their own. The retry
+policy is :func:`next_rollout_status`, one pure function that tests can read like a table.
 """
 
 from __future__ import annotations
@@ -59,23 +58,27 @@ def row_to_attempt(row: dict[str, Any]) -> Attempt:
     return Attempt(**{**row, "metadata": loads(row["metadata"]) or {}})
 
 
+def _first(cur: duckdb.DuckDBPyConnection, sql: str, params: list[Any], missing: str) -> dict[str, Any]:
+    if rows := fetch_dicts(cur.execute(sql, params)):
+        return rows[0]
+    raise NotFoundError(missing)
+
+
 def get_rollout(cur: duckdb.DuckDBPyConnection, rollout_id: str) -> Rollout:
-    rows = fetch_dicts(cur.execute(f"SELECT {_ROLLOUTS} FROM rollouts WHERE rollout_id = ?", [rollout_id]))
-    if not rows:
-        raise NotFoundError(f"unknown rollout_id {rollout_id!r}")
-    return row_to_rollout(rows[0])
+    sql = f"SELECT {_ROLLOUTS} FROM rollouts WHERE rollout_id = ?"
+    return row_to_rollout(_first(cur, sql, [rollout_id], f"unknown rollout_id {rollout_id!r}"))
 
 
 def get_attempt(cur: duckdb.DuckDBPyConnection, attempt_id: str) -> Attempt:
-    rows = fetch_dicts(cur.execute(f"SELECT {_ATTEMPTS} FROM attempts WHERE attempt_id = ?", [attempt_id]))
-    if not rows:
-        raise NotFoundError(f"unknown attempt_id {attempt_id!r}")
-    return row_to_attempt(rows[0])
+    sql = f"SELECT {_ATTEMPTS} FROM attempts WHERE attempt_id = ?"
+    return row_to_attempt(_first(cur, sql, [attempt_id], f"unknown attempt_id {attempt_id!r}"))
 
 
-def list_rollouts(cur: duckdb.DuckDBPyConnection, equals: dict[str, Any], limit: int, offset: int) -> list[Rollout]:
-    """Rollouts in enqueue order, those whose columns equal the non-None values of ``equals``."""
-    clause, params = where(equals)
+def list_rollouts(cur: duckdb.DuckDBPyConnection, equals: dict[str, Any], limit: int, offset: int,
+                  *extra: tuple[str, list[Any]]) -> list[Rollout]:
+    """Rollouts in enqueue order, those whose columns equal the non-None values of ``equals`` (and ``extra``
+    conditions, as in :func:`~spanlab.store.schema.where`)."""
+    clause, params = where(equals, *extra)
     rows = fetch_dicts(cur.execute(f"SELECT {_ROLLOUTS} FROM rollouts {clause} ORDER BY enqueue_time, rollout_id "
                                    "LIMIT ? OFFSET ?", [*params, limit, offset]))
     return [row_to_rollout(r) for r in rows]
@@ -83,9 +86,8 @@ def list_rollouts(cur: duckdb.DuckDBPyConnection, equals: dict[str, Any], limit:
 
 def enqueue(cur: duckdb.DuckDBPyConnection, rollouts: list[Rollout]) -> list[Rollout]:
     """Insert new rollouts (status ``queuing``); a rollout_id already stored is refused."""
-    found = cur.execute(f"SELECT rollout_id FROM rollouts WHERE rollout_id {IN_LIST} LIMIT 1",
-                        [[r.rollout_id for r in rollouts]]).fetchall()  # fetchall: DuckDB wants results finished
-    if found:
+    if found := cur.execute(f"SELECT rollout_id FROM rollouts WHERE rollout_id {IN_LIST} LIMIT 1",
+                            [[r.rollout_id for r in rollouts]]).fetchall():  # fetchall: DuckDB wants results finished
         raise InvalidSpanError(f"enqueue: rollout_id {found[0][0]!r} already exists")
     rows = pa.Table.from_pylist([dict(zip(ROLLOUT_COLUMNS, _rollout_row(r), strict=True)) for r in rollouts])
     cur.from_arrow(rows).insert_into("rollouts")  # one statement for any number of rows, by column position
@@ -97,17 +99,14 @@ def dequeue(cur: duckdb.DuckDBPyConnection, worker_id: str | None, mode: str | N
     """Take the oldest waiting rollout (of ``mode``, if given) and open its next attempt.
 
     A rollout enqueued without ``resources_version`` takes the latest versions (:data:`RESOURCES_REF_SQL`)
-    when first dequeued, and keeps them across retries. A SELECT then an UPDATE by primary key, not one
-    ``UPDATE ... RETURNING`` with a subquery: DuckDB runs the two plain statements in about half the time.
+    when first dequeued, and keeps them across retries. A SELECT then an UPDATE by primary key, because
+    DuckDB runs those faster than one ``UPDATE ... RETURNING`` with a subquery.
     """
-    clause, params = where({"mode": mode or None}, (f"status IN {_WAITING}", []))
-    rows = fetch_dicts(cur.execute(f"SELECT {_ROLLOUTS} FROM rollouts {clause} ORDER BY enqueue_time, rollout_id "
-                                   "LIMIT 1", params))
-    if not rows:
+    waiting = list_rollouts(cur, {"mode": mode or None}, 1, 0, (f"status IN {_WAITING}", []))
+    if not waiting:
         return None
-    old = row_to_rollout(rows[0])
-    resources = old.resources_version
-    if resources is None:
+    old = waiting[0]
+    if (resources := old.resources_version) is None:
         resources = cur.execute(RESOURCES_REF_SQL).fetchall()[0][0]
     rollout = old.model_copy(update={"status": "preparing", "num_attempts": old.num_attempts + 1,
                                      "start_time": old.start_time if old.start_time is not None else now,
@@ -138,13 +137,11 @@ def heartbeat(cur: duckdb.DuckDBPyConnection, attempt_id: str, now: float) -> At
 
 def finish(cur: duckdb.DuckDBPyConnection, attempt_id: str, status: FinishedAttemptStatus, now: float) -> Rollout:
     """End a live attempt and apply the retry policy; an attempt that already ended changes nothing."""
-    rows = fetch_dicts(cur.execute(  # the attempt's status and its rollout, in one statement
-        f"SELECT a.status AS attempt_status, {', '.join('r.' + c for c in ROLLOUT_COLUMNS)} "
-        "FROM attempts a JOIN rollouts r USING (rollout_id) WHERE a.attempt_id = ?", [attempt_id]))
-    if not rows:
-        raise NotFoundError(f"unknown attempt_id {attempt_id!r}")
-    attempt_status = rows[0].pop("attempt_status")
-    rollout = row_to_rollout(rows[0])
+    row = _first(cur, f"SELECT a.status AS attempt_status, {', '.join('r.' + c for c in ROLLOUT_COLUMNS)} "
+                 "FROM attempts a JOIN rollouts r USING (rollout_id) WHERE a.attempt_id = ?", [attempt_id],
+                 f"unknown attempt_id {attempt_id!r}")  # the attempt's status and its rollout, in one statement
+    attempt_status = row.pop("attempt_status")
+    rollout = row_to_rollout(row)
     if attempt_status not in ACTIVE_ATTEMPT_STATUSES:
         return rollout
     new_status = next_rollout_status(rollout, status)
@@ -158,13 +155,11 @@ def finish(cur: duckdb.DuckDBPyConnection, attempt_id: str, status: FinishedAtte
 def expire(cur: duckdb.DuckDBPyConnection, now: float, timeout_grace_s: float) -> list[Attempt]:
     """End live attempts past their rollout's ``timeout_s`` (plus ``timeout_grace_s``, so the worker, which
     enforces its timeout itself, acts first) or silent for longer than ``unresponsive_s``."""
-    overdue = cur.execute(
-        f"SELECT a.attempt_id, CASE WHEN r.timeout_s IS NOT NULL AND ? - a.start_time > r.timeout_s + ? "
-        f"THEN 'timeout' ELSE 'unresponsive' END "
-        f"FROM attempts a JOIN rollouts r USING (rollout_id) WHERE a.status IN {_ACTIVE} AND ("
-        f"(r.timeout_s IS NOT NULL AND ? - a.start_time > r.timeout_s + ?) OR (r.unresponsive_s IS NOT NULL "
-        f"AND ? - coalesce(a.last_heartbeat_time, a.start_time) > r.unresponsive_s)) ORDER BY a.start_time",
-        [now, timeout_grace_s, now, timeout_grace_s, now]).fetchall()
+    overdue = cur.execute(  # a NULL limit compares as NULL: no verdict
+        "SELECT a.attempt_id, CASE WHEN ? - a.start_time > r.timeout_s + ? THEN 'timeout' WHEN ? - coalesce("
+        "a.last_heartbeat_time, a.start_time) > r.unresponsive_s THEN 'unresponsive' END AS verdict FROM attempts a "
+        f"JOIN rollouts r USING (rollout_id) WHERE a.status IN {_ACTIVE} AND verdict IS NOT NULL ORDER BY a.start_time",
+        [now, timeout_grace_s, now]).fetchall()
     ended = []
     for attempt_id, verdict in overdue:
         rollout = finish(cur, attempt_id, verdict, now)
@@ -184,22 +179,19 @@ def cancel(cur: duckdb.DuckDBPyConnection, rollout_id: str, now: float) -> Rollo
 
 
 def list_attempts(cur: duckdb.DuckDBPyConnection, rollout_id: str) -> list[Attempt]:
-    rows = fetch_dicts(cur.execute(
-        f"SELECT {_ATTEMPTS} FROM attempts WHERE rollout_id = ? ORDER BY sequence_id", [rollout_id]))
+    rows = fetch_dicts(cur.execute(f"SELECT {_ATTEMPTS} FROM attempts WHERE rollout_id = ? ORDER BY sequence_id",
+                                   [rollout_id]))
     return [row_to_attempt(r) for r in rows]
 
 
 def last_attempts(cur: duckdb.DuckDBPyConnection, rollout_ids: Sequence[str]) -> list[tuple[Rollout, Attempt]]:
     """Each rollout with its latest attempt, in the order of ``rollout_ids`` (rollouts never dequeued: left out)."""
-    cols = ", ".join(f"a.{c}" for c in ATTEMPT_COLUMNS)
-    rows = fetch_dicts(cur.execute(
-        f"SELECT {cols} FROM attempts a JOIN (SELECT rollout_id, max(sequence_id) AS sequence_id FROM attempts "
-        f"WHERE rollout_id {IN_LIST} GROUP BY rollout_id) USING (rollout_id, sequence_id)",
-        [list(rollout_ids)]))
+    rows = fetch_dicts(cur.execute(f"SELECT {_ATTEMPTS} FROM attempts WHERE rollout_id {IN_LIST} "
+                                   "QUALIFY sequence_id = max(sequence_id) OVER (PARTITION BY rollout_id)",
+                                   [list(rollout_ids)]))
     attempts = {r["rollout_id"]: row_to_attempt(r) for r in rows}
-    rollouts = fetch_dicts(cur.execute(
-        f"SELECT {_ROLLOUTS} FROM rollouts WHERE rollout_id {IN_LIST}", [list(attempts)]))
-    by_id = {r["rollout_id"]: row_to_rollout(r) for r in rollouts}
+    sql = f"SELECT {_ROLLOUTS} FROM rollouts WHERE rollout_id {IN_LIST}"
+    by_id = {r["rollout_id"]: row_to_rollout(r) for r in fetch_dicts(cur.execute(sql, [list(attempts)]))}
     return [(by_id[rid], attempts[rid]) for rid in dict.fromkeys(rollout_ids) if rid in attempts]
 
 
@@ -214,8 +206,7 @@ def next_rollout_status(rollout: Rollout, attempt_status: FinishedAttemptStatus)
         return "cancelled"
     if attempt_status == "succeeded":
         return "succeeded"
-    retryable = attempt_status in rollout.config.retry_on
-    if retryable and rollout.num_attempts < rollout.config.max_attempts:
+    if attempt_status in rollout.config.retry_on and rollout.num_attempts < rollout.config.max_attempts:
         return "requeuing"
     return "failed"
 
@@ -231,10 +222,8 @@ def add_resource(cur: duckdb.DuckDBPyConnection, res: Resource) -> Resource:
 
 def get_resource(cur: duckdb.DuckDBPyConnection, name: str, version: int | None) -> Resource:
     clause, params = where({"name": name, "version": version})
-    rows = fetch_dicts(cur.execute(f"SELECT * FROM resources {clause} ORDER BY version DESC LIMIT 1", params))
-    if not rows:
-        raise NotFoundError(f"unknown resource {name!r}" + (f" version {version}" if version else ""))
-    return _resource(rows[0])
+    return _resource(_first(cur, f"SELECT * FROM resources {clause} ORDER BY version DESC LIMIT 1", params,
+                            f"unknown resource {name!r}" + (f" version {version}" if version else "")))
 
 
 def list_resources(cur: duckdb.DuckDBPyConnection, name: str | None) -> list[Resource]:
@@ -251,13 +240,11 @@ def metrics_table(run_id: str, algorithm: str, step: int, metrics: dict[str, flo
     """One step's metrics as ``train_metrics`` rows (long format), and the names of non-finite ones."""
     if not 0 <= step <= MAX_INT32:
         raise InvalidSpanError(f"metrics of run {run_id!r}: step {step} is outside 0..{MAX_INT32}")
-    values = [None if v is None else float(v) for v in metrics.values()]
-    n, now = len(values), time.time()
-    tbl = pa.table({"run_id": pa.array([run_id] * n, pa.string()), "algorithm": pa.array([algorithm] * n, pa.string()),
-                    "step": pa.array([int(step)] * n, pa.int32()), "name": pa.array([str(k) for k in metrics]),
-                    "value": pa.array(values, pa.float64()), "time": pa.array([now] * n, pa.float64())})
-    bad = [k for k, v in zip(metrics, values, strict=True) if v is not None and not math.isfinite(v)]
-    return tbl, bad
+    now = time.time()
+    rows = [{"run_id": run_id, "algorithm": algorithm, "step": int(step), "name": str(k),
+             "value": None if v is None else float(v), "time": now} for k, v in metrics.items()]
+    bad = [r["name"] for r in rows if r["value"] is not None and not math.isfinite(r["value"])]
+    return pa.Table.from_pylist(rows), bad  # DuckDB casts to the columns' types
 
 
 def metrics(cur: duckdb.DuckDBPyConnection, run_id: str | None) -> list[Metric]:

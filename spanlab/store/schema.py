@@ -1,15 +1,13 @@
 """DuckDB tables and views of the span store, and the Arrow schema spans are ingested with.
 
-Token IDs are ``INTEGER[]`` and logprobs ``FLOAT[]``: a column store keeps them compact and reads
-them back as Arrow list arrays without ever building Python ints. Everything the user might want to
-filter on (kind, model, finish reason, reward value, token counts) is its own column; free-form
-payloads (messages, tools, attributes) are JSON. The views are the stable surface users query with
-``spanlab sql``: the tables may grow columns, the views keep their names and meanings. Times are epoch
-seconds (``*_time``) with a TIMESTAMP twin (``*_at``) for readability.
+Token IDs are ``INTEGER[]`` and logprobs ``FLOAT[]``: a column store keeps them compact and reads them back
+as Arrow list arrays without ever building Python ints. What users filter on (kind, model, finish reason,
+reward value, token counts) is a column of its own; free-form payloads (messages, tools, attributes) are
+JSON. The views are the stable surface of ``spanlab sql``: the tables may grow columns, the views keep their
+names and meanings. Times are epoch seconds (``*_time``) with a TIMESTAMP twin (``*_at``).
 
-Opening a file: DuckDB lets one process hold it read-write and refuses every other process meanwhile, and
-a file that is not a DuckDB database fails to open. Both become spanlab errors that say what to do, and the
-file is never touched (nothing stored is lost by a failed open).
+Opening a file another process holds read-write (DuckDB allows one), or one that is not a DuckDB database,
+fails with a spanlab error that says what to do, and the file is never touched.
 """
 
 from __future__ import annotations
@@ -29,11 +27,8 @@ MEMORY = ":memory:"
 # Settings of the user-facing query surface (`spanlab sql`, the UI, the store server's /sql): no file,
 # network or extension access, so SQL cannot read /etc/passwd or write anywhere.
 SAFE_QUERY_CONFIG: dict[str, Any] = {
-    "enable_external_access": False,
-    "autoinstall_known_extensions": False,
-    "autoload_known_extensions": False,
-    "allow_community_extensions": False,
-    "lock_configuration": True,
+    "enable_external_access": False, "autoinstall_known_extensions": False, "autoload_known_extensions": False,
+    "allow_community_extensions": False, "lock_configuration": True,
 }
 
 
@@ -54,20 +49,14 @@ def connect(path: str | Path, *, read_only: bool = False, safe: bool = False) ->
 
 def translate_open_error(path: str, exc: Exception) -> StoreError:
     msg = str(exc)
-    low = msg.lower()
-    if "lock" in low:
-        pid = re.search(r"PID (\d+)", msg)
-        holder = f" (PID {pid.group(1)})" if pid else ""
-        return StoreLockedError(
-            f"span store {path} is held read-write by another process{holder}. Only one process may open "
-            "it while it is written: stop that process, or query through its store server "
-            f"(spanlab store serve). DuckDB said: {msg}"
-        )
-    if "not a valid duckdb database" in low or "corrupt" in low or "invalid" in low or "serializ" in low:
-        return StoreError(
-            f"span store {path} is not a readable DuckDB database (corrupt or another kind of file); "
-            f"it was left untouched. DuckDB said: {msg}"
-        )
+    if "lock" in msg.lower():
+        holder = f" (PID {pid.group(1)})" if (pid := re.search(r"PID (\d+)", msg)) else ""
+        return StoreLockedError(f"span store {path} is held read-write by another process{holder}. Only one process "
+                                "may open it while it is written: stop that process, or query through its store "
+                                f"server (spanlab store serve). DuckDB said: {msg}")
+    if any(word in msg.lower() for word in ("not a valid duckdb database", "corrupt", "invalid", "serializ")):
+        return StoreError(f"span store {path} is not a readable DuckDB database (corrupt or another kind of file); "
+                          f"it was left untouched. DuckDB said: {msg}")
     return StoreError(f"cannot open span store {path}: {msg}")
 
 
@@ -100,7 +89,13 @@ def where(filters: dict[str, Any], *extra: tuple[str, list[Any]]) -> tuple[str, 
 
 SCHEMA_VERSION = 1
 
-# The queue's tables, column by column: their DDL and the queue's column lists are written from these.
+# The tables, column by column: their DDL and the queue's column lists are written from these.
+META_COLUMNS = {"key": "VARCHAR PRIMARY KEY", "value": "VARCHAR"}
+RESOURCE_COLUMNS = {"name": "VARCHAR NOT NULL", "version": "INTEGER NOT NULL", "kind": "VARCHAR NOT NULL",
+                    "payload": "JSON", "created_time": "DOUBLE NOT NULL"}
+# long format (one row per metric per step) so new metrics need no migration and SQL can pivot
+METRIC_COLUMNS = {"run_id": "VARCHAR NOT NULL", "algorithm": "VARCHAR NOT NULL", "step": "INTEGER NOT NULL",
+                  "name": "VARCHAR NOT NULL", "value": "DOUBLE", "time": "DOUBLE NOT NULL"}
 ROLLOUT_COLUMNS = {
     "rollout_id": "VARCHAR PRIMARY KEY", "input": "JSON", "mode": "VARCHAR NOT NULL", "status": "VARCHAR NOT NULL",
     "resources_version": "VARCHAR", "timeout_s": "DOUBLE", "unresponsive_s": "DOUBLE",
@@ -112,30 +107,6 @@ ATTEMPT_COLUMNS = {
     "worker_id": "VARCHAR", "status": "VARCHAR NOT NULL", "start_time": "DOUBLE NOT NULL", "end_time": "DOUBLE",
     "last_heartbeat_time": "DOUBLE", "metadata": "JSON",
 }
-
-TABLES_DDL = """
-CREATE TABLE IF NOT EXISTS spanlab_meta (
-    key VARCHAR PRIMARY KEY,
-    value VARCHAR
-);
-CREATE TABLE IF NOT EXISTS resources (
-    name VARCHAR NOT NULL,
-    version INTEGER NOT NULL,
-    kind VARCHAR NOT NULL,
-    payload JSON,
-    created_time DOUBLE NOT NULL,
-    PRIMARY KEY (name, version)
-);
-CREATE TABLE IF NOT EXISTS train_metrics (
-    -- long format (one row per metric per step) so new metrics need no migration and SQL can pivot
-    run_id VARCHAR NOT NULL,
-    algorithm VARCHAR NOT NULL,
-    step INTEGER NOT NULL,
-    name VARCHAR NOT NULL,
-    value DOUBLE,
-    time DOUBLE NOT NULL
-);
-"""
 
 _S, _I, _F, _IDS, _FLOATS, _BYTES = (pa.string(), pa.int32(), pa.float64(), pa.list_(pa.int32()),
                                      pa.list_(pa.float32()), pa.list_(pa.uint8()))
@@ -157,13 +128,16 @@ _SPAN_SQL = {f.name: ("JSON" if f.name in JSON_SPAN_COLUMNS else _SQL_TYPES[f.ty
              + (" NOT NULL" if f.name in (*REQUIRED_SPAN_COLUMNS, "sequence_id") else "") for f in SPAN_ARROW_SCHEMA}
 
 
-def _create(table: str, columns: dict[str, str]) -> str:
-    return f"CREATE TABLE IF NOT EXISTS {table} ({', '.join(f'{k} {v}' for k, v in columns.items())});"
+def _create(table: str, columns: dict[str, str], *constraints: str) -> str:
+    parts = [f"{k} {v}" for k, v in columns.items()] + list(constraints)
+    return f"CREATE TABLE IF NOT EXISTS {table} ({', '.join(parts)});"
 
 
 def init(cur: duckdb.DuckDBPyConnection, path: str) -> None:
     """Create the tables and views a file lacks (in the writer's transaction); refuse a newer schema."""
-    cur.execute(TABLES_DDL + _create("rollouts", ROLLOUT_COLUMNS) + _create("attempts", ATTEMPT_COLUMNS)
+    cur.execute(_create("spanlab_meta", META_COLUMNS) + _create("train_metrics", METRIC_COLUMNS)
+                + _create("resources", RESOURCE_COLUMNS, "PRIMARY KEY (name, version)")
+                + _create("rollouts", ROLLOUT_COLUMNS) + _create("attempts", ATTEMPT_COLUMNS)
                 + _create("spans", _SPAN_SQL))
     rows = cur.execute("SELECT value FROM spanlab_meta WHERE key = 'schema_version'").fetchall()
     if not rows:

@@ -1,12 +1,11 @@
 """The store server: one process owns the DuckDB file and serves the store API over HTTP.
 
-DuckDB lets one process write a file, so workers on other processes or machines reach the store through
-this server (``StoreClient`` implements the same ``StoreAPI`` over it). Every route runs its store call in
-a thread, never on the event loop, and every answer to a write comes after its commit. With a token,
-every request needs ``Authorization: Bearer <token>`` except the API's own description (``/openapi.json``,
-``/docs``), public on purpose: it ships in the package, holds no data, and clients and fuzzers read it.
-``/sql`` runs one read-only SELECT on a small pool of its own (:class:`~spanlab.store.sql.SqlPool`) under
-a time and byte limit, so it cannot starve the queue.
+DuckDB lets one process write a file, so workers elsewhere reach the store through this server (with
+``StoreClient``). Every route runs its store call in a thread, never on the event loop, and answers a write
+after its commit. With a token, every request needs ``Authorization: Bearer <token>`` except the API's own
+description (``/openapi.json``, ``/docs``), public on purpose: it ships in the package and holds no data.
+``/sql`` runs one read-only SELECT under a time and byte limit on a small pool of its own
+(:class:`~spanlab.store.sql.SqlPool`), so it cannot starve the queue.
 
 Run: spanlab store serve --db runs/spans.duckdb --port 8700 [--token T]
 """
@@ -52,9 +51,7 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
     bearer = HTTPBearer(auto_error=False)
 
     def authorize(cred: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
-        if token is None:
-            return
-        if cred is None or not hmac.compare_digest(cred.credentials.encode(), token.encode()):
+        if token is not None and (cred is None or not hmac.compare_digest(cred.credentials.encode(), token.encode())):
             raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
 
     @asynccontextmanager

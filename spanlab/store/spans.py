@@ -1,14 +1,11 @@
-"""The ``spans`` table: the one gate every span passes, its Arrow form, the insert the writer runs, span reads.
+"""The ``spans`` table: the one gate every span passes, its Arrow form and back, the insert the writer runs.
 
-Every span is checked by the pydantic models of ``spanlab/types.py`` (the one place the span rules are
-written): typed spans when they are built, an Arrow batch (the store server's wire format, bulk producers)
-by :func:`table_to_spans`, which validates each row as a ``Span`` with its token columns as NumPy views (no
-Python int per token). A batch becomes one Arrow table (:func:`spans_to_arrow`; DuckDB inserts it with one
-statement, ~60x faster than ``executemany``) and passes :func:`check_limits`. What only the database can
-tell is decided by :class:`Insert`, in the writer's transaction: that every attempt exists and belongs to the
-span's rollout, which span IDs the attempt stored already (a retried write is skipped, not duplicated), and
-the next ``sequence_id`` of spans that left it empty. Read-back turns rows into typed ``Span`` objects
-through the same :func:`row_to_span`, only when the caller asks for objects; training code stays on Arrow.
+The span rules are the pydantic models of ``spanlab/types.py``, and only those: typed spans are checked when
+built, an Arrow batch (the wire format) row by row in :func:`table_to_spans`, token columns as NumPy views (no
+Python int per token). A batch becomes one Arrow table (:func:`spans_to_arrow`), which DuckDB inserts in one
+statement, within :func:`check_limits`. What only the database can tell is decided by :class:`Insert`, in the
+writer's transaction: that every attempt exists and belongs to the span's rollout, which span IDs it stored
+already (a retried write is skipped, not duplicated), and the next ``sequence_id`` of spans that left it empty.
 """
 
 from __future__ import annotations
@@ -25,23 +22,13 @@ import pyarrow.compute as pc
 from pydantic import ValidationError
 
 from spanlab.errors import InvalidSpanError
-from spanlab.store.schema import (
-    IN_LIST,
-    JSON_SPAN_COLUMNS,
-    REQUIRED_SPAN_COLUMNS,
-    SPAN_ARROW_SCHEMA,
-    dumps,
-    loads,
-    where,
-)
+from spanlab.store.schema import IN_LIST, JSON_SPAN_COLUMNS, REQUIRED_SPAN_COLUMNS, SPAN_ARROW_SCHEMA, dumps, loads
 from spanlab.store.writer import Batchable
 from spanlab.types import Span
 from spanlab.vectors import list_column, list_rows
 
 _LIST_TYPES: dict[str, type] = {"prompt_token_ids": np.int32, "response_token_ids": np.int32,
                                 "response_logprobs": np.float32, "loss_mask": np.uint8}
-
-
 _TOP = ("span_id", "rollout_id", "attempt_id", "sequence_id", "parent_id", "name", "kind", "start_time", "end_time",
         "status")
 _LLM = ("model", "request_messages", "request_tools", "response_message", "finish_reason", *_LIST_TYPES)
@@ -112,8 +99,9 @@ def row_to_span(row: dict[str, Any], index: int = 0) -> Span:
     return as_model(Span, span, index)
 
 
-def spans_to_arrow(spans: Sequence[Span]) -> pa.Table:
-    """Validated spans as one Arrow table with the span schema (the token IDs copied once)."""
+def spans_to_arrow(spans: Sequence[Span | dict[str, Any]]) -> pa.Table:
+    """Spans (dicts validated as ``Span`` first) as one Arrow table with the span schema (token IDs copied once)."""
+    spans = [as_model(Span, s, i) for i, s in enumerate(spans)]
     llms = [s.llm for s in spans]
     usages = [x.usage if x else None for x in llms]
     rewards = [s.reward for s in spans]
@@ -124,14 +112,8 @@ def spans_to_arrow(spans: Sequence[Span]) -> pa.Table:
     columns["request_messages"] = [m or None for m in columns["request_messages"]]
     for name in JSON_SPAN_COLUMNS:
         columns[name] = [_json(spans, i, name, v) for i, v in enumerate(columns[name])]
-    arrays = []
-    for field in SPAN_ARROW_SCHEMA:
-        if field.name in _LIST_TYPES:
-            arrays.append(list_column(columns[field.name], _LIST_TYPES[field.name], field.type))
-        elif all(v is None for v in columns[field.name]):
-            arrays.append(pa.nulls(len(spans), field.type))
-        else:
-            arrays.append(pa.array(columns[field.name], type=field.type))
+    arrays = [list_column(columns[f.name], _LIST_TYPES[f.name], f.type) if f.name in _LIST_TYPES
+              else pa.array(columns[f.name], type=f.type) for f in SPAN_ARROW_SCHEMA]
     return pa.Table.from_arrays(arrays, schema=SPAN_ARROW_SCHEMA)
 
 
@@ -154,9 +136,8 @@ def _json(spans: Sequence[Span], i: int, name: str, value: Any) -> str | None:
 def check_limits(tbl: pa.Table, max_tokens_per_span: int, max_json_bytes: int) -> None:
     """Limits that protect the store: no span_id twice in a batch, no span over the token or JSON limit."""
     ids = tbl["span_id"].to_pylist()
-    if len(set(ids)) != len(ids):
-        dup = next(s for s, n in Counter(ids).items() if n > 1)
-        raise InvalidSpanError(f"span_id {dup!r} appears twice in the batch; nothing stored")
+    if dups := [s for s, n in Counter(ids).items() if n > 1]:
+        raise InvalidSpanError(f"span_id {dups[0]!r} appears twice in the batch; nothing stored")
     n_tokens = sum(pc.list_value_length(tbl[c]).fill_null(0).to_numpy() for c in ("prompt_token_ids",
                                                                                 "response_token_ids"))
     if len(n_tokens) and n_tokens.max() > max_tokens_per_span:
@@ -164,10 +145,8 @@ def check_limits(tbl: pa.Table, max_tokens_per_span: int, max_json_bytes: int) -
         raise InvalidSpanError(f"span #{i} ({ids[i]}): {n_tokens[i]} token IDs exceed "
                                f"max_tokens_per_span={max_tokens_per_span}; nothing stored")
     for col in JSON_SPAN_COLUMNS:
-        if tbl[col].null_count == tbl.num_rows:
-            continue
         lengths = pc.binary_length(tbl[col]).fill_null(0).to_numpy()
-        if lengths.max() > max_json_bytes:
+        if len(lengths) and lengths.max() > max_json_bytes:
             i = int(lengths.argmax())
             raise InvalidSpanError(f"span #{i} ({ids[i]}): `{col}` is {lengths[i]} bytes of JSON, "
                                    f"over max_json_bytes={max_json_bytes}; nothing of this batch was stored")
@@ -190,9 +169,7 @@ class Insert(Batchable):
 
 def _insert_rows(cur: duckdb.DuckDBPyConnection, tbl: pa.Table) -> list[int]:
     """Insert the rows of ``tbl`` not stored yet; returns their row numbers."""
-    span_ids = tbl["span_id"].to_pylist()
-    attempt_ids = tbl["attempt_id"].to_pylist()
-    rollout_ids = tbl["rollout_id"].to_pylist()
+    span_ids, attempt_ids, rollout_ids = (tbl[c].to_pylist() for c in ("span_id", "attempt_id", "rollout_id"))
     named = sorted({a for a in attempt_ids if a is not None})
     owners: dict[str | None, str] = {}
     stored: set[tuple[str, str | None]] = set()
@@ -217,31 +194,23 @@ def _insert_rows(cur: duckdb.DuckDBPyConnection, tbl: pa.Table) -> list[int]:
     if None in attempt_ids:  # unattributed spans: deduplicated against the other unattributed ones
         stored |= set(cur.execute(f"SELECT span_id, attempt_id FROM spans WHERE attempt_id IS NULL "
                                   f"AND span_id {IN_LIST}", [span_ids]).fetchall())
-        ((last[None],),) = cur.execute("SELECT max(sequence_id) FROM spans WHERE attempt_id IS NULL").fetchall()
+        sql = "SELECT coalesce(max(sequence_id), -1) FROM spans WHERE attempt_id IS NULL"
+        ((last[None],),) = cur.execute(sql).fetchall()
     keep, seqs = [], []
     for i, (span_id, attempt_id, given) in enumerate(
         zip(span_ids, attempt_ids, tbl["sequence_id"].to_pylist(), strict=True)
     ):
-        if (span_id, attempt_id) in stored:
-            continue
-        stored.add((span_id, attempt_id))
-        prev = last.get(attempt_id)
-        seq = (0 if prev is None else prev + 1) if given is None else given
-        last[attempt_id] = seq if prev is None else max(prev, seq)
-        keep.append(i)
-        seqs.append(seq)
+        if (span_id, attempt_id) not in stored:
+            stored.add((span_id, attempt_id))
+            prev = last.get(attempt_id, -1)  # -1: no span of the attempt yet
+            seq = prev + 1 if given is None else given
+            last[attempt_id] = max(prev, seq)
+            keep.append(i)
+            seqs.append(seq)
     if not keep:
         return []
     if len(keep) != tbl.num_rows:
         tbl = tbl.take(pa.array(keep, pa.int64()))
-    idx = tbl.schema.get_field_index("sequence_id")
-    tbl = tbl.set_column(idx, tbl.schema.field(idx), pa.array(seqs, pa.int32()))
+    tbl = tbl.set_column(tbl.schema.get_field_index("sequence_id"), "sequence_id", pa.array(seqs, pa.int32()))
     cur.from_arrow(tbl).insert_into("spans")  # columns by position: SPAN_ARROW_SCHEMA follows the table (tested)
     return keep
-
-
-def select(lists: dict[str, Sequence[str] | None], cols: Sequence[str]) -> tuple[str, list[Any]]:
-    """The SQL of a span read: ``cols`` of the rows whose columns are in the given lists (None: any), in
-    attempt and sequence order."""
-    clause, params = where(lists)
-    return f"SELECT {', '.join(cols)} FROM spans {clause} ORDER BY rollout_id, attempt_id, sequence_id", params

@@ -4,21 +4,18 @@
 User SQL must never change the store, whatever connection it is given (a read-only file, or a cursor of
 the store's own writable connection), so :func:`fetch_user_query` holds three independent lines:
 
-1. the text must be exactly one plain ``SELECT`` (``FROM``, ``VALUES``, ``SUMMARIZE``, ``DESCRIBE``, ``SHOW``
-   are SELECTs too), and DuckDB's parser decides, not a regex of ours (:func:`check_select`): its
-   ``json_serialize_sql`` tree is checked for data-modifying CTEs (``WITH d AS (DELETE ... RETURNING *)
-   SELECT``) and table functions that act on the file (``checkpoint()``). ``EXPLAIN`` is refused because
-   ``EXPLAIN ANALYZE`` runs its statement;
-2. it runs on a cursor of its own inside ``BEGIN TRANSACTION READ ONLY``, always rolled back: DuckDB itself
-   refuses a write the check missed;
-3. user-facing surfaces open files read-only with external access disabled (:data:`SAFE_QUERY_CONFIG`), so
-   no query reads other files (``read_csv('/etc/passwd')``), attaches databases or loads extensions.
+1. the text is exactly one plain ``SELECT`` (``FROM``, ``VALUES``, ``SUMMARIZE``, ``DESCRIBE``, ``SHOW`` are
+   SELECTs too) as DuckDB's own parser sees it (:func:`check_select`), with no data-modifying CTE (``WITH d
+   AS (DELETE ... RETURNING *) SELECT``) and no table function that acts on the file (``checkpoint()``);
+   ``EXPLAIN`` is refused because ``EXPLAIN ANALYZE`` runs its statement;
+2. it runs inside ``BEGIN TRANSACTION READ ONLY``, always rolled back: DuckDB refuses a write the check missed;
+3. user-facing surfaces open files with external access disabled (:data:`SAFE_QUERY_CONFIG`), so no query
+   reads other files (``read_csv('/etc/passwd')``), attaches databases or loads extensions.
 
-A query also gets a time limit (a watchdog thread interrupts it, or when ``cancel`` is set: the HTTP
-client left) and a byte limit on its result, counted while it is read, so 10 rows of 30 MB are refused
-before they are all in memory. On a server, user SQL runs on a few threads of its own (:class:`SqlPool`),
-never on those that serve the queue or the pages, and a query that finds them all busy is answered at
-once (``QueryBusyError``, 503) rather than queued behind slow ones whose clients may long have gone.
+A query also gets a time limit (a watchdog interrupts it, also when the HTTP client left) and a byte limit
+counted while its result is read, so 10 rows of 30 MB are refused before they are all in memory. On a server,
+user SQL runs on a few threads of its own (:class:`SqlPool`), never those of the queue or the pages, and a
+query that finds them all busy is answered at once (503) rather than queued behind slow ones.
 """
 
 from __future__ import annotations
@@ -70,25 +67,20 @@ def check_select(conn: duckdb.DuckDBPyConnection, sql: str) -> str:
     """The one SELECT statement of ``sql`` (its text), or a ``QueryError`` naming what is not allowed."""
     try:
         statements = conn.extract_statements(sql)
-    except duckdb.Error as exc:
-        raise QueryError(str(exc)) from exc
-    if not statements:
-        raise QueryError("empty query: send one SELECT")
-    if len(statements) != 1:
-        raise QueryError(f"not allowed: send exactly one SELECT statement, not {len(statements)}")
-    kind = statements[0].type
-    if kind != duckdb.StatementType.SELECT:
-        raise QueryError(f"not allowed: only SELECT queries run here (read-only), not {kind.name}")
-    text = statements[0].query
-    try:
+        if not statements:
+            raise QueryError("empty query: send one SELECT")
+        if len(statements) != 1:
+            raise QueryError(f"not allowed: send exactly one SELECT statement, not {len(statements)}")
+        if (kind := statements[0].type) != duckdb.StatementType.SELECT:
+            raise QueryError(f"not allowed: only SELECT queries run here (read-only), not {kind.name}")
+        text = statements[0].query
         (tree,) = conn.execute("SELECT json_serialize_sql(?::VARCHAR)", [text]).fetchone()
     except duckdb.Error as exc:
         raise QueryError(str(exc)) from exc
     parsed = json.loads(tree)
     if parsed.get("error"):
         raise QueryError(f"not allowed or not parsed as one plain SELECT: {parsed.get('error_message')}")
-    bad = _writes(parsed)
-    if bad:
+    if bad := _writes(parsed):
         raise QueryError(f"not allowed: the query contains {bad} (only reads run here)")
     return text
 
@@ -114,59 +106,50 @@ def _writes(node: Any) -> str | None:
 def fetch_user_query(conn: duckdb.DuckDBPyConnection, sql: str, max_rows: int | None = None, *,
                      limits: QueryLimits | None = None) -> pa.Table:
     """Run a user's query where it cannot write (see the module docstring): at most ``max_rows`` rows,
-    within ``limits``.
-
-    Any connection works: ``conn`` itself is not used to run the query (a cursor of it is), so a caller's
-    open transaction or cursor state is neither needed nor touched.
-    """
-    timeout_s, max_bytes, cancel = (limits.timeout_s, limits.max_bytes, limits.cancel) if limits else (None,) * 3
+    within ``limits``. The query runs on a cursor of ``conn``, so the caller's transaction is not touched."""
+    limits = limits or QueryLimits()
     try:
         cur = conn.cursor()
     except duckdb.Error as exc:
         raise QueryError(f"cannot run the query: {exc}") from exc
     done = threading.Event()
-    watchdog = None
-    if timeout_s is not None or cancel is not None:
-        watchdog = threading.Thread(target=_watch, args=(cur, timeout_s, cancel, done),
-                                    name="spanlab-sql-watchdog", daemon=True)
+    watchdog = threading.Thread(target=_watch, args=(cur, limits, done), name="spanlab-sql-watchdog", daemon=True)
     try:
         text = check_select(cur, sql)
         cur.execute("BEGIN TRANSACTION READ ONLY")
-        if watchdog is not None:
+        if limits.timeout_s is not None or limits.cancel is not None:
             watchdog.start()
         try:
-            return _read_limited(cur, text, max_rows, max_bytes)
+            return _read_limited(cur, text, max_rows, limits.max_bytes)
         finally:
             done.set()
             cur.execute("ROLLBACK")
     except duckdb.InterruptException as exc:
-        why = "the client left" if cancel is not None and cancel.is_set() else f"it ran over {timeout_s:g} s"
+        left = limits.cancel is not None and limits.cancel.is_set()
+        why = "the client left" if left else f"it ran over {limits.timeout_s:g} s"
         raise QueryError(f"query stopped: {why} (add a LIMIT, filter, or aggregate)") from exc
     except duckdb.PermissionException as exc:
         raise QueryError(
             "not allowed: SQL here cannot touch files, the network or extensions (no access to files outside "
             f"the store; external access disabled). DuckDB said: {exc}"
         ) from exc
-    except (duckdb.InvalidInputException, duckdb.TransactionException) as exc:
-        low = str(exc).lower()
-        if "read-only" in low or "read only" in low:
-            raise QueryError(f"not allowed: SQL here is read-only. DuckDB said: {exc}") from exc
-        raise QueryError(str(exc)) from exc
     except duckdb.Error as exc:
+        read_only = "read only" in str(exc).lower().replace("-", " ")
+        if read_only and isinstance(exc, (duckdb.InvalidInputException, duckdb.TransactionException)):
+            raise QueryError(f"not allowed: SQL here is read-only. DuckDB said: {exc}") from exc
         raise QueryError(str(exc)) from exc
     finally:
         done.set()
-        if watchdog is not None and watchdog.is_alive():
+        if watchdog.is_alive():
             watchdog.join()
         cur.close()
 
 
-def _watch(cur: duckdb.DuckDBPyConnection, timeout_s: float | None, cancel: threading.Event | None,
-           done: threading.Event) -> None:
-    """Interrupt ``cur`` when the time is up or ``cancel`` is set, unless the query finished first."""
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+def _watch(cur: duckdb.DuckDBPyConnection, limits: QueryLimits, done: threading.Event) -> None:
+    """Interrupt ``cur`` when the time is up or ``limits.cancel`` is set, unless the query finished first."""
+    deadline = time.monotonic() + (math.inf if limits.timeout_s is None else limits.timeout_s)
     while not done.wait(0.05):
-        if (cancel is not None and cancel.is_set()) or (deadline is not None and time.monotonic() >= deadline):
+        if (limits.cancel is not None and limits.cancel.is_set()) or time.monotonic() >= deadline:
             cur.interrupt()
             return
 
@@ -244,8 +227,7 @@ class SqlPool:
         """``fn(*args, limits)`` on a free worker, interrupted (through ``limits.cancel``) if ``is_disconnected()``
         turns true; busy: an error at once."""
         if not self._free.acquire(blocking=False):
-            raise QueryBusyError(
-                f"all {self.workers} SQL workers are busy with other queries: retry in a few seconds")
+            raise QueryBusyError(f"all {self.workers} SQL workers are busy with other queries: retry in a few seconds")
         cancel = threading.Event()
         limits = QueryLimits(timeout_s=self.timeout_s, max_bytes=self.max_bytes, cancel=cancel)
 
@@ -257,12 +239,10 @@ class SqlPool:
 
         future = asyncio.get_running_loop().run_in_executor(self._executor, call)
         try:
-            while True:
-                done, _ = await asyncio.wait({future}, timeout=_POLL_S)
-                if done:
-                    return future.result()
+            while (await asyncio.wait({future}, timeout=_POLL_S))[1]:  # still pending
                 if await is_disconnected():
                     cancel.set()
+            return future.result()
         except asyncio.CancelledError:
             cancel.set()
             raise

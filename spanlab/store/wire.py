@@ -1,8 +1,6 @@
 """What travels between ``StoreClient`` and the store server: strict request and response bodies, and span
-batches as Arrow IPC.
-
-JSON would turn every token ID into text and back (~100 ns each in Python); an Arrow IPC stream is the
-columns' own bytes, so a 2,500-token span costs a memcpy on each side.
+batches as Arrow IPC, because JSON would turn every token ID into text and back, while an Arrow IPC stream
+is the columns' own bytes.
 """
 
 from __future__ import annotations

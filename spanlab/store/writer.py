@@ -1,13 +1,11 @@
 """The store's one writer: a thread that owns the DuckDB connection and commits every write in groups.
 
 Why one thread: DuckDB makes a change durable at COMMIT, and a COMMIT costs about the same for one row as
-for a thousand. Every write of the store is a function of the connection; the thread runs what queued up
-while it was busy in one transaction, COMMITs, and only then answers each caller. So a write that returns
-is committed, writes that arrive together share a commit, and two dequeues never run at the same time.
-Span batches that queue up together run as one INSERT (:class:`Batchable`): a statement costs
-milliseconds whatever its size. A write must be safe to run twice and change nothing outside the
-database: if one write of a group fails, the group is rolled back and each runs again alone, so the
-error reaches only the caller that caused it.
+for a thousand. Every write is a function of the connection; the thread runs what queued up while it was
+busy in one transaction, COMMITs, and only then answers each caller. So a write that returns is committed,
+writes that arrive together share a commit, and two dequeues never run at once. Span batches queued
+together run as one INSERT (:class:`Batchable`). If one write of a group fails, the group is rolled back
+and each runs again alone, so the error reaches only its caller: a write must be safe to run twice.
 """
 
 from __future__ import annotations
@@ -44,15 +42,6 @@ class Batchable(ABC):
 
     def __call__(self, conn: duckdb.DuckDBPyConnection) -> Any:
         return self.run_many(conn, [self])[0]
-
-
-def _run_all(conn: duckdb.DuckDBPyConnection, fns: list[Write]) -> list[Any]:
-    """Every write in order; writes of one :class:`Batchable` class queued one after another are one ``run_many``."""
-    results: list[Any] = []
-    for kind, run in itertools.groupby(fns, key=type):
-        batch = list(run)
-        results += kind.run_many(conn, batch) if issubclass(kind, Batchable) else [fn(conn) for fn in batch]
-    return results
 
 
 class Writer:
@@ -117,18 +106,19 @@ class Writer:
                 return
         for fn, fut in group:
             try:
-                (result,) = self._transaction([fn])
+                fut.set_result(self._transaction([fn])[0])
             except BaseException as exc:  # handed to the caller
                 fut.set_exception(exc)
-            else:
-                fut.set_result(result)
 
     def _transaction(self, fns: list[Write]) -> list[Any]:
         """BEGIN, every function, COMMIT; DuckDB errors become spanlab errors and roll everything back."""
         conn = self._conn
+        results: list[Any] = []
         try:
             conn.execute("BEGIN TRANSACTION")
-            results = _run_all(conn, fns)
+            for kind, run in itertools.groupby(fns, key=type):  # a run of one Batchable class: one run_many
+                batch = list(run)
+                results += kind.run_many(conn, batch) if issubclass(kind, Batchable) else [fn(conn) for fn in batch]
             conn.execute("COMMIT")
             return results
         except BaseException as exc:
