@@ -94,7 +94,8 @@ TRAIN: dict[str, tuple[str, ...]] = {
     ),
     # Level 2: one-step word problems.
     "l2_add": (
-        "{name} [has|owns|keeps] {a} {item} and [gets|receives|finds|buys|wins|is given|picks up|earns] {b} more. "
+        "{name} [has|owns|keeps] {a} {item} and [gets|receives|finds|buys|wins|is given|picks up|earns] [{b} more|another "
+        "{b}]. "
         + _HOW_MANY_NOW,
         "{name} had {a} {item}. {other} [gave|handed|sent|brought] {name} {b} more. [How many {item} does {name} "
         "have?|How many {item} does {name} have now?|What is the total number of {item} now?]",
@@ -114,6 +115,8 @@ TRAIN: dict[str, tuple[str, ...]] = {
         "many {item} do you have [now|in total]?",
         "How many {item} does {name} have after [getting|buying|finding] {b} more? {name} had {a} {item} "
         "[before|at first].",
+        "{other} [gives|hands|passes|brings] {name} [another {b}|{b} more] {item}. {name} had {a} {item} before. "
+        + _HOW_MANY_NOW,
     ),
     "l2_sub": (
         "{name} has {a} {item} and [gives away|loses|sells|eats|uses|drops|donates|throws away] {b}. "
@@ -136,6 +139,7 @@ TRAIN: dict[str, tuple[str, ...]] = {
         "{name} [loses|sells|gives away|uses] {b} {item}. [Before that|At first], {name} had {a}. " + _HOW_MANY_LEFT,
         "[You have|You own|You start with] {a} {item}. [You give away|You lose|You sell|You use] {b}. How many "
         "{item} do you have [left|now]?",
+        "How many {item} does {name} have [left|now] after [giving|handing] {b} of {name}'s {a} {item} to {other}?",
     ),
     "l2_mul": (
         "There are {a} {box} with {b} {item} [in each|each|in every one]. [How many {item} are there?|How many "
@@ -153,6 +157,7 @@ TRAIN: dict[str, tuple[str, ...]] = {
         "[together|in total|altogether]?",
         "{name} [reads|eats|collects|makes] {b} {item} [a day|every day|each day] for {a} days. How many {item} "
         "is that?",
+        "How many {item} [are there|does {name} have] [if|when] {name} has {a} {box} with {b} {item} in each?",
     ),
     "l2_div": (
         "{name} [shares|splits|divides] {ab} {item} [equally|evenly] among {a} friends. How many {item} does each "
@@ -178,6 +183,8 @@ TRAIN: dict[str, tuple[str, ...]] = {
         "What does each of {a} [people|friends] get if {ab} {item} are [shared|split] [equally|evenly]?",
         "{name} has {a} [friends|guests] and {ab} {item} to give them. Everyone gets the same amount. How many "
         "{item} does each of them get?",
+        "How many {item} does each one get if {ab} {item} are [shared|split] [equally|evenly] among {a} "
+        "[children|people|friends]?",
     ),
     # Level 3: two operations.
     "l3_add_mul": (
@@ -232,6 +239,8 @@ TRAIN: dict[str, tuple[str, ...]] = {
         "[How many {item} are left?|How many {item} does {name} have now?]",
         "Out of {a} {item}, {name} [eats|uses|sells] {b} and {other} [eats|uses|takes] {c}. How many {item} are "
         "left?",
+        "How many {item} does {name} have [left|now] after [selling|using] {b} and then [losing|giving away] {c}, "
+        "[starting from|out of] {a}?",
     ),
     "l3_sum_mul": (
         "One pack of {item} costs {a} dollars. {name} buys {b} packs and {other} buys {c} packs. How many "
@@ -252,6 +261,8 @@ TRAIN: dict[str, tuple[str, ...]] = {
         "together|do they need in total]?",
         "{b} [kids|boys] and {c} [adults|girls] each [get|buy] a pack of {item} that costs {a} dollars. How many "
         "dollars [is that in all|do they spend altogether]?",
+        "How many dollars do {name} and {other} pay for {b} and {c} packs of {item} if [a pack|each pack] costs {a} "
+        "dollars?",
     ),
     # Level 4: three operations (the depth split under the default levels).
     "l4_add_mul_sub": (
