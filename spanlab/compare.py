@@ -4,7 +4,7 @@ Used by ``tutorials/compare/run.py``, which runs each algorithm from the same st
 Everything here is read back from those stores (the framework's held-out rollouts carry
 ``metadata.phase`` and ``metadata.split``; the training rollouts are every rollout whose mode is not
 ``test``), not from configs or reports, so the table shows what ran. Intervals are the seeded percentile
-bootstrap of :mod:`spanlab.algos.apo.stats`; a difference is paired by task (every run evaluates the same
+bootstrap of :mod:`spanlab.stats`; a difference is paired by task (every run evaluates the same
 held-out tasks: same task set, seed and ``eval.tasks``), which is tighter than comparing two intervals.
 """
 
@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from spanlab.algos.apo.stats import Interval, bootstrap, paired_difference
 from spanlab.errors import ConfigError
+from spanlab.stats import Interval, bootstrap, paired_difference
 from spanlab.store import SpanStore, StoreAPI
 
 

@@ -66,7 +66,7 @@ class TrainReport(BaseModel):
         Splits whose start or final evaluation lacks per-task rewards (a report from before they were kept)
         or evaluated a different number of tasks are left out: an unpaired difference would not be this one.
         """
-        from spanlab.algos.apo.stats import paired_difference  # numpy only: the seeded paired bootstrap
+        from spanlab.stats import paired_difference  # numpy only: the seeded paired bootstrap
 
         by_split: dict[str, dict[str, Evaluation]] = {}
         for ev in self.evaluations:

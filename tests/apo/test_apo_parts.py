@@ -7,9 +7,9 @@ import pytest
 from spanlab.algos.apo.config import OptimizerConfig
 from spanlab.algos.apo.optimizer import Optimizer, extract_poml
 from spanlab.algos.apo.rollouts import PromptBank, agent_key
-from spanlab.algos.apo.stats import bootstrap, paired_difference
 from spanlab.errors import ConfigError
 from spanlab.jobs.config import parse_train_config
+from spanlab.stats import bootstrap, paired_difference
 from spanlab.store import SpanStore
 
 T = "<poml><human-msg>{{ request }}</human-msg></poml>"

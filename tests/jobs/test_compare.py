@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from spanlab.algos.apo.stats import bootstrap, paired_difference
 from spanlab.compare import Arm, build_table, load_winner, measure
 from spanlab.errors import ConfigError
+from spanlab.stats import bootstrap, paired_difference
 from spanlab.store import SpanStore
 from spanlab.types import Rollout, RolloutConfig, reward_span
 

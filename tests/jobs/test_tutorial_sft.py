@@ -10,11 +10,16 @@ from spanlab.jobs.config import load_train_config
 TUTORIALS = Path(__file__).resolve().parents[2] / "tutorials"
 
 
-def test_calc_sft_has_the_main_jobs_engine_agent_tasks_start_and_evaluation() -> None:
+def test_calc_sft_has_the_main_jobs_engine_agent_tasks_and_evaluation_and_a_shorter_start() -> None:
     sft, grpo = load_train_config(TUTORIALS / "calc" / "sft.yaml"), load_train_config(TUTORIALS / "calc" / "grpo.yaml")
     assert sft.algorithm == "sft" and sft.run_name != grpo.run_name
-    for section in ("engine", "agent", "dataset", "eval", "warm_start", "tito"):
-        assert getattr(sft, section) == getattr(grpo, section), section  # the same start, measured the same way
+    for section in ("engine", "agent", "dataset", "tito"):
+        assert getattr(sft, section) == getattr(grpo, section), section  # the same tasks, the same agent
+    assert sft.eval.model_copy(update={"base": True}) == grpo.eval  # measured the same way (no base phase)
+    assert sft.warm_start is not None and grpo.warm_start is not None
+    # the start: the first demos of the main job's warm start, trained the same way (fewer, so rounds can add)
+    assert sft.warm_start.model_copy(update={"demos": grpo.warm_start.demos}) == grpo.warm_start
+    assert sft.warm_start.demos < grpo.warm_start.demos and sft.section.replay > 0
 
 
 def test_rounds_default_to_one_pass_at_a_low_learning_rate_on_every_success() -> None:

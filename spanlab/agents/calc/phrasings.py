@@ -94,9 +94,8 @@ TRAIN: dict[str, tuple[str, ...]] = {
     ),
     # Level 2: one-step word problems.
     "l2_add": (
-        "{name} [has|owns|keeps] {a} {item} and [gets|receives|finds|buys|wins|is given|picks up|earns] [{b} more|another "
-        "{b}]. "
-        + _HOW_MANY_NOW,
+        "{name} [has|owns|keeps] {a} {item} and [gets|receives|finds|buys|wins|is given|picks up|earns] "
+        "[{b} more|another {b}]. " + _HOW_MANY_NOW,
         "{name} had {a} {item}. {other} [gave|handed|sent|brought] {name} {b} more. [How many {item} does {name} "
         "have?|How many {item} does {name} have now?|What is the total number of {item} now?]",
         "{name} [collected|picked|found|made|bought] {a} {item} on [Monday|Saturday|the first day] and {b} {item} on "

@@ -159,7 +159,7 @@ def _start(config: TrainConfig) -> tuple[str, list[str]]:
 
 
 def _summary(apo: APO, before: list[float], after: list[float]) -> dict[str, float]:
-    from spanlab.algos.apo.stats import bootstrap, paired_difference
+    from spanlab.stats import bootstrap, paired_difference
 
     search, runner, optimizer, root, best = apo.search, apo.runner, apo.optimizer, apo.root, apo.best
     search_rollouts = runner.ran - apo.held_out_rollouts

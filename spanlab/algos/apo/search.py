@@ -21,8 +21,8 @@ from spanlab.adapters.messages import conversations
 from spanlab.algos.apo.config import APOConfig
 from spanlab.algos.apo.optimizer import Optimizer
 from spanlab.algos.apo.rollouts import PromptBank, RolloutRunner
-from spanlab.algos.apo.stats import Interval, bootstrap
 from spanlab.prompts import PromptRenderer, check_template
+from spanlab.stats import Interval, bootstrap
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""Confidence intervals for APO's scores: a seeded percentile bootstrap over tasks.
+"""Confidence intervals for held-out scores (APO, the train report, the comparison): a seeded percentile bootstrap
+over tasks.
 
 Scores are means of a dozen or so bounded, lumpy rewards (0, partial credit, 1), where a normal
 interval is poor; the bootstrap needs no distributional assumption and, seeded, is deterministic.
