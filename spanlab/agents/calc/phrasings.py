@@ -49,10 +49,10 @@ def choose_variant(template: str, rng: random.Random) -> str:
     return "".join(rng.choice(options) if len(options) > 1 else options[0] for options in _parts(template))
 
 
-_HOW_MANY_NOW = "[How many {item} does {name} have now?|How many {item} does {name} have in total?|How many {item} " \
-    "does {name} have altogether?]"
-_HOW_MANY_LEFT = "[How many {item} are left?|How many {item} remain?|How many {item} does {name} have left?|How " \
-    "many {item} does {name} have now?]"
+_HOW_MANY_NOW = ("[How many {item} does {name} have now?|How many {item} does {name} have in total?|How many {item} "
+                 "does {name} have altogether?]")
+_HOW_MANY_LEFT = ("[How many {item} are left?|How many {item} remain?|How many {item} does {name} have left?|How "
+                  "many {item} does {name} have now?]")
 
 TRAIN: dict[str, tuple[str, ...]] = {
     # Level 1: a bare operation.
