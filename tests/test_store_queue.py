@@ -145,7 +145,7 @@ def test_finish_stores_the_last_spans_in_the_same_transaction(store: SpanStore, 
     def broken_insert(*args, **kwargs):
         raise RuntimeError("the span insert failed")
 
-    monkeypatch.setattr(spans_module, "_insert_rows", broken_insert)
+    monkeypatch.setattr(spans_module, "insert", broken_insert)
     with pytest.raises(RuntimeError, match="insert failed"):
         store.finish_attempt(attempt.attempt_id, "succeeded", [call, reward])
     monkeypatch.undo()

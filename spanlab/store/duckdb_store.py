@@ -1,13 +1,15 @@
 """The DuckDB span store: rollout queue, spans with exact token IDs, versioned resources, training metrics.
 
-One ``SpanStore`` owns one DuckDB file (DuckDB lets a single process write it). Every write is checked
-here, in the caller's thread, then committed by the store's :class:`~spanlab.store.writer.Writer` before
-the call returns. Reads run on cursors of their own and see every write that returned.
+One ``SpanStore`` owns one DuckDB file (DuckDB lets a single process write it) and its hot store (SQLite,
+``hot.py``). Every write is checked here, in the caller's thread, then committed to the hot store by the
+store's :class:`~spanlab.store.writer.Writer` before the call returns. A read first copies what DuckDB lacks
+(:meth:`SpanStore._sync`), then runs on a DuckDB cursor of its own, so it sees every write that returned.
 """
 
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
 import time
 from collections.abc import Sequence
@@ -18,7 +20,7 @@ import duckdb
 import pyarrow as pa
 
 from spanlab.errors import InvalidSpanError, StoreError
-from spanlab.store import queue, schema
+from spanlab.store import hot, queue, schema
 from spanlab.store import spans as spans_sql
 from spanlab.store.base import Metric, RolloutSummary, StoreAPI
 from spanlab.store.schema import MEMORY, SAFE_QUERY_CONFIG, SPAN_COLUMNS, connect, where
@@ -46,19 +48,26 @@ class SpanStore(StoreAPI):
         self._stale_check_interval_s = stale_check_interval_s
         self._last_stale_check = 0.0
         self._conn = conn = connect(self.path)
-        if not compress:
-            conn.execute("SET force_compression = 'uncompressed'")
+        try:
+            if not compress:
+                conn.execute("SET force_compression = 'uncompressed'")
+            conn.execute("BEGIN TRANSACTION")
+            schema.init(conn, self.path)
+            conn.execute("COMMIT")
+            self._synced = int(conn.execute("SELECT coalesce(max(value), '0') FROM spanlab_meta "
+                                            "WHERE key = 'hot_seq'").fetchall()[0][0])
+            self._lite = hot.open_hot(self.path, conn)
+        except BaseException as exc:
+            conn.close()
+            if isinstance(exc, (duckdb.Error, sqlite3.Error)):
+                raise StoreError(f"cannot open span store {self.path}: {exc}") from exc
+            raise
         self._read_root = conn.cursor()
         self._read_lock = threading.Lock()
+        self._sync_lock = threading.Lock()
         self._closed = False
-        self._writer = Writer(conn, Path(self.path).name)
-        try:
-            self._writer.call(lambda cur: schema.init(cur, self.path))
-        except BaseException:
-            self._writer.close()
-            self._read_root.close()
-            conn.close()
-            raise
+        self._writer = Writer(self._lite, Path(self.path).name, max(self._synced, hot.last_stamp(self._lite)))
+        self._sync()  # what a process that was killed committed to the hot store only
 
     def close(self) -> None:
         if self._closed:
@@ -66,17 +75,37 @@ class SpanStore(StoreAPI):
         self._closed = True
         self._writer.close()  # commits what is queued
         try:
+            self._copy(hot.read_changes(self._lite, self._synced, self._writer.last_stamp))
             if self.path != MEMORY:
                 self._conn.execute("CHECKPOINT")
         finally:
             self._read_root.close()
             self._conn.close()
+            self._lite.close()
+
+    def _sync(self) -> None:
+        """Copy into DuckDB what the hot store committed since the last copy (nothing to do: no statement)."""
+        if self._writer.last_stamp == self._synced:
+            return
+        with self._sync_lock:
+            since = self._synced
+            self._copy(self._writer.call(lambda lite: hot.read_changes(lite, since, self._writer.last_stamp)))
+
+    def _copy(self, changes: hot.Changes) -> None:
+        if changes.upto != self._synced:
+            try:
+                hot.apply_changes(self._conn, changes)
+            except duckdb.Error as exc:
+                raise StoreError(f"span store {self.path}: cannot copy the hot store into DuckDB: {exc}") from exc
+            self._synced = changes.upto
 
     def _cursor(self) -> duckdb.DuckDBPyConnection:
         """A cursor for one read: its own connection to the database, so reads never wait for the writer."""
         with self._read_lock:
             if self._closed:
                 raise StoreError("the span store is closed")
+        self._sync()
+        with self._read_lock:
             return self._read_root.cursor()
 
     def _read(self, fn: Any, *args: Any) -> Any:
@@ -92,7 +121,8 @@ class SpanStore(StoreAPI):
         """Turn off DuckDB's access to other files, the network and extensions (for a process that serves
         user SQL, the store server). Irreversible."""
         settings = "; ".join(f"SET {key} = {str(value).lower()}" for key, value in SAFE_QUERY_CONFIG.items())
-        self._writer.call(lambda cur: cur.execute(settings))
+        with self._sync_lock:
+            self._conn.execute(settings)
 
     def enqueue(self, rollouts: Sequence[Rollout]) -> list[Rollout]:
         rollouts = [as_model(Rollout, r, i) for i, r in enumerate(rollouts)]
@@ -104,7 +134,7 @@ class SpanStore(StoreAPI):
         if expire := time.time() - self._last_stale_check >= self._stale_check_interval_s:
             self._last_stale_check = time.time()
 
-        def write(cur: duckdb.DuckDBPyConnection) -> tuple[Rollout, Attempt] | None:
+        def write(cur: sqlite3.Connection) -> tuple[Rollout, Attempt] | None:
             if expire:
                 queue.expire(cur, time.time(), self.timeout_grace_s)
             return queue.dequeue(cur, worker_id, mode, time.time())
@@ -121,10 +151,10 @@ class SpanStore(StoreAPI):
             raise InvalidSpanError(f"finish_attempt({attempt_id!r}) got spans of attempt "
                                    f"{sorted(map(str, foreign))[0]!r}; nothing stored, the attempt is still open")
 
-        def write(cur: duckdb.DuckDBPyConnection) -> Rollout:
+        def write(cur: sqlite3.Connection) -> Rollout:
             rollout = queue.finish(cur, attempt_id, status, time.time())
             if tbl.num_rows:
-                spans_sql.Insert(tbl)(cur)  # a late reward of an attempt already ended still counts for the record
+                spans_sql.insert(cur, tbl)  # a late reward of an attempt already ended still counts for the record
             return rollout
         return self._writer.call(write)
 
@@ -166,7 +196,7 @@ class SpanStore(StoreAPI):
     def ingest(self, spans: Sequence[Span]) -> list[str]:
         """``add_spans`` that returns the span_ids it stored (the rest were stored already)."""
         tbl = self._checked(spans)
-        return self._writer.call(spans_sql.Insert(tbl)) if tbl.num_rows else []
+        return self._writer.call(lambda cur: spans_sql.insert(cur, tbl)) if tbl.num_rows else []
 
     def _checked(self, spans: Sequence[Span]) -> pa.Table:
         """The batch as one Arrow table, every span validated (dicts too) and within the store's limits."""
@@ -199,11 +229,8 @@ class SpanStore(StoreAPI):
         return self._read(queue.list_resources, name)
 
     def add_metrics(self, run_id: str, algorithm: str, step: int, metrics: dict[str, float]) -> None:
-        tbl, bad = queue.metrics_table(run_id, algorithm, step, metrics)
-        if bad:
-            logger.warning("run %s step %d: non-finite metrics %s", run_id, step, bad)
-        if tbl.num_rows:
-            self._writer.call(lambda cur: cur.from_arrow(tbl).insert_into("train_metrics"))
+        if bad := self._writer.call(lambda cur: queue.add_metrics(cur, run_id, algorithm, step, metrics)):
+            logger.warning("run %s step %d: non-finite metrics %s (stored as NULL)", run_id, step, bad)
 
     def metrics(self, run_id: str | None = None) -> list[Metric]:
         return self._read(queue.metrics, run_id)

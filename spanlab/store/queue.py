@@ -1,23 +1,26 @@
 """The rollout queue and the small tables as plain SQL: rollouts and attempts, resources, training metrics.
 
-Every function takes the cursor it runs on and keeps no state: the writer runs the writes, one transaction
-at a time (so two workers never dequeue the same rollout), reads run on cursors of their own. The retry
-policy is :func:`next_rollout_status`, one pure function that tests can read like a table.
+Every function takes the cursor it runs on and keeps no state. Writes run on the hot store (SQLite, see
+``hot.py``) in the writer's transactions, one at a time (so two workers never dequeue the same rollout), and
+stamp each row they change (``seq = stamp()``); reads run on DuckDB cursors of their own. The SQL that both
+run (``get_rollout``, ``list_rollouts``, ...) is written in the dialect they share. The retry policy is
+:func:`next_rollout_status`, one pure function that tests can read like a table.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import sqlite3
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import duckdb
-import pyarrow as pa
 
 from spanlab.errors import InvalidSpanError, NotFoundError, QueryError
 from spanlab.store.base import Metric, RolloutSummary
+from spanlab.store.hot import IN_JSON
 from spanlab.store.schema import ATTEMPT_COLUMNS, IN_LIST, ROLLOUT_COLUMNS, dumps, fetch_dicts, loads, where
 from spanlab.types import (
     ACTIVE_ATTEMPT_STATUSES,
@@ -34,9 +37,6 @@ from spanlab.types import (
 logger = logging.getLogger(__name__)
 _WAITING = "('queuing', 'requeuing')"
 _ACTIVE = "('preparing', 'running')"
-# The latest version of every resource, as ``name@version,...``: what a rollout's first dequeue records.
-RESOURCES_REF_SQL = ("SELECT string_agg(name || '@' || v, ',' ORDER BY name) "
-                     "FROM (SELECT name, max(version) AS v FROM resources GROUP BY name)")
 _ROLLOUTS = ", ".join(ROLLOUT_COLUMNS)
 _ATTEMPTS = ", ".join(ATTEMPT_COLUMNS)
 
@@ -44,13 +44,15 @@ _ATTEMPTS = ", ".join(ATTEMPT_COLUMNS)
 def _rollout_row(r: Rollout) -> list[Any]:
     """A new rollout as a row of the rollouts table (``ROLLOUT_COLUMNS`` order)."""
     return [r.rollout_id, dumps(r.input), r.mode, r.status, r.resources_version, r.config.timeout_s,
-            r.config.unresponsive_s, r.config.max_attempts, list(r.config.retry_on), dumps(r.metadata),
+            r.config.unresponsive_s, r.config.max_attempts, dumps(list(r.config.retry_on)), dumps(r.metadata),
             r.enqueue_time, r.start_time, r.end_time, r.num_attempts]
 
 
 def row_to_rollout(row: dict[str, Any]) -> Rollout:
+    retry_on = row.pop("retry_on")  # a list from DuckDB, JSON text from SQLite
     config = RolloutConfig(timeout_s=row.pop("timeout_s"), unresponsive_s=row.pop("unresponsive_s"),
-                           max_attempts=row.pop("max_attempts"), retry_on=tuple(row.pop("retry_on")))
+                           max_attempts=row.pop("max_attempts"),
+                           retry_on=tuple(loads(retry_on) if isinstance(retry_on, str) else retry_on))
     return Rollout(**{**row, "config": config, "input": loads(row["input"]), "metadata": loads(row["metadata"]) or {}})
 
 
@@ -58,23 +60,23 @@ def row_to_attempt(row: dict[str, Any]) -> Attempt:
     return Attempt(**{**row, "metadata": loads(row["metadata"]) or {}})
 
 
-def _first(cur: duckdb.DuckDBPyConnection, sql: str, params: list[Any], missing: str) -> dict[str, Any]:
+def _first(cur: Any, sql: str, params: list[Any], missing: str) -> dict[str, Any]:
     if rows := fetch_dicts(cur.execute(sql, params)):
         return rows[0]
     raise NotFoundError(missing)
 
 
-def get_rollout(cur: duckdb.DuckDBPyConnection, rollout_id: str) -> Rollout:
+def get_rollout(cur: Any, rollout_id: str) -> Rollout:
     sql = f"SELECT {_ROLLOUTS} FROM rollouts WHERE rollout_id = ?"
     return row_to_rollout(_first(cur, sql, [rollout_id], f"unknown rollout_id {rollout_id!r}"))
 
 
-def get_attempt(cur: duckdb.DuckDBPyConnection, attempt_id: str) -> Attempt:
+def get_attempt(cur: Any, attempt_id: str) -> Attempt:
     sql = f"SELECT {_ATTEMPTS} FROM attempts WHERE attempt_id = ?"
     return row_to_attempt(_first(cur, sql, [attempt_id], f"unknown attempt_id {attempt_id!r}"))
 
 
-def list_rollouts(cur: duckdb.DuckDBPyConnection, equals: dict[str, Any], limit: int, offset: int,
+def list_rollouts(cur: Any, equals: dict[str, Any], limit: int, offset: int,
                   *extra: tuple[str, list[Any]]) -> list[Rollout]:
     """Rollouts in enqueue order, those whose columns equal the non-None values of ``equals`` (and ``extra``
     conditions, as in :func:`~spanlab.store.schema.where`)."""
@@ -84,58 +86,59 @@ def list_rollouts(cur: duckdb.DuckDBPyConnection, equals: dict[str, Any], limit:
     return [row_to_rollout(r) for r in rows]
 
 
-def enqueue(cur: duckdb.DuckDBPyConnection, rollouts: list[Rollout]) -> list[Rollout]:
+def enqueue(cur: sqlite3.Connection, rollouts: list[Rollout]) -> list[Rollout]:
     """Insert new rollouts (status ``queuing``); a rollout_id already stored is refused."""
-    if found := cur.execute(f"SELECT rollout_id FROM rollouts WHERE rollout_id {IN_LIST} LIMIT 1",
-                            [[r.rollout_id for r in rollouts]]).fetchall():  # fetchall: DuckDB wants results finished
+    if found := cur.execute(f"SELECT rollout_id FROM rollouts WHERE rollout_id {IN_JSON} LIMIT 1",
+                            [dumps([r.rollout_id for r in rollouts])]).fetchall():
         raise InvalidSpanError(f"enqueue: rollout_id {found[0][0]!r} already exists")
-    rows = pa.Table.from_pylist([dict(zip(ROLLOUT_COLUMNS, _rollout_row(r), strict=True)) for r in rollouts])
-    cur.from_arrow(rows).insert_into("rollouts")  # one statement for any number of rows, by column position
+    cur.executemany(f"INSERT INTO rollouts ({_ROLLOUTS}, seq) VALUES ({'?, ' * len(ROLLOUT_COLUMNS)}stamp())",
+                    [_rollout_row(r) for r in rollouts])
     return rollouts
 
 
-def dequeue(cur: duckdb.DuckDBPyConnection, worker_id: str | None, mode: str | None,
+def dequeue(cur: sqlite3.Connection, worker_id: str | None, mode: str | None,
             now: float) -> tuple[Rollout, Attempt] | None:
     """Take the oldest waiting rollout (of ``mode``, if given) and open its next attempt.
 
-    A rollout enqueued without ``resources_version`` takes the latest versions (:data:`RESOURCES_REF_SQL`)
-    when first dequeued, and keeps them across retries. A SELECT then an UPDATE by primary key, because
-    DuckDB runs those faster than one ``UPDATE ... RETURNING`` with a subquery.
+    A rollout enqueued without ``resources_version`` takes the latest version of every resource
+    (``name@version,...``) when first dequeued, and keeps them across retries.
     """
     waiting = list_rollouts(cur, {"mode": mode or None}, 1, 0, (f"status IN {_WAITING}", []))
     if not waiting:
         return None
     old = waiting[0]
     if (resources := old.resources_version) is None:
-        resources = cur.execute(RESOURCES_REF_SQL).fetchall()[0][0]
+        latest = cur.execute("SELECT name, max(version) FROM resources GROUP BY name ORDER BY name").fetchall()
+        resources = ",".join(f"{name}@{version}" for name, version in latest) or None
     rollout = old.model_copy(update={"status": "preparing", "num_attempts": old.num_attempts + 1,
                                      "start_time": old.start_time if old.start_time is not None else now,
                                      "resources_version": resources})
-    cur.execute("UPDATE rollouts SET status = ?, num_attempts = ?, start_time = ?, resources_version = ? "
-                "WHERE rollout_id = ?", [rollout.status, rollout.num_attempts, rollout.start_time,
+    cur.execute("UPDATE rollouts SET status = ?, num_attempts = ?, start_time = ?, resources_version = ?, "
+                "seq = stamp() WHERE rollout_id = ?", [rollout.status, rollout.num_attempts, rollout.start_time,
                                          rollout.resources_version, rollout.rollout_id])
     attempt = Attempt(rollout_id=rollout.rollout_id, attempt_id=new_id("at"), sequence_id=rollout.num_attempts,
                       worker_id=worker_id, status="preparing", start_time=now, last_heartbeat_time=now)
-    cur.execute(f"INSERT INTO attempts ({_ATTEMPTS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    cur.execute(f"INSERT INTO attempts ({_ATTEMPTS}, seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, stamp())",
                 [attempt.attempt_id, attempt.rollout_id, attempt.sequence_id, attempt.worker_id, attempt.status,
                  attempt.start_time, attempt.end_time, attempt.last_heartbeat_time, dumps(attempt.metadata)])
     return rollout, attempt
 
 
-def heartbeat(cur: duckdb.DuckDBPyConnection, attempt_id: str, now: float) -> Attempt:
+def heartbeat(cur: sqlite3.Connection, attempt_id: str, now: float) -> Attempt:
     """Mark a live attempt alive (the first beat moves it and its rollout to ``running``); an attempt that
     already ended is returned as it is, so its worker learns it was timed out."""
-    rows = fetch_dicts(cur.execute(f"UPDATE attempts SET last_heartbeat_time = ?, status = 'running' WHERE "
+    rows = fetch_dicts(cur.execute(f"UPDATE attempts SET last_heartbeat_time = ?, status = 'running', "
+                                   f"seq = stamp() WHERE "
                                    f"attempt_id = ? AND status IN {_ACTIVE} RETURNING {_ATTEMPTS}", [now, attempt_id]))
     if not rows:
         return get_attempt(cur, attempt_id)
     attempt = row_to_attempt(rows[0])
-    cur.execute("UPDATE rollouts SET status = 'running' WHERE rollout_id = ? AND status = 'preparing'",
+    cur.execute("UPDATE rollouts SET status = 'running', seq = stamp() WHERE rollout_id = ? AND status = 'preparing'",
                 [attempt.rollout_id])
     return attempt
 
 
-def finish(cur: duckdb.DuckDBPyConnection, attempt_id: str, status: FinishedAttemptStatus, now: float) -> Rollout:
+def finish(cur: sqlite3.Connection, attempt_id: str, status: FinishedAttemptStatus, now: float) -> Rollout:
     """End a live attempt and apply the retry policy; an attempt that already ended changes nothing."""
     row = _first(cur, f"SELECT a.status AS attempt_status, {', '.join('r.' + c for c in ROLLOUT_COLUMNS)} "
                  "FROM attempts a JOIN rollouts r USING (rollout_id) WHERE a.attempt_id = ?", [attempt_id],
@@ -146,13 +149,14 @@ def finish(cur: duckdb.DuckDBPyConnection, attempt_id: str, status: FinishedAtte
         return rollout
     new_status = next_rollout_status(rollout, status)
     end_time = rollout.end_time if new_status in ("requeuing", "cancelled") else now
-    cur.execute("UPDATE attempts SET status = ?, end_time = ? WHERE attempt_id = ?", [status, now, attempt_id])
-    cur.execute("UPDATE rollouts SET status = ?, end_time = ? WHERE rollout_id = ?",
+    cur.execute("UPDATE attempts SET status = ?, end_time = ?, seq = stamp() WHERE attempt_id = ?",
+                [status, now, attempt_id])
+    cur.execute("UPDATE rollouts SET status = ?, end_time = ?, seq = stamp() WHERE rollout_id = ?",
                 [new_status, end_time, rollout.rollout_id])
     return rollout.model_copy(update={"status": new_status, "end_time": end_time})
 
 
-def expire(cur: duckdb.DuckDBPyConnection, now: float, timeout_grace_s: float) -> list[Attempt]:
+def expire(cur: sqlite3.Connection, now: float, timeout_grace_s: float) -> list[Attempt]:
     """End live attempts past their rollout's ``timeout_s`` (plus ``timeout_grace_s``, so the worker, which
     enforces its timeout itself, acts first) or silent for longer than ``unresponsive_s``."""
     overdue = cur.execute(  # a NULL limit compares as NULL: no verdict
@@ -168,13 +172,14 @@ def expire(cur: duckdb.DuckDBPyConnection, now: float, timeout_grace_s: float) -
     return ended
 
 
-def cancel(cur: duckdb.DuckDBPyConnection, rollout_id: str, now: float) -> Rollout:
+def cancel(cur: sqlite3.Connection, rollout_id: str, now: float) -> Rollout:
     rollout = get_rollout(cur, rollout_id)
     if rollout.status in ("succeeded", "failed", "cancelled"):
         return rollout
-    cur.execute(f"UPDATE attempts SET status = 'failed', end_time = ? WHERE rollout_id = ? AND status IN {_ACTIVE}",
+    cur.execute(f"UPDATE attempts SET status = 'failed', end_time = ?, seq = stamp() WHERE rollout_id = ? "
+                f"AND status IN {_ACTIVE}", [now, rollout_id])
+    cur.execute("UPDATE rollouts SET status = 'cancelled', end_time = ?, seq = stamp() WHERE rollout_id = ?",
                 [now, rollout_id])
-    cur.execute("UPDATE rollouts SET status = 'cancelled', end_time = ? WHERE rollout_id = ?", [now, rollout_id])
     return rollout.model_copy(update={"status": "cancelled", "end_time": now})
 
 
@@ -211,11 +216,11 @@ def next_rollout_status(rollout: Rollout, attempt_status: FinishedAttemptStatus)
     return "failed"
 
 
-def add_resource(cur: duckdb.DuckDBPyConnection, res: Resource) -> Resource:
+def add_resource(cur: sqlite3.Connection, res: Resource) -> Resource:
     """Store ``res`` as the next version of its name (versions count up from 1)."""
     ((latest,),) = cur.execute("SELECT max(version) FROM resources WHERE name = ?", [res.name]).fetchall()
     out = res.model_copy(update={"version": (latest or 0) + 1})
-    cur.execute("INSERT INTO resources VALUES (?, ?, ?, ?, ?)",
+    cur.execute("INSERT INTO resources VALUES (?, ?, ?, ?, ?, stamp())",
                 [out.name, out.version, out.kind, dumps(out.payload), out.created_time])
     return out
 
@@ -236,15 +241,18 @@ def _resource(row: dict[str, Any]) -> Resource:
     return Resource(**{**row, "payload": loads(row["payload"]) or {}})
 
 
-def metrics_table(run_id: str, algorithm: str, step: int, metrics: dict[str, float]) -> tuple[pa.Table, list[str]]:
-    """One step's metrics as ``train_metrics`` rows (long format), and the names of non-finite ones."""
+def add_metrics(cur: sqlite3.Connection, run_id: str, algorithm: str, step: int,
+                metrics: dict[str, float]) -> list[str]:
+    """One step's metrics as ``train_metrics`` rows (long format); a non-finite value is stored as NULL and
+    its name returned."""
     if not 0 <= step <= MAX_INT32:
         raise InvalidSpanError(f"metrics of run {run_id!r}: step {step} is outside 0..{MAX_INT32}")
     now = time.time()
-    rows = [{"run_id": run_id, "algorithm": algorithm, "step": int(step), "name": str(k),
-             "value": None if v is None else float(v), "time": now} for k, v in metrics.items()]
-    bad = [r["name"] for r in rows if r["value"] is not None and not math.isfinite(r["value"])]
-    return pa.Table.from_pylist(rows), bad  # DuckDB casts to the columns' types
+    values = {str(k): None if v is None else float(v) for k, v in metrics.items()}
+    bad = [k for k, v in values.items() if v is not None and not math.isfinite(v)]
+    cur.executemany("INSERT INTO train_metrics VALUES (?, ?, ?, ?, ?, ?, stamp())",
+                    [(run_id, algorithm, int(step), k, None if k in bad else v, now) for k, v in values.items()])
+    return bad
 
 
 def metrics(cur: duckdb.DuckDBPyConnection, run_id: str | None) -> list[Metric]:

@@ -2,28 +2,28 @@
 
 The span rules are the pydantic models of ``spanlab/types.py``, and only those: typed spans are checked when
 built, an Arrow batch (the wire format) row by row in :func:`table_to_spans`, token columns as NumPy views (no
-Python int per token). A batch becomes one Arrow table (:func:`spans_to_arrow`), which DuckDB inserts in one
-statement, within :func:`check_limits`. What only the database can tell is decided by :class:`Insert`, in the
-writer's transaction: that every attempt exists and belongs to the span's rollout, which span IDs it stored
-already (a retried write is skipped, not duplicated), and the next ``sequence_id`` of spans that left it empty.
+Python int per token). A batch becomes one Arrow table (:func:`spans_to_arrow`), stored as one blob (copied
+into DuckDB later: ``hot.py``), within :func:`check_limits`. What only the database can tell is decided by
+:func:`insert`, in the writer's transaction: that every attempt exists and belongs to the span's rollout,
+which span IDs it stored already (a retried write is skipped, not duplicated), and the next ``sequence_id``
+of spans that left it empty.
 """
 
 from __future__ import annotations
 
-import itertools
+import sqlite3
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import ValidationError
 
 from spanlab.errors import InvalidSpanError
-from spanlab.store.schema import IN_LIST, JSON_SPAN_COLUMNS, REQUIRED_SPAN_COLUMNS, SPAN_ARROW_SCHEMA, dumps, loads
-from spanlab.store.writer import Batchable
+from spanlab.store.hot import IN_JSON, batch_ipc
+from spanlab.store.schema import JSON_SPAN_COLUMNS, REQUIRED_SPAN_COLUMNS, SPAN_ARROW_SCHEMA, dumps, loads
 from spanlab.types import Span
 from spanlab.vectors import list_column, list_rows
 
@@ -152,23 +152,8 @@ def check_limits(tbl: pa.Table, max_tokens_per_span: int, max_json_bytes: int) -
                                    f"over max_json_bytes={max_json_bytes}; nothing of this batch was stored")
 
 
-class Insert(Batchable):
-    """One caller's span batch for the writer (its result: the span_ids it stored, the rest were stored
-    already); batches queued together are inserted as one table."""
-
-    def __init__(self, tbl: pa.Table) -> None:
-        self.tbl = tbl
-
-    @classmethod
-    def run_many(cls, cur: duckdb.DuckDBPyConnection, writes: list[Insert]) -> list[list[str]]:
-        tbl = pa.concat_tables([w.tbl for w in writes])
-        kept, ids = set(_insert_rows(cur, tbl)), tbl["span_id"].to_pylist()
-        bounds = [0, *itertools.accumulate(w.tbl.num_rows for w in writes)]
-        return [[ids[i] for i in range(lo, hi) if i in kept] for lo, hi in itertools.pairwise(bounds)]
-
-
-def _insert_rows(cur: duckdb.DuckDBPyConnection, tbl: pa.Table) -> list[int]:
-    """Insert the rows of ``tbl`` not stored yet; returns their row numbers."""
+def insert(cur: sqlite3.Connection, tbl: pa.Table) -> list[str]:
+    """Store the spans of ``tbl`` not stored yet (in the writer's transaction); returns their span_ids."""
     span_ids, attempt_ids, rollout_ids = (tbl[c].to_pylist() for c in ("span_id", "attempt_id", "rollout_id"))
     named = sorted({a for a in attempt_ids if a is not None})
     owners: dict[str | None, str] = {}
@@ -177,7 +162,7 @@ def _insert_rows(cur: duckdb.DuckDBPyConnection, tbl: pa.Table) -> list[int]:
     # one statement for the attempts' rollouts, their stored span IDs and last sequence numbers
     for attempt_id, rollout_id, span_id, seq in cur.execute(
         f"SELECT a.attempt_id, a.rollout_id, s.span_id, s.sequence_id FROM attempts a "
-        f"LEFT JOIN spans s ON s.attempt_id = a.attempt_id WHERE a.attempt_id {IN_LIST}", [named]
+        f"LEFT JOIN span_keys s ON s.attempt_id = a.attempt_id WHERE a.attempt_id {IN_JSON}", [dumps(named)]
     ).fetchall() if named else ():
         owners[attempt_id] = rollout_id
         if span_id is not None:
@@ -192,9 +177,9 @@ def _insert_rows(cur: duckdb.DuckDBPyConnection, tbl: pa.Table) -> list[int]:
             raise InvalidSpanError(f"attempt {attempt_id!r} belongs to rollout {owners[attempt_id]!r}, "
                                    f"not {rollout_id!r}; nothing stored")
     if None in attempt_ids:  # unattributed spans: deduplicated against the other unattributed ones
-        stored |= set(cur.execute(f"SELECT span_id, attempt_id FROM spans WHERE attempt_id IS NULL "
-                                  f"AND span_id {IN_LIST}", [span_ids]).fetchall())
-        sql = "SELECT coalesce(max(sequence_id), -1) FROM spans WHERE attempt_id IS NULL"
+        stored |= set(cur.execute(f"SELECT span_id, attempt_id FROM span_keys WHERE attempt_id IS NULL "
+                                  f"AND span_id {IN_JSON}", [dumps(span_ids)]).fetchall())
+        sql = "SELECT coalesce(max(sequence_id), -1) FROM span_keys WHERE attempt_id IS NULL"
         ((last[None],),) = cur.execute(sql).fetchall()
     keep, seqs = [], []
     for i, (span_id, attempt_id, given) in enumerate(
@@ -212,5 +197,7 @@ def _insert_rows(cur: duckdb.DuckDBPyConnection, tbl: pa.Table) -> list[int]:
     if len(keep) != tbl.num_rows:
         tbl = tbl.take(pa.array(keep, pa.int64()))
     tbl = tbl.set_column(tbl.schema.get_field_index("sequence_id"), "sequence_id", pa.array(seqs, pa.int32()))
-    cur.from_arrow(tbl).insert_into("spans")  # columns by position: SPAN_ARROW_SCHEMA follows the table (tested)
-    return keep
+    cur.executemany("INSERT INTO span_keys VALUES (?, ?, ?)",
+                    [(span_ids[i], attempt_ids[i], seq) for i, seq in zip(keep, seqs, strict=True)])
+    cur.execute("INSERT INTO span_batches VALUES (stamp(), ?)", [batch_ipc(tbl)])  # DuckDB's copy: hot.py
+    return [span_ids[i] for i in keep]

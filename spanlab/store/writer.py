@@ -1,55 +1,44 @@
-"""The store's one writer: a thread that owns the DuckDB connection and commits every write in groups.
+"""The store's one writer: a thread that owns the hot store's SQLite connection and commits writes in groups.
 
-Why one thread: DuckDB makes a change durable at COMMIT, and a COMMIT costs about the same for one row as
-for a thousand. Every write is a function of the connection; the thread runs what queued up while it was
-busy in one transaction, COMMITs, and only then answers each caller. So a write that returns is committed,
-writes that arrive together share a commit, and two dequeues never run at once. Span batches queued
-together run as one INSERT (:class:`Batchable`). If one write of a group fails, the group is rolled back
-and each runs again alone, so the error reaches only its caller: a write must be safe to run twice.
+Why one thread: a COMMIT (an fsync) costs about the same for one row as for a thousand. Every write is a
+function of the connection; the thread runs what queued up while it was busy in one transaction, COMMITs,
+and only then answers each caller. So a write that returns is committed, writes that arrive together share
+a commit, and two dequeues never run at once. Each write's rows are stamped with a number of their own
+(``stamp()`` in SQL), which is how :mod:`spanlab.store.hot` finds what DuckDB lacks. If one write of a
+group fails, the group is rolled back and each runs again alone, so the error reaches only its caller: a
+write must be safe to run twice.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import itertools
 import logging
 import queue
+import sqlite3
 import threading
-from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
-
-import duckdb
 
 from spanlab.errors import InvalidSpanError, StoreError
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-Write = Callable[[duckdb.DuckDBPyConnection], Any]
+Write = Callable[[sqlite3.Connection], Any]
 _MAX_GROUP = 256
 
 
-class Batchable(ABC):
-    """A write that runs together with the writes of its own class queued right after it (one statement for
-    all of them); each caller still gets its own result."""
-
-    @classmethod
-    @abstractmethod
-    def run_many(cls, conn: duckdb.DuckDBPyConnection, writes: list[Any]) -> list[Any]:
-        """Run ``writes`` (all of this class, in queue order); one result per write."""
-
-    def __call__(self, conn: duckdb.DuckDBPyConnection) -> Any:
-        return self.run_many(conn, [self])[0]
-
-
 class Writer:
-    """Owns ``conn`` from now on: nothing else may use it until :meth:`close` returns."""
+    """Owns ``conn`` from now on: nothing else may use it until :meth:`close` returns. ``last_stamp``: the
+    stamp of the last write (stamps count up from there)."""
 
-    def __init__(self, conn: duckdb.DuckDBPyConnection, name: str) -> None:
+    def __init__(self, conn: sqlite3.Connection, name: str, last_stamp: int) -> None:
         self._conn = conn
         self._name = name
+        self.last_stamp = last_stamp
+        self._stamp: int | None = None
+        conn.create_function("stamp", 0, self._next_stamp)
         self._queue: queue.SimpleQueue[tuple[Write, Future[Any]] | None] = queue.SimpleQueue()
         self._closed = False
         self._close_lock = threading.Lock()
@@ -57,7 +46,7 @@ class Writer:
         self._thread.start()
         atexit.register(self.close)  # a daemon thread inside DuckDB at interpreter exit aborts the process
 
-    def submit(self, fn: Callable[[duckdb.DuckDBPyConnection], T]) -> Future[T]:
+    def submit(self, fn: Callable[[sqlite3.Connection], T]) -> Future[T]:
         """Queue ``fn``; its future resolves to what ``fn`` returned once the transaction holding it committed."""
         fut: Future[T] = Future()
         if self._closed:
@@ -66,7 +55,7 @@ class Writer:
             self._queue.put((fn, fut))
         return fut
 
-    def call(self, fn: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
+    def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """:meth:`submit` and wait: the write is committed when this returns."""
         return self.submit(fn).result()
 
@@ -110,22 +99,28 @@ class Writer:
             except BaseException as exc:  # handed to the caller
                 fut.set_exception(exc)
 
+    def _next_stamp(self) -> int:
+        """``stamp()`` in SQL: one number per write function, taken when it first changes a row."""
+        if self._stamp is None:
+            self.last_stamp = self._stamp = self.last_stamp + 1
+        return self._stamp
+
     def _transaction(self, fns: list[Write]) -> list[Any]:
-        """BEGIN, every function, COMMIT; DuckDB errors become spanlab errors and roll everything back."""
+        """BEGIN, every function, COMMIT; SQLite errors become spanlab errors and roll everything back."""
         conn = self._conn
         results: list[Any] = []
         try:
-            conn.execute("BEGIN TRANSACTION")
-            for kind, run in itertools.groupby(fns, key=type):  # a run of one Batchable class: one run_many
-                batch = list(run)
-                results += kind.run_many(conn, batch) if issubclass(kind, Batchable) else [fn(conn) for fn in batch]
+            conn.execute("BEGIN")
+            for fn in fns:
+                self._stamp = None
+                results.append(fn(conn))
             conn.execute("COMMIT")
             return results
         except BaseException as exc:
-            with contextlib.suppress(duckdb.Error):  # a failed BEGIN or COMMIT left no transaction open
+            with contextlib.suppress(sqlite3.Error):  # a failed BEGIN or COMMIT left no transaction open
                 conn.execute("ROLLBACK")
-            if isinstance(exc, (duckdb.ConversionException, duckdb.ConstraintException)):
-                raise InvalidSpanError(f"rejected by DuckDB: {exc}; nothing of this batch was stored") from exc
-            if isinstance(exc, duckdb.Error):
+            if isinstance(exc, sqlite3.IntegrityError):
+                raise InvalidSpanError(f"rejected by the store: {exc}; nothing of this batch was stored") from exc
+            if isinstance(exc, sqlite3.Error):
                 raise StoreError(f"span store {self._name}: {exc}") from exc
             raise
