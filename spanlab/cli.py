@@ -72,7 +72,7 @@ def sql(
         sys.stdout.write(sql_text.to_json(table) + "\n")
     else:
         out = Table(*table.column_names, show_lines=False)
-        for i, row in enumerate(sqlmod.rows(table)):
+        for i, row in enumerate(sql_text.rows(table)):
             if i == max_rows:
                 break
             out.add_row(*(sql_text.cell_text(v) for v in row.values()))

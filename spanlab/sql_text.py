@@ -1,7 +1,7 @@
 """How ``spanlab sql`` prints a result and finds its file: table cells, CSV, JSON, the ``--db`` default.
 
 Terminal output of the CLI, not the store's: the store answers queries as Arrow (:mod:`spanlab.store.sql`),
-and these turn its JSON-safe rows (:func:`~spanlab.store.sql.rows`) into text.
+and these turn its JSON-safe rows (:func:`~spanlab.sql_surface.rows`) into text.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
-from spanlab.store.sql import rows
+from spanlab.sql_surface import rows
 
 DEFAULT_DB = "spanlab.duckdb"
 OutputFormat = Literal["table", "csv", "json"]

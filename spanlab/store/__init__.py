@@ -1,13 +1,15 @@
-"""The span store: DuckDB tables and views, one writer thread, the store interface, the server and client.
+"""The span store: a hot write store (SQLite) copied into DuckDB tables and views, the store interface,
+the server and client.
 
 ``add_spans``, from the API to the COMMIT, passes through four files: ``base.py`` (``StoreAPI.add_spans``,
 the contract), ``duckdb_store.py`` (``SpanStore.add_spans`` checks the batch and hands it to the writer),
 ``spans.py`` (spans validated as ``Span`` models and turned into one Arrow table, the store's limits, then
-the insert: attempts checked, repeats skipped, sequence numbers filled in) and ``writer.py`` (the writer
-thread runs the insert in one transaction with whatever else arrived, COMMITs, then answers). Arrow input
-(the store server's wire format, ``wire.py``) is validated row by row as ``Span`` models in ``spans.py``
-too: one set of span rules. The queue, resources and metrics are ``queue.py``; tables, views and opening
-the file ``schema.py``; user SQL ``sql.py``.
+the insert: attempts checked, repeats skipped, sequence numbers filled in) and ``writer.py`` (the insert in
+a SQLite transaction of its own, COMMITted with an fsync before the call returns). A read first copies what
+DuckDB lacks (``hot.py``), so it sees every write that returned. Arrow input (the store server's wire
+format, ``wire.py``) is validated row by row as ``Span`` models in ``spans.py`` too: one set of span rules.
+The queue, resources and metrics are ``queue.py``; DuckDB's tables, views and opening the file ``schema.py``;
+user SQL ``sql.py``.
 """
 
 from spanlab.store.base import StoreAPI

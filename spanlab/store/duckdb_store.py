@@ -20,12 +20,13 @@ import duckdb
 import pyarrow as pa
 
 from spanlab.errors import InvalidSpanError, StoreError
+from spanlab.sql_surface import QueryLimits
 from spanlab.store import hot, queue, schema
 from spanlab.store import spans as spans_sql
 from spanlab.store.base import Metric, RolloutSummary, StoreAPI
 from spanlab.store.schema import MEMORY, SAFE_QUERY_CONFIG, SPAN_COLUMNS, connect, where
 from spanlab.store.spans import as_model, spans_to_arrow, table_to_spans
-from spanlab.store.sql import QueryLimits, fetch_user_query
+from spanlab.store.sql import fetch_user_query
 from spanlab.store.writer import Writer
 from spanlab.types import Attempt, FinishedAttemptStatus, Resource, ResourceKind, Rollout, Span
 
@@ -63,33 +64,32 @@ class SpanStore(StoreAPI):
                 raise StoreError(f"cannot open span store {self.path}: {exc}") from exc
             raise
         self._read_root = conn.cursor()
-        self._read_lock = threading.Lock()
-        self._sync_lock = threading.Lock()
+        self._lock = threading.Lock()  # DuckDB's side: copies, new cursors, closing
         self._closed = False
         self._writer = Writer(self._lite, Path(self.path).name, max(self._synced, hot.last_stamp(self._lite)))
         self._sync()  # what a process that was killed committed to the hot store only
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._writer.close()  # commits what is queued
-        try:
-            self._copy(hot.read_changes(self._lite, self._synced, self._writer.last_stamp))
-            if self.path != MEMORY:
-                self._conn.execute("CHECKPOINT")
-        finally:
-            self._read_root.close()
-            self._conn.close()
-            self._lite.close()
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._writer.close()  # a write under way finishes first
+            try:
+                self._copy(hot.read_changes(self._lite, self._synced, self._writer.last_stamp))
+                if self.path != MEMORY:
+                    self._conn.execute("CHECKPOINT")
+            finally:
+                self._read_root.close()
+                self._conn.close()
+                self._lite.close()
 
     def _sync(self) -> None:
-        """Copy into DuckDB what the hot store committed since the last copy (nothing to do: no statement)."""
-        if self._writer.last_stamp == self._synced:
-            return
-        with self._sync_lock:
-            since = self._synced
-            self._copy(self._writer.call(lambda lite: hot.read_changes(lite, since, self._writer.last_stamp)))
+        """Copy into DuckDB what the hot store committed since the last copy (nothing new: no statement)."""
+        if self._writer.last_stamp != self._synced:
+            with self._lock:
+                since = self._synced
+                self._copy(self._writer.call(lambda lite: hot.read_changes(lite, since, self._writer.last_stamp)))
 
     def _copy(self, changes: hot.Changes) -> None:
         if changes.upto != self._synced:
@@ -100,12 +100,11 @@ class SpanStore(StoreAPI):
             self._synced = changes.upto
 
     def _cursor(self) -> duckdb.DuckDBPyConnection:
-        """A cursor for one read: its own connection to the database, so reads never wait for the writer."""
-        with self._read_lock:
+        """A cursor for one read, on its own connection to the database, once DuckDB holds every write."""
+        self._sync()
+        with self._lock:
             if self._closed:
                 raise StoreError("the span store is closed")
-        self._sync()
-        with self._read_lock:
             return self._read_root.cursor()
 
     def _read(self, fn: Any, *args: Any) -> Any:
@@ -121,7 +120,7 @@ class SpanStore(StoreAPI):
         """Turn off DuckDB's access to other files, the network and extensions (for a process that serves
         user SQL, the store server). Irreversible."""
         settings = "; ".join(f"SET {key} = {str(value).lower()}" for key, value in SAFE_QUERY_CONFIG.items())
-        with self._sync_lock:
+        with self._lock:
             self._conn.execute(settings)
 
     def enqueue(self, rollouts: Sequence[Rollout]) -> list[Rollout]:

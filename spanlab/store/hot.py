@@ -126,9 +126,3 @@ def apply_changes(duck: duckdb.DuckDBPyConnection, changes: Changes) -> None:
         duck.execute("ROLLBACK")
         raise
 
-
-def batch_ipc(tbl: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, tbl.schema) as out:
-        out.write_table(tbl)
-    return sink.getvalue().to_pybytes()

@@ -5,7 +5,7 @@ DuckDB lets one process write a file, so workers elsewhere reach the store throu
 after its commit. With a token, every request needs ``Authorization: Bearer <token>`` except the API's own
 description (``/openapi.json``, ``/docs``), public on purpose: it ships in the package and holds no data.
 ``/sql`` runs one read-only SELECT under a time and byte limit on a small pool of its own
-(:class:`~spanlab.store.sql.SqlPool`), so it cannot starve the queue.
+(:class:`~spanlab.sql_surface.SqlPool`), so it cannot starve the queue.
 
 Run: spanlab store serve --db runs/spans.duckdb --port 8700 [--token T]
 """
@@ -27,11 +27,11 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from spanlab import otel
 from spanlab.errors import InvalidSpanError, NotFoundError, QueryError, StoreError
 from spanlab.serving import BodyLimit
+from spanlab.sql_surface import SURFACE_MAX_BYTES, SURFACE_TIMEOUT_S, QueryBusyError, QueryLimits, SqlPool, rows
 from spanlab.store import wire
 from spanlab.store.base import RolloutSummary
 from spanlab.store.duckdb_store import SpanStore
 from spanlab.store.spans import table_to_spans
-from spanlab.store.sql import SURFACE_MAX_BYTES, SURFACE_TIMEOUT_S, QueryBusyError, QueryLimits, SqlPool, rows
 from spanlab.types import MAX_INT32, FinishedAttemptStatus, Resource, Rollout, Span
 
 logger = logging.getLogger(__name__)

@@ -22,8 +22,9 @@ import pyarrow.compute as pc
 from pydantic import ValidationError
 
 from spanlab.errors import InvalidSpanError
-from spanlab.store.hot import IN_JSON, batch_ipc
+from spanlab.store.hot import IN_JSON
 from spanlab.store.schema import JSON_SPAN_COLUMNS, REQUIRED_SPAN_COLUMNS, SPAN_ARROW_SCHEMA, dumps, loads
+from spanlab.store.wire import table_to_bytes
 from spanlab.types import Span
 from spanlab.vectors import list_column, list_rows
 
@@ -199,5 +200,5 @@ def insert(cur: sqlite3.Connection, tbl: pa.Table) -> list[str]:
     tbl = tbl.set_column(tbl.schema.get_field_index("sequence_id"), "sequence_id", pa.array(seqs, pa.int32()))
     cur.executemany("INSERT INTO span_keys VALUES (?, ?, ?)",
                     [(span_ids[i], attempt_ids[i], seq) for i, seq in zip(keep, seqs, strict=True)])
-    cur.execute("INSERT INTO span_batches VALUES (stamp(), ?)", [batch_ipc(tbl)])  # DuckDB's copy: hot.py
+    cur.execute("INSERT INTO span_batches VALUES (stamp(), ?)", [table_to_bytes(tbl)])  # DuckDB's copy: hot.py
     return [span_ids[i] for i in keep]

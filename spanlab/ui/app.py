@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from spanlab.errors import NotFoundError, QueryError, SpanlabError, StoreLockedError
 from spanlab.serving import LOOPBACK_NAMES
-from spanlab.store.sql import SURFACE_MAX_BYTES, SURFACE_TIMEOUT_S, QueryBusyError, QueryLimits, SqlPool
+from spanlab.sql_surface import SURFACE_MAX_BYTES, SURFACE_TIMEOUT_S, QueryBusyError, QueryLimits, SqlPool
 from spanlab.ui import queries
 from spanlab.ui.db import ReadOnlyStore, fetch
 from spanlab.ui.hosts import HostCheck, allowed_hosts

@@ -18,8 +18,9 @@ import duckdb
 import pyarrow as pa
 
 from spanlab.errors import QueryError, StoreError
+from spanlab.sql_surface import QueryLimits, rows
 from spanlab.store.schema import connect
-from spanlab.store.sql import QueryLimits, fetch_user_query, rows
+from spanlab.store.sql import fetch_user_query
 
 
 def fetch_arrow(conn: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] = ()) -> pa.Table:
