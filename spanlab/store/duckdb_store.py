@@ -2,7 +2,7 @@
 
 One ``SpanStore`` owns one DuckDB file (DuckDB lets a single process write it) and its hot store (SQLite,
 ``hot.py``). Every write is checked here, in the caller's thread, then committed to the hot store by the
-store's :class:`~spanlab.store.writer.Writer` before the call returns. A read first copies what DuckDB lacks
+store's :class:`~spanlab.store.hot.Writer` before the call returns. A read first copies what DuckDB lacks
 (:meth:`SpanStore._sync`), then runs on a DuckDB cursor of its own, so it sees every write that returned.
 """
 
@@ -12,7 +12,7 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, get_args
 
@@ -27,12 +27,12 @@ from spanlab.store.base import Metric, RolloutSummary, StoreAPI
 from spanlab.store.schema import MEMORY, SAFE_QUERY_CONFIG, SPAN_COLUMNS, connect, where
 from spanlab.store.spans import as_model, spans_to_arrow, table_to_spans
 from spanlab.store.sql import fetch_user_query
-from spanlab.store.writer import Writer
 from spanlab.types import Attempt, FinishedAttemptStatus, Resource, ResourceKind, Rollout, Span
 
 logger = logging.getLogger(__name__)
 
 _FINISHED = get_args(FinishedAttemptStatus)
+_COPY_EVERY = 256
 
 
 class SpanStore(StoreAPI):
@@ -66,7 +66,7 @@ class SpanStore(StoreAPI):
         self._read_root = conn.cursor()
         self._lock = threading.Lock()  # DuckDB's side: copies, new cursors, closing
         self._closed = False
-        self._writer = Writer(self._lite, Path(self.path).name, max(self._synced, hot.last_stamp(self._lite)))
+        self._writer = hot.Writer(self._lite, Path(self.path).name, max(self._synced, hot.last_stamp(self._lite)))
         self._sync()  # what a process that was killed committed to the hot store only
 
     def close(self) -> None:
@@ -99,6 +99,13 @@ class SpanStore(StoreAPI):
                 raise StoreError(f"span store {self.path}: cannot copy the hot store into DuckDB: {exc}") from exc
             self._synced = changes.upto
 
+    def _write(self, fn: Callable[[sqlite3.Connection], hot.T]) -> hot.T:
+        """A write, committed; every ``_COPY_EVERY`` writes, a copy into DuckDB too, so no backlog grows large."""
+        result = self._writer.call(fn)
+        if self._writer.last_stamp - self._synced >= _COPY_EVERY:
+            self._sync()
+        return result
+
     def _cursor(self) -> duckdb.DuckDBPyConnection:
         """A cursor for one read, on its own connection to the database, once DuckDB holds every write."""
         self._sync()
@@ -127,7 +134,7 @@ class SpanStore(StoreAPI):
         rollouts = [as_model(Rollout, r, i) for i, r in enumerate(rollouts)]
         if len({r.rollout_id for r in rollouts}) != len(rollouts):
             raise InvalidSpanError("enqueue: the batch repeats a rollout_id")
-        return self._writer.call(lambda cur: queue.enqueue(cur, rollouts)) if rollouts else []
+        return self._write(lambda cur: queue.enqueue(cur, rollouts)) if rollouts else []
 
     def dequeue(self, worker_id: str | None = None, mode: str | None = None) -> tuple[Rollout, Attempt] | None:
         if expire := time.time() - self._last_stale_check >= self._stale_check_interval_s:
@@ -137,10 +144,10 @@ class SpanStore(StoreAPI):
             if expire:
                 queue.expire(cur, time.time(), self.timeout_grace_s)
             return queue.dequeue(cur, worker_id, mode, time.time())
-        return self._writer.call(write)
+        return self._write(write)
 
     def heartbeat(self, attempt_id: str) -> Attempt:
-        return self._writer.call(lambda cur: queue.heartbeat(cur, attempt_id, time.time()))
+        return self._write(lambda cur: queue.heartbeat(cur, attempt_id, time.time()))
 
     def finish_attempt(self, attempt_id: str, status: FinishedAttemptStatus, spans: Sequence[Span] = ()) -> Rollout:
         if status not in _FINISHED:
@@ -155,13 +162,13 @@ class SpanStore(StoreAPI):
             if tbl.num_rows:
                 spans_sql.insert(cur, tbl)  # a late reward of an attempt already ended still counts for the record
             return rollout
-        return self._writer.call(write)
+        return self._write(write)
 
     def expire_stale_attempts(self) -> list[Attempt]:
-        return self._writer.call(lambda cur: queue.expire(cur, time.time(), self.timeout_grace_s))
+        return self._write(lambda cur: queue.expire(cur, time.time(), self.timeout_grace_s))
 
     def cancel_rollout(self, rollout_id: str) -> Rollout:
-        return self._writer.call(lambda cur: queue.cancel(cur, rollout_id, time.time()))
+        return self._write(lambda cur: queue.cancel(cur, rollout_id, time.time()))
 
     def get_rollout(self, rollout_id: str) -> Rollout:
         return self._read(queue.get_rollout, rollout_id)
@@ -195,7 +202,7 @@ class SpanStore(StoreAPI):
     def ingest(self, spans: Sequence[Span]) -> list[str]:
         """``add_spans`` that returns the span_ids it stored (the rest were stored already)."""
         tbl = self._checked(spans)
-        return self._writer.call(lambda cur: spans_sql.insert(cur, tbl)) if tbl.num_rows else []
+        return self._write(lambda cur: spans_sql.insert(cur, tbl)) if tbl.num_rows else []
 
     def _checked(self, spans: Sequence[Span]) -> pa.Table:
         """The batch as one Arrow table, every span validated (dicts too) and within the store's limits."""
@@ -219,7 +226,7 @@ class SpanStore(StoreAPI):
 
     def add_resource(self, name: str, payload: dict[str, Any], kind: ResourceKind = "other") -> Resource:
         res = as_model(Resource, {"name": name, "payload": payload, "kind": kind}, 0)
-        return self._writer.call(lambda cur: queue.add_resource(cur, res))
+        return self._write(lambda cur: queue.add_resource(cur, res))
 
     def get_resource(self, name: str, version: int | None = None) -> Resource:
         return self._read(queue.get_resource, name, version)
@@ -228,7 +235,7 @@ class SpanStore(StoreAPI):
         return self._read(queue.list_resources, name)
 
     def add_metrics(self, run_id: str, algorithm: str, step: int, metrics: dict[str, float]) -> None:
-        if bad := self._writer.call(lambda cur: queue.add_metrics(cur, run_id, algorithm, step, metrics)):
+        if bad := self._write(lambda cur: queue.add_metrics(cur, run_id, algorithm, step, metrics)):
             logger.warning("run %s step %d: non-finite metrics %s (stored as NULL)", run_id, step, bad)
 
     def metrics(self, run_id: str | None = None) -> list[Metric]:

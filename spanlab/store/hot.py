@@ -1,35 +1,47 @@
-"""The hot write store: a SQLite file in WAL mode takes every write; DuckDB gets a copy before each read.
+"""The hot write store: a SQLite file in WAL mode takes every write (:class:`Writer`); DuckDB gets a copy
+before each read.
 
-Why two databases: a DuckDB COMMIT costs ~1.5-2.5 ms here (it writes the changed columns to its WAL), and
-a rollout makes two (its dequeue, its finish with the spans), so a store on DuckDB alone cannot acknowledge
-writes as fast as a gateway makes them. SQLite in WAL mode with ``synchronous=FULL`` commits, fsync
-included, in ~0.1-0.5 ms, so every write is durable when it returns. DuckDB stays what users and algorithms
-read (the views, ``spanlab sql``, the Arrow token columns): before a read, :func:`read_changes` takes from
-SQLite every row stamped (``seq``) after the last copy, and :func:`apply_changes` writes them into DuckDB in
-one transaction with the stamp it copied up to, so a copy cut short by a crash is simply made again.
+Why: a DuckDB COMMIT costs ~1.5-2.5 ms here (it writes the changed columns to its WAL) and a rollout makes
+two, while SQLite in WAL mode commits, fsync included (``synchronous=FULL``), in ~0.1-0.5 ms. DuckDB stays
+what users and algorithms read (views, ``spanlab sql``, Arrow token columns): before a read,
+:func:`read_changes` takes every row stamped (``seq``) after the last copy and :func:`apply_changes` writes
+them into DuckDB in one transaction with the stamp it reached, so a copy cut short by a crash is made again.
 
-SQLite keeps the queue (rollouts, attempts), resources, metrics and each span's key (span_id, attempt,
-sequence number: what deduplication and numbering need); span batches, as Arrow IPC, stay only until
-DuckDB holds them. The file is the DuckDB file's name plus ``.hot.sqlite``; a store opened without one (a
-copied DuckDB file) rebuilds it from DuckDB.
+SQLite keeps the queue, resources, metrics and each span's key (deduplication and numbering need them);
+span batches (Arrow IPC) stay only until DuckDB holds them. The file is the DuckDB file's name plus
+``.hot.sqlite``; one that is missing (a copied DuckDB file) or made for another DuckDB file (``store_id``
+differs) is rebuilt from DuckDB.
+
+Writes run one at a time (a lock: two dequeues never take the same rollout), each in a transaction of its
+own, COMMITted before the call returns; SQLite's commits are cheap enough that nothing needs grouping. Each
+write stamps the rows it changes with a number of its own (``seq = stamp()`` in SQL).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import re
 import sqlite3
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import duckdb
 import pyarrow as pa
 
+from spanlab.errors import InvalidSpanError, StoreError
 from spanlab.store.schema import ATTEMPT_COLUMNS, MEMORY, METRIC_COLUMNS, RESOURCE_COLUMNS, ROLLOUT_COLUMNS
 
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
 # table -> (columns, primary key: upserted into DuckDB, None: appended)
 TABLES = {"rollouts": (ROLLOUT_COLUMNS, "rollout_id"), "attempts": (ATTEMPT_COLUMNS, "attempt_id"),
           "resources": (RESOURCE_COLUMNS, "name, version"), "train_metrics": (METRIC_COLUMNS, None)}
 _DDL = """
+CREATE TABLE IF NOT EXISTS hot_meta (key TEXT PRIMARY KEY, value TEXT);
 CREATE INDEX IF NOT EXISTS rollouts_waiting ON rollouts (status, enqueue_time);
 CREATE INDEX IF NOT EXISTS attempts_rollout ON attempts (rollout_id);
 CREATE TABLE IF NOT EXISTS span_keys (span_id TEXT NOT NULL, attempt_id TEXT, sequence_id INTEGER NOT NULL);
@@ -40,14 +52,70 @@ _LITE_TYPES = re.compile(r"VARCHAR\[\]|JSON|PRIMARY KEY")
 IN_JSON = "IN (SELECT value FROM json_each(?))"  # SQLite: a whole list of strings as one JSON parameter
 
 
-def hot_path(path: str) -> str:
-    return MEMORY if path == MEMORY else f"{path}.hot.sqlite"
+class Writer:
+    """Owns ``conn``: nothing else may use it. ``last_stamp``: the stamp of the last write; stamps count up."""
+
+    def __init__(self, conn: sqlite3.Connection, name: str, last_stamp: int) -> None:
+        self._conn = conn
+        self._name = name
+        self._lock = threading.Lock()
+        self._closed = False
+        self.last_stamp = last_stamp
+        self._stamp: int | None = None
+        conn.create_function("stamp", 0, self._next_stamp)
+
+    def _next_stamp(self) -> int:
+        """``stamp()`` in SQL: one number per write, taken when it first changes a row."""
+        if self._stamp is None:
+            self.last_stamp = self._stamp = self.last_stamp + 1
+        return self._stamp
+
+    def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """BEGIN, ``fn(conn)``, COMMIT: the write is durable when this returns. An error rolls it back;
+        SQLite's errors become spanlab errors."""
+        with self._lock:
+            if self._closed:
+                raise StoreError(f"span store {self._name} is closed")
+            self._stamp = None
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+                result = fn(self._conn)
+                self._conn.execute("COMMIT")
+                return result
+            except BaseException as exc:
+                with contextlib.suppress(sqlite3.Error):  # a failed BEGIN or COMMIT left no transaction open
+                    self._conn.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.IntegrityError):
+                    raise InvalidSpanError(f"rejected by the store: {exc}; nothing of this batch was stored") from exc
+                if isinstance(exc, sqlite3.Error):
+                    raise StoreError(f"span store {self._name}: {exc}") from exc
+                raise
+
+    def close(self) -> None:
+        """Refuse further writes; a write under way finishes first."""
+        with self._lock:
+            self._closed = True
 
 
 def open_hot(path: str, duck: duckdb.DuckDBPyConnection) -> sqlite3.Connection:
-    """Open (or create, and fill from ``duck``) the hot store of the DuckDB file ``path``."""
-    target = hot_path(path)
-    fresh = target == MEMORY or not Path(target).exists()
+    """Open the hot store of the DuckDB file ``path``; one that is new, or was made for another DuckDB file
+    (the file was replaced), is (re)built from what DuckDB holds."""
+    target = MEMORY if path == MEMORY else f"{path}.hot.sqlite"
+    ((store_id,),) = duck.execute("SELECT value FROM spanlab_meta WHERE key = 'store_id'").fetchall()
+    lite = _connect(target)
+    found = lite.execute("SELECT value FROM hot_meta WHERE key = 'store_id'").fetchall()
+    if found and found[0][0] != store_id:
+        logger.warning("%s belongs to another DuckDB file than %s (replaced?): rebuilding it", target, path)
+        lite.close()
+        for suffix in ("", "-wal", "-shm"):
+            Path(target + suffix).unlink(missing_ok=True)
+        lite, found = _connect(target), []
+    if not found:
+        _fill_from(duck, lite, store_id)
+    return lite
+
+
+def _connect(target: str) -> sqlite3.Connection:
     lite = sqlite3.connect(target, isolation_level=None, check_same_thread=False)  # BEGIN/COMMIT are ours
     lite.execute("PRAGMA journal_mode = WAL")
     lite.execute("PRAGMA synchronous = FULL")  # an fsync per COMMIT: acknowledged survives power loss too
@@ -57,8 +125,6 @@ def open_hot(path: str, duck: duckdb.DuckDBPyConnection) -> sqlite3.Connection:
         lite.execute(f"CREATE TABLE IF NOT EXISTS {name} ({cols}, seq INTEGER NOT NULL{pk})")
         lite.execute(f"CREATE INDEX IF NOT EXISTS {name}_seq ON {name} (seq)")
     lite.executescript(_DDL)
-    if fresh:
-        _fill_from(duck, lite)
     return lite
 
 
@@ -67,9 +133,10 @@ def _lite_type(m: re.Match[str]) -> str:
     return "" if m.group(0) == "PRIMARY KEY" else "TEXT"
 
 
-def _fill_from(duck: duckdb.DuckDBPyConnection, lite: sqlite3.Connection) -> None:
+def _fill_from(duck: duckdb.DuckDBPyConnection, lite: sqlite3.Connection, store_id: str) -> None:
     """A new hot store starts as a copy of what DuckDB holds (stamped 0: DuckDB has it already)."""
     lite.execute("BEGIN")
+    lite.execute("INSERT INTO hot_meta VALUES ('store_id', ?)", [store_id])
     for name, (columns, _) in TABLES.items():
         cols = ["to_json(retry_on)::VARCHAR" if c == "retry_on" else c for c in columns]
         rows = duck.execute(f"SELECT {', '.join(cols)}, 0 FROM {name}").fetchall()
@@ -86,9 +153,8 @@ def last_stamp(lite: sqlite3.Connection) -> int:
 
 @dataclass
 class Changes:
-    """What changed in the hot store after stamp ``since``, up to stamp ``upto``."""
+    """What changed in the hot store up to stamp ``upto``."""
 
-    since: int
     upto: int
     tables: dict[str, pa.Table] = field(default_factory=dict)
     spans: list[pa.Table] = field(default_factory=list)
@@ -98,7 +164,7 @@ def read_changes(lite: sqlite3.Connection, since: int, upto: int) -> Changes:
     """Rows stamped after ``since``; span batches DuckDB already holds (stamped ``since`` or before) are
     deleted. Runs in the writer's transaction, which sees every write up to ``upto``."""
     lite.execute("DELETE FROM span_batches WHERE seq <= ?", [since])
-    changes = Changes(since, upto)
+    changes = Changes(upto)
     for name, (columns, _) in TABLES.items():
         cur = lite.execute(f"SELECT {', '.join(columns)} FROM {name} WHERE seq > ?", [since])
         if rows := cur.fetchall():

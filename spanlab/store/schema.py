@@ -134,7 +134,7 @@ def _create(table: str, columns: dict[str, str], *constraints: str) -> str:
 
 
 def init(cur: duckdb.DuckDBPyConnection, path: str) -> None:
-    """Create the tables and views a file lacks (in the writer's transaction); refuse a newer schema."""
+    """Create the tables and views a file lacks (in the caller's transaction); refuse a newer schema."""
     cur.execute(_create("spanlab_meta", META_COLUMNS) + _create("train_metrics", METRIC_COLUMNS)
                 + _create("resources", RESOURCE_COLUMNS, "PRIMARY KEY (name, version)")
                 + _create("rollouts", ROLLOUT_COLUMNS) + _create("attempts", ATTEMPT_COLUMNS)
@@ -145,6 +145,7 @@ def init(cur: duckdb.DuckDBPyConnection, path: str) -> None:
     elif int(rows[0][0]) > SCHEMA_VERSION:
         raise StoreError(f"{path} was written by a newer spanlab (schema {rows[0][0]} > {SCHEMA_VERSION}); "
                          "upgrade spanlab")
+    cur.execute("INSERT OR IGNORE INTO spanlab_meta VALUES ('store_id', uuid()::VARCHAR)")  # pairs the hot store
     cur.execute(VIEWS_DDL)
 
 
