@@ -13,7 +13,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
+from spanlab.errors import InvalidSpanError
 from spanlab.store import SpanStore
+from spanlab.types import Rollout
 
 CHILD = textwrap.dedent(
     """
@@ -62,3 +66,70 @@ def test_sigkill_loses_no_acknowledged_write(tmp_path: Path) -> None:
         assert [m.value for m in store.metrics("run")] == [0.5]
         rollout, attempt = store.dequeue()
         assert (rollout.rollout_id, attempt.sequence_id) == ("r1", 2)  # the retry, in enqueue order
+
+
+COPY_KILLED = textwrap.dedent(
+    """
+    import os, signal, sys
+    from spanlab.store import SpanStore
+    from spanlab.types import LLMCall, Rollout, Span
+
+    class KilledAtCommit:  # DuckDB's connection, killed at the COMMIT of the copy from the hot store
+        def __init__(self, conn):
+            self.conn = conn
+        def execute(self, sql, *args):
+            if sql == "COMMIT":
+                print("COPYING", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+            return self.conn.execute(sql, *args)
+        def __getattr__(self, name):
+            return getattr(self.conn, name)
+
+    store = SpanStore(sys.argv[1])
+    store.enqueue([Rollout(rollout_id="r0", input={}), Rollout(rollout_id="r1", input={})])
+    rollout, attempt = store.dequeue("w")
+    spans = [Span(rollout_id="r0", attempt_id=attempt.attempt_id, name="chat", kind="llm_call", span_id=f"c{k}",
+                  llm=LLMCall(model="m", prompt_token_ids=[k, 1, 2], response_token_ids=[k])) for k in range(3)]
+    store.finish_attempt(attempt.attempt_id, "succeeded", spans)
+    store._conn = KilledAtCommit(store._conn)
+    store.count_rollouts()  # a read: copies into DuckDB first, and dies before that copy commits
+    """
+)
+
+
+def test_a_copy_into_duckdb_cut_short_is_made_again_once(tmp_path: Path) -> None:
+    """Writes live in the hot store (SQLite) until a read copies them into DuckDB, in one transaction with
+    the stamp it reached: a process killed inside that copy loses nothing and duplicates nothing."""
+    path = tmp_path / "s.duckdb"
+    proc = subprocess.run([sys.executable, "-c", COPY_KILLED, str(path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9 and "COPYING" in proc.stdout, proc.stderr
+    with SpanStore(path) as store:
+        assert {r.rollout_id: r.status for r in store.list_rollouts()} == {"r0": "succeeded", "r1": "queuing"}
+        assert store.spans_table(columns=["span_id"])["span_id"].to_pylist() == ["c0", "c1", "c2"]
+        assert store.dequeue()[0].rollout_id == "r1"
+    with SpanStore(path) as store:  # reopened after a clean close: still once
+        assert store.query("SELECT count(*) AS n FROM spans")["n"].to_pylist() == [3]
+        assert store.count_rollouts(["running", "preparing"]) == 1
+
+
+def test_a_copied_duckdb_file_keeps_its_queue_and_a_replaced_one_drops_the_old(tmp_path: Path) -> None:
+    """The hot store sits beside the DuckDB file (``<db>.hot.sqlite``). A DuckDB file copied without it
+    rebuilds it (the queue goes on where it was); a DuckDB file replaced under an old one gets a new one."""
+    import shutil
+
+    src, copy = tmp_path / "a.duckdb", tmp_path / "copy.duckdb"
+    with SpanStore(src) as store:
+        store.enqueue([Rollout(rollout_id=f"r{i}", input={"i": i}) for i in range(3)])
+        store.dequeue("w")
+    assert (tmp_path / "a.duckdb.hot.sqlite").exists()
+    shutil.copy(src, copy)
+    with SpanStore(copy) as store:
+        assert store.dequeue()[0].rollout_id == "r1"  # r0 was taken before the copy
+        with pytest.raises(InvalidSpanError, match="already exists"):
+            store.enqueue([Rollout(rollout_id="r0", input={})])
+    src.unlink()  # a fresh DuckDB file where the old one was; the old hot store is still there
+    with SpanStore(src) as store:
+        assert store.list_rollouts() == [] and store.dequeue() is None
+        store.enqueue([Rollout(rollout_id="r0", input={})])
+    with SpanStore(src) as store:
+        assert [r.rollout_id for r in store.list_rollouts()] == ["r0"]
