@@ -18,7 +18,9 @@ Each system stores token IDs its own way:
       ``response_token_ids`` attributes as integer sequences.
 * spanlab (./.venv): ``SpanStore`` on a fresh DuckDB file in-process (``--spanlab-memory``: ``SpanStore(":memory:")``,
   nothing durable, like AGL's in-memory store); ``spanlab store serve`` + ``StoreClient`` over HTTP (Arrow IPC).
-  Token IDs are ``INTEGER[]`` columns, read back as Arrow with ``spans_reader``.
+  Every write is committed and fsynced to the store's hot SQLite file before it returns; the read-back first
+  copies what DuckDB lacks (the rollouts' spans) into DuckDB, inside the timed read. Token IDs are ``INTEGER[]``
+  columns, read back as Arrow with ``spans_reader``.
 
 Spans are added through each system's batch call, by default one rollout's K spans at a time as it ends
 (``--batch-rollouts B``: the spans of B rollouts per call, as a gateway's span writer batches them): AGL
