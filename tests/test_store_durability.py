@@ -133,3 +133,18 @@ def test_a_copied_duckdb_file_keeps_its_queue_and_a_replaced_one_drops_the_old(t
         store.enqueue([Rollout(rollout_id="r0", input={})])
     with SpanStore(src) as store:
         assert [r.rollout_id for r in store.list_rollouts()] == ["r0"]
+
+
+def test_writes_without_reads_are_copied_into_duckdb_every_few_hundred(tmp_path: Path) -> None:
+    """A process that only writes (a gateway's store) still copies into DuckDB every ``_COPY_EVERY`` writes,
+    so the hot store never holds a large backlog for the next read to copy."""
+    from spanlab.store import duckdb_store
+
+    with SpanStore(tmp_path / "s.duckdb") as store:
+        store.enqueue([Rollout(rollout_id="r", input={})])
+        _, attempt = store.dequeue("w")
+        for _ in range(duckdb_store._COPY_EVERY + 10):
+            store.heartbeat(attempt.attempt_id)
+        assert 0 < store._writer.last_stamp - store._synced < duckdb_store._COPY_EVERY
+        copied = store._conn.execute("SELECT value FROM spanlab_meta WHERE key = 'hot_seq'").fetchall()
+        assert int(copied[0][0]) == store._synced >= duckdb_store._COPY_EVERY
