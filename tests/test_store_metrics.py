@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from spanlab.store.duckdb_store import SpanStore
@@ -19,3 +20,5 @@ def test_metrics_are_rows_queryable_with_sql(tmp_path: Path) -> None:
         assert rows == [{"step": 0, "value": 0.25}, {"step": 1, "value": 0.5}]
         (n,) = store.query("SELECT count(*) AS n FROM train_metrics WHERE algorithm = 'grpo'").column("n").to_pylist()
         assert n == 4
+        (loss,) = store.query("SELECT value FROM train_metrics WHERE step = 1 AND name = 'loss'")["value"].to_pylist()
+        assert math.isnan(loss)  # a diverged loss stays NaN (not NULL) through the hot store

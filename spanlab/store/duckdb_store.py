@@ -236,7 +236,7 @@ class SpanStore(StoreAPI):
 
     def add_metrics(self, run_id: str, algorithm: str, step: int, metrics: dict[str, float]) -> None:
         if bad := self._write(lambda cur: queue.add_metrics(cur, run_id, algorithm, step, metrics)):
-            logger.warning("run %s step %d: non-finite metrics %s (stored as NULL)", run_id, step, bad)
+            logger.warning("run %s step %d: non-finite metrics %s", run_id, step, bad)
 
     def metrics(self, run_id: str | None = None) -> list[Metric]:
         return self._read(queue.metrics, run_id)

@@ -39,7 +39,8 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 # table -> (columns, primary key: upserted into DuckDB, None: appended)
 TABLES = {"rollouts": (ROLLOUT_COLUMNS, "rollout_id"), "attempts": (ATTEMPT_COLUMNS, "attempt_id"),
-          "resources": (RESOURCE_COLUMNS, "name, version"), "train_metrics": (METRIC_COLUMNS, None)}
+          "resources": (RESOURCE_COLUMNS, "name, version"),
+          "train_metrics": (METRIC_COLUMNS | {"value": "TEXT"}, None)}  # text: SQLite stores a NaN REAL as NULL
 _DDL = """
 CREATE TABLE IF NOT EXISTS hot_meta (key TEXT PRIMARY KEY, value TEXT);
 CREATE INDEX IF NOT EXISTS rollouts_waiting ON rollouts (status, enqueue_time);
