@@ -18,6 +18,7 @@ from rich.table import Table
 
 from spanlab import sql_text
 from spanlab.errors import SpanlabError
+from spanlab.sql_surface import rows as json_rows
 from spanlab.store import sql as sqlmod
 
 app = typer.Typer(
@@ -72,7 +73,7 @@ def sql(
         sys.stdout.write(sql_text.to_json(table) + "\n")
     else:
         out = Table(*table.column_names, show_lines=False)
-        for i, row in enumerate(sql_text.rows(table)):
+        for i, row in enumerate(json_rows(table)):
             if i == max_rows:
                 break
             out.add_row(*(sql_text.cell_text(v) for v in row.values()))

@@ -192,4 +192,3 @@ def apply_changes(duck: duckdb.DuckDBPyConnection, changes: Changes) -> None:
     except BaseException:
         duck.execute("ROLLBACK")
         raise
-

@@ -246,8 +246,8 @@ def add_metrics(cur: sqlite3.Connection, run_id: str, algorithm: str, step: int,
     """One step's metrics as ``train_metrics`` rows (long format); returns the names of non-finite ones."""
     if not 0 <= step <= MAX_INT32:
         raise InvalidSpanError(f"metrics of run {run_id!r}: step {step} is outside 0..{MAX_INT32}")
-    values = {str(k): None if v is None else float(v) for k, v in metrics.items()}
-    rows = [(run_id, algorithm, int(step), k, None if v is None else repr(v), time.time()) for k, v in values.items()]
+    now, values = time.time(), {str(k): None if v is None else float(v) for k, v in metrics.items()}
+    rows = [(run_id, algorithm, int(step), k, None if v is None else repr(v), now) for k, v in values.items()]
     cur.executemany("INSERT INTO train_metrics VALUES (?, ?, ?, ?, ?, ?, stamp())", rows)  # repr: 'nan' stays NaN
     return [k for k, v in values.items() if v is not None and not math.isfinite(v)]
 
