@@ -120,6 +120,7 @@ def _connect(target: str) -> sqlite3.Connection:
     lite = sqlite3.connect(target, isolation_level=None, check_same_thread=False)  # BEGIN/COMMIT are ours
     lite.execute("PRAGMA journal_mode = WAL")
     lite.execute("PRAGMA synchronous = FULL")  # an fsync per COMMIT: acknowledged survives power loss too
+    lite.execute("PRAGMA secure_delete = FAST")  # Debian's default (ON) rewrites copied span batches as zeros
     for name, (columns, key) in TABLES.items():
         cols = ", ".join(f"{k} {_LITE_TYPES.sub(_lite_type, v)}" for k, v in columns.items())
         pk = f", PRIMARY KEY ({key})" if key else ""
@@ -181,13 +182,14 @@ def apply_changes(duck: duckdb.DuckDBPyConnection, changes: Changes) -> None:
     try:
         for name, tbl in changes.tables.items():
             duck.register("_changes", tbl)
+            if key := TABLES[name][1]:  # DELETE + INSERT: half the time of INSERT OR REPLACE here
+                duck.execute(f"DELETE FROM {name} WHERE ({key}) IN (SELECT ({key}) FROM _changes)")
             cast = " REPLACE (retry_on::JSON::VARCHAR[] AS retry_on)" if name == "rollouts" else ""
-            verb = "INSERT OR REPLACE" if TABLES[name][1] else "INSERT"
-            duck.execute(f"{verb} INTO {name} BY NAME SELECT *{cast} FROM _changes")
+            duck.execute(f"INSERT INTO {name} BY NAME SELECT *{cast} FROM _changes")
             duck.unregister("_changes")
         if changes.spans:
             duck.from_arrow(pa.concat_tables(changes.spans)).insert_into("spans")
-        duck.execute("INSERT OR REPLACE INTO spanlab_meta VALUES ('hot_seq', ?)", [str(changes.upto)])
+        duck.execute("UPDATE spanlab_meta SET value = ? WHERE key = 'hot_seq'", [str(changes.upto)])
         duck.execute("COMMIT")
     except BaseException:
         duck.execute("ROLLBACK")

@@ -146,6 +146,7 @@ def init(cur: duckdb.DuckDBPyConnection, path: str) -> None:
         raise StoreError(f"{path} was written by a newer spanlab (schema {rows[0][0]} > {SCHEMA_VERSION}); "
                          "upgrade spanlab")
     cur.execute("INSERT OR IGNORE INTO spanlab_meta VALUES ('store_id', uuid()::VARCHAR)")  # pairs the hot store
+    cur.execute("INSERT OR IGNORE INTO spanlab_meta VALUES ('hot_seq', '0')")  # the last write copied from it
     cur.execute(VIEWS_DDL)
 
 
