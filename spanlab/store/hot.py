@@ -188,7 +188,7 @@ def apply_changes(duck: duckdb.DuckDBPyConnection, changes: Changes) -> None:
             duck.execute(f"INSERT INTO {name} BY NAME SELECT *{cast} FROM _changes")
             duck.unregister("_changes")
         if changes.spans:
-            duck.from_arrow(pa.concat_tables(changes.spans)).insert_into("spans")
+            duck.from_arrow(pa.concat_tables(changes.spans).combine_chunks()).insert_into("spans")  # one chunk: faster
         duck.execute("UPDATE spanlab_meta SET value = ? WHERE key = 'hot_seq'", [str(changes.upto)])
         duck.execute("COMMIT")
     except BaseException:
