@@ -55,8 +55,7 @@ class SpanStore(StoreAPI):
             conn.execute("BEGIN TRANSACTION")
             schema.init(conn, self.path)
             conn.execute("COMMIT")
-            self._synced = int(conn.execute("SELECT coalesce(max(value), '0') FROM spanlab_meta "
-                                            "WHERE key = 'hot_seq'").fetchall()[0][0])
+            self._synced = int(conn.execute("SELECT value FROM spanlab_meta WHERE key = 'hot_seq'").fetchone()[0])
             self._lite = hot.open_hot(self.path, conn)
         except BaseException as exc:
             conn.close()

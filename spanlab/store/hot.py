@@ -37,7 +37,7 @@ from spanlab.store.schema import ATTEMPT_COLUMNS, MEMORY, METRIC_COLUMNS, RESOUR
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-# table -> (columns, primary key: upserted into DuckDB, None: appended)
+# table -> (columns, primary key: its rows replaced in DuckDB, None: appended)
 TABLES = {"rollouts": (ROLLOUT_COLUMNS, "rollout_id"), "attempts": (ATTEMPT_COLUMNS, "attempt_id"),
           "resources": (RESOURCE_COLUMNS, "name, version"),
           "train_metrics": (METRIC_COLUMNS | {"value": "TEXT"}, None)}  # text: SQLite stores a NaN REAL as NULL
