@@ -115,11 +115,15 @@ class RolloutCollector:
         return BackgroundRollouts(serve, join_timeout_s=self.timeout_s)
 
     def run(self, rollouts: Sequence[Rollout], **agent_overrides: Any) -> RolloutBatch:
-        """Queue these rollouts (all of one mode), run the agent on them, return their rewards in order."""
+        """Queue these rollouts, run the agent on them, return their rewards in order.
+
+        Workers take only rollouts of the batch's mode; a batch of several modes (APO runs its held-out and
+        validation rollouts together) lets them take any waiting rollout."""
         started = time.monotonic()
         ids = self.enqueue(rollouts)
         kwargs = {**self.agent_kwargs, **agent_overrides}
-        mode = rollouts[0].mode if rollouts else None
+        modes = {r.mode for r in rollouts}
+        mode = modes.pop() if len(modes) == 1 else None
         if self.remote is not None:
             self.remote.run(ids, agent_name=self.agent_name, agent_kwargs=kwargs, gateway_url=self.gateway_url,
                             mode=mode, concurrency=self.worker_concurrency, gateway_token=self.gateway_token)

@@ -2,7 +2,8 @@
 
 Two prompt versions run on the same task; each rollout must record the version it was pinned to, and
 its first LLM call must carry exactly that version's rendered system prompt. The spans -> messages
-adapter must give back the conversation the agent had, with the grader's verdict as a note.
+adapter must give back the conversation the agent had, with the grader's verdict as a note. The answer
+turn has its own token cap (``answer_max_tokens``), the tool-call turn keeps ``max_tokens``.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def test_rollouts_use_and_record_their_prompt_version(store: SpanStore, gateway:
     config = RolloutConfig(timeout_s=300, max_attempts=1)
     ids = [r.rollout_id for r in store.enqueue([Rollout(input=task, config=config, resources_version=v.ref)
                                                 for v in (v1, v2)])]
-    agent = load_agent("rooms", {"model": vllm_server.model, "renderer": renderer})
+    agent = load_agent("rooms", {"model": vllm_server.model, "renderer": renderer, "answer_max_tokens": 16})
     assert isinstance(agent, RoomsAgent)
     stats = asyncio.run(Worker(store, agent, gateway_url=gateway.url, concurrency=2).run())
     gateway.flush()
@@ -55,6 +56,8 @@ def test_rollouts_use_and_record_their_prompt_version(store: SpanStore, gateway:
         grade = conv.notes["grade"]
         assert grade["expected"] == task["expected_room"] and conv.reward == grade["reward"]
         assert "user: " + task["request"] in transcript(conv)
-        calls = store.spans_table(rollout_ids=[rid], kinds=["llm_call"], columns=["span_id"]).num_rows
-        assert 1 <= calls <= 2  # max_turns defaults to 2
+        calls = store.spans_table(rollout_ids=[rid], kinds=["llm_call"], columns=["start_time", "response_token_ids"])
+        lengths = [len(ids) for ids in calls.sort_by("start_time").column("response_token_ids").to_pylist()]
+        assert len(lengths) == 2  # max_turns defaults to 2; the first turn is a forced (strict) tool call
+        assert lengths[0] > 16 and lengths[1] <= 16  # a whole tool call, then an answer within its own cap
     assert renderer.node_renders == 2  # one skeleton per template, whatever the number of tasks

@@ -29,7 +29,7 @@ def _config(tmp_path: Path, engine_url: str, optimizer_url: str) -> Any:
     return parse_train_config({
         "algorithm": "apo", "run_name": "gepa", "out_dir": str(tmp_path / "runs"), "db": str(tmp_path / "gepa.duckdb"),
         "engine_url": engine_url,
-        "agent": {"name": "rooms", "kwargs": {"max_tokens": 128, "max_turns": 2}},
+        "agent": {"name": "rooms", "kwargs": {"max_tokens": 128, "answer_max_tokens": 64, "max_turns": 2}},
         "dataset": {"name": "rooms", "seed": 0, "levels": [1, 2]},
         "rollouts": {"concurrency": 8}, "eval": {"tasks": 2, "temperature": 0.0},
         "apo": {"search": "gepa", "rounds": 1, "branch_factor": 3, "gradient_tasks": 2, "critique_examples": 1,

@@ -3,7 +3,8 @@
 The optimizer is ``ScriptedOptimizerServer`` (real HTTP, OpenAI protocol) replaying
 ``tutorials/rooms/scripted.json``: one critique; edits = a JavaScript expression (must be rejected), a
 valid policy prompt, a template without ``{{ request }}`` (must be rejected). Sizes are tiny (3 val, 2
-test, 2 gradient tasks; about 12 rollouts) so one run takes a minute or two on the shared CPU server.
+test, 2 gradient tasks; about 12 rollouts, answers capped at 64 tokens) so one run takes about a minute on
+the shared CPU server.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def _config(tmp_path: Path, db: Path, engine_url: str, optimizer_url: str, name:
     return parse_train_config({
         "algorithm": "apo", "run_name": name, "out_dir": str(tmp_path / "runs"), "db": str(db),
         "engine_url": engine_url,
-        "agent": {"name": "rooms", "kwargs": {"max_tokens": 128, "max_turns": 2}},
+        "agent": {"name": "rooms", "kwargs": {"max_tokens": 128, "answer_max_tokens": 64, "max_turns": 2}},
         "dataset": {"name": "rooms", "seed": 0, "levels": [1, 2]},
         "rollouts": {"concurrency": 8}, "eval": {"tasks": 2, "temperature": 0.0},
         "apo": {"beam_width": 1, "branch_factor": 3, "rounds": 1, "gradient_tasks": 2, "critique_examples": 1,
@@ -93,6 +94,11 @@ def test_apo_loop_end_to_end_then_cached_then_deterministic(tmp_path: Path, vllm
         rows = store.query("SELECT resources_version AS v, input->>'$.task_id' AS t, mode, rollout_id "
                            "FROM rollouts ORDER BY enqueue_time").to_pylist()
         assert len(rows) == summary["rollouts_total"]
+        # The start prompt's held-out, validation and first critique rollouts went out as one batch.
+        queued = store.query("SELECT metadata->>'$.purpose' AS p, enqueue_time AS t FROM rollouts "
+                             "ORDER BY enqueue_time").to_pylist()
+        first = sorted(r["p"] for r in queued if r["t"] - queued[0]["t"] < 1.0)
+        assert first == ["gradient"] * 2 + ["test"] * 2 + ["validation"] * 3, queued
         assert {r["v"] for r in rows} == {"prompt@1", "prompt@2"}
         assert len({(r["v"], r["t"]) for r in rows}) == len(rows)  # no (version, task) pair ran twice
         # Each rollout's agent really used its version: the first call's system prompt is that template's.

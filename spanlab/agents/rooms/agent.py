@@ -4,8 +4,10 @@ One rollout: render the POML template (``ctx.resources["prompt"]``, else the pac
 ``prompt.poml``) with the task's variables (``request``), then up to ``max_turns`` chat calls through
 the gateway with three tools over the seeded building (``find_rooms``, ``list_rooms``,
 ``check_availability``). The first turn may force a tool call (SmolLM2 never calls a tool on its own,
-REFERENCE.md §8), the last turn forbids one so the run ends with an answer. Reward: :func:`grade`
-(1.0 for the policy's room, partial credit for constraints met). The rollout also records a
+REFERENCE.md §8), the last turn forbids one so the run ends with an answer. ``answer_max_tokens`` caps
+that answer on its own: a tool call needs room for its JSON arguments (SmolLM2 pretty-prints them in
+~80-100 tokens), while an answer only has to name a room, and a small model otherwise rambles to the cap.
+Reward: :func:`grade` (1.0 for the policy's room, partial credit for constraints met). The rollout also records a
 ``tool_call`` span per executed call and a ``grade`` span (answer, expected, constraints met/missed),
 which APO's critiques read. The version of the prompt used is the rollout's ``resources_version``.
 
@@ -89,10 +91,11 @@ class RoomsAgent(Agent):
     def __init__(self, model: str, temperature: float = 0.0, max_tokens: int = 128, max_turns: int = 2,
                  first_tool_choice: ToolChoice = "required", strict_tools: bool = True,
                  prompt_resource: str = "prompt", seed: int | None = 0,
-                 renderer: PromptRenderer | None = None) -> None:
-        if max_turns < 1 or max_tokens < 1:
-            raise ValueError("max_turns and max_tokens must be >= 1")
+                 renderer: PromptRenderer | None = None, answer_max_tokens: int | None = None) -> None:
+        if max_turns < 1 or max_tokens < 1 or (answer_max_tokens is not None and answer_max_tokens < 1):
+            raise ValueError("max_turns, max_tokens and answer_max_tokens must be >= 1")
         self.model, self.temperature, self.max_tokens, self.max_turns = model, temperature, max_tokens, max_turns
+        self.answer_max_tokens = answer_max_tokens or max_tokens
         self.first_tool_choice, self.prompt_resource, self.seed = first_tool_choice, prompt_resource, seed
         self.tools = room_tools(strict_tools)
         self.renderer = renderer or DEFAULT_RENDERER
@@ -117,7 +120,8 @@ class RoomsAgent(Agent):
                 choice = self._tool_choice(turn)
                 response = await client.chat.completions.create(
                     model=self.model, messages=messages, tools=self.tools, tool_choice=choice,
-                    temperature=self.temperature, max_tokens=self.max_tokens, seed=self.seed,
+                    temperature=self.temperature, seed=self.seed,
+                    max_tokens=self.answer_max_tokens if choice == "none" else self.max_tokens,
                 )
                 msg = response.choices[0].message
                 calls = msg.tool_calls or []

@@ -101,17 +101,23 @@ class APO(Algorithm[APOConfig]):
             job.log_step(metrics)
 
     def _evaluate(self, tasks: list[dict[str, Any]], phase: str, split: str) -> RolloutBatch:
-        """The current best prompt on the held-out tasks, through the cache; not charged to the search budget."""
+        """The current best prompt on the held-out tasks, through the cache; not charged to the search budget.
+
+        The base evaluation also runs the rollouts the search starts with, in the same batch (its ``failed``
+        and ``seconds`` are the whole batch's)."""
         from spanlab.jobs.rollouts import RolloutBatch
 
         runner = self.runner
-        budget, runner.max_rollouts = runner.max_rollouts, None
-        ran, failed, seconds = runner.ran, runner.failed, runner.seconds
-        results = runner.score([(int(self.best.version or 0), t) for t in tasks], mode="test",
-                               metadata={"run_id": self.run_id, "algorithm": "apo", "purpose": "test",
-                                         "phase": phase, "split": split})
-        self.held_out_rollouts += runner.ran - ran
-        runner.max_rollouts = None if budget is None else budget + runner.ran - ran
+        pairs = [(int(self.best.version or 0), t) for t in tasks]
+        metadata = {"run_id": self.run_id, "algorithm": "apo", "purpose": "test", "phase": phase, "split": split}
+        held = len(runner.missing(pairs))
+        failed, seconds = runner.failed, runner.seconds
+        ahead = self.search.first_requests(self.root) if phase == "base" and split == self.config.eval.split else []
+        runner.run_ahead([(pairs, "test", metadata), *ahead])
+        results = runner.score(pairs, mode="test", metadata=metadata)
+        self.held_out_rollouts += held
+        if runner.max_rollouts is not None:
+            runner.max_rollouts += held
         rewards = [r for _, r in results]
         if split == self.config.eval.split:  # the paired before/after difference is the headline split's
             self.held_out[phase] = rewards

@@ -23,6 +23,7 @@ import logging
 from typing import Any
 
 from spanlab.adapters.messages import conversations, transcript
+from spanlab.algos.apo.rollouts import Request
 from spanlab.algos.apo.search import BeamSearch, Candidate, Task
 from spanlab.prompts import check_template
 
@@ -111,6 +112,10 @@ class GEPASearch(BeamSearch):
         cand = super().root(start)
         self.by_template[start] = cand
         return cand
+
+    def first_requests(self, root: Candidate) -> list[Request]:
+        """Only the root's validation rollouts: GEPA draws its train minibatches itself."""
+        return self._within_budget([self._request(root, self.val, "val", 0, "validation")])
 
     def candidate_for(self, template: str) -> Candidate:
         """The lineage entry of ``template``: validated, and stored as a version if valid, on first sight."""

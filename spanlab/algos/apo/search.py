@@ -1,6 +1,7 @@
 """APO's beam search with textual gradients, over prompt versions scored by real rollouts.
 
-Round 0 scores the starting prompt on the validation tasks. Each round, for every prompt in the beam:
+Round 0 scores the starting prompt on the validation tasks (with the first round's train batch, these
+run in the base evaluation's batch: :meth:`BeamSearch.first_requests`). Each round, for every prompt in the beam:
 run it on a seeded batch of train tasks, show the optimizer's critique model the lowest- and
 highest-reward conversations (read back from the store's spans), let the edit model write
 ``branch_factor`` candidates from that critique, and validate each before it may cost a rollout (safe
@@ -20,14 +21,14 @@ from typing import Any, Literal
 from spanlab.adapters.messages import conversations
 from spanlab.algos.apo.config import APOConfig
 from spanlab.algos.apo.optimizer import Optimizer
-from spanlab.algos.apo.rollouts import PromptBank, RolloutRunner
+from spanlab.algos.apo.rollouts import PromptBank, Request, RolloutRunner, Task
 from spanlab.prompts import PromptRenderer, check_template
 from spanlab.stats import Interval, bootstrap
+from spanlab.types import RolloutMode
 
 logger = logging.getLogger(__name__)
 
 Status = Literal["root", "scored", "rejected", "duplicate", "over_budget", "not_accepted"]
-Task = dict[str, Any]
 
 
 @dataclass
@@ -64,6 +65,7 @@ class BeamSearch:
         self.lineage: list[Candidate] = []
         self.rounds: list[dict[str, float]] = []
         self.rng = random.Random(f"spanlab-apo:{config.seed}")
+        self._batches: dict[tuple[str, int], list[Task]] = {}
 
     def _new(self, template: str, round_: int, status: Status, **kw: Any) -> Candidate:
         cand = Candidate(id=f"c{len(self.lineage)}", template=template, round=round_, status=status, **kw)
@@ -92,9 +94,34 @@ class BeamSearch:
             self._log_round(round_, children, beam)
         return beam[0]
 
+    def first_requests(self, root: Candidate) -> list[Request]:
+        """The rollouts :meth:`run` starts with, as far as the budget allows: the root on the validation
+        tasks, then (a beam's first parent is the root) on its first critique batch."""
+        requests = [self._request(root, self.val, "val", 0, "validation")]
+        if self.config.rounds:
+            requests.append(self._request(root, self._batch(root, 1), "train", 1, "gradient"))
+        return self._within_budget(requests)
+
+    def _request(self, cand: Candidate, tasks: list[Task], mode: RolloutMode, round_: int, purpose: str) -> Request:
+        return [(int(cand.version or 0), t) for t in tasks], mode, self._meta(round_, purpose)
+
+    def _within_budget(self, requests: list[Request]) -> list[Request]:
+        """The longest prefix of ``requests`` whose rollouts the budget allows together."""
+        for n in range(len(requests), 0, -1):
+            if self._affordable([pair for pairs, _, _ in requests[:n] for pair in pairs]):
+                return requests[:n]
+        return []
+
+    def _batch(self, parent: Candidate, round_: int) -> list[Task]:
+        """The train tasks ``parent`` is critiqued on in ``round_``: drawn (seeded) once, when first asked for."""
+        if (parent.id, round_) not in self._batches:
+            n = min(self.config.gradient_tasks, len(self.train))
+            self._batches[(parent.id, round_)] = self.rng.sample(self.train, n)
+        return self._batches[(parent.id, round_)]
+
     def _expand(self, parent: Candidate, round_: int) -> list[Candidate]:
         """Critique ``parent`` on a train batch and propose ``branch_factor`` validated children."""
-        batch = self.rng.sample(self.train, min(self.config.gradient_tasks, len(self.train)))
+        batch = self._batch(parent, round_)
         pairs = [(int(parent.version or 0), t) for t in batch]
         if not self._affordable(pairs):
             logger.info("round %d: no budget left to critique %s", round_, parent.id)
