@@ -8,7 +8,11 @@ CPU (default, ``device="cpu"``): ``--dtype float32 --enforce-eager --no-enable-c
 KV cache size via ``VLLM_CPU_KVCACHE_SPACE`` (GiB); OpenMP threads via ``OMP_NUM_THREADS`` and
 ``VLLM_CPU_OMP_THREADS_BIND`` (default ``nobind`` with 1 thread on a 2-core machine: REFERENCE §3
 measured 1 thread beating 2 when a trainer shares the machine). ``--no-enable-chunked-prefill``
-avoids the vllm-cpu 0.32 crash with seeded sampling on chunked prompts (REFERENCE §2).
+avoids the vllm-cpu 0.32 crash with seeded sampling on chunked prompts (REFERENCE §2). The model runs
+in the engine-core process (``--distributed-executor-backend uni`` with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
+which vllm-cpu otherwise overrides to ``mp`` because it sets OpenMP up per worker process; spanlab sets
+``OMP_NUM_THREADS`` before the launch): one process fewer to import torch and vLLM, so a start took
+41-54 s instead of 58-61 s on 2 cores. Name another backend in ``extra_args`` to keep vLLM's.
 GPU (``device="gpu"``): none of the CPU-only flags or env; ``--dtype auto`` and CUDA graphs unless
 ``enforce_eager``; KV cache via ``--gpu-memory-utilization``.
 """
@@ -128,6 +132,8 @@ def build_command(config: EngineConfig, *, model_path: str, port: int, python: s
         cmd.append("--enforce-eager")
     if cpu:
         cmd.append("--no-enable-chunked-prefill")
+        if not _names_executor(config):
+            cmd += ["--distributed-executor-backend", "uni"]
     elif config.gpu_memory_utilization is not None:
         cmd += ["--gpu-memory-utilization", str(config.gpu_memory_utilization)]
     if config.tool_call_parser:
@@ -143,6 +149,10 @@ def build_command(config: EngineConfig, *, model_path: str, port: int, python: s
     return cmd + list(config.extra_args)
 
 
+def _names_executor(config: EngineConfig) -> bool:
+    return any(arg.split("=")[0] == "--distributed-executor-backend" for arg in config.extra_args)
+
+
 def build_env(config: EngineConfig, *, model_is_local: bool, base: dict[str, str] | None = None) -> dict[str, str]:
     """Environment for the server: inherited env plus CPU/LoRA/dev-mode settings and ``extra_env``."""
     env = dict(os.environ if base is None else base)
@@ -155,6 +165,8 @@ def build_env(config: EngineConfig, *, model_is_local: bool, base: dict[str, str
         env["VLLM_CPU_OMP_THREADS_BIND"] = config.cpu_bind
         env["OMP_NUM_THREADS"] = str(threads)
         env["MKL_NUM_THREADS"] = str(threads)
+        if not _names_executor(config):
+            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # else vllm-cpu turns "uni" back into "mp"
     if config.enable_lora:
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     if config.dev_routes:

@@ -78,3 +78,16 @@ def test_parsers_and_scale_out_routes_are_engine_settings() -> None:
     assert not {"--enable-scale-out", "--reasoning-parser", "--tool-call-parser"} & set(bare)
     with pytest.raises(pydantic.ValidationError, match="use the config fields"):
         EngineConfig(extra_args=("--reasoning-parser=qwen3",))
+
+
+def test_cpu_runs_the_model_in_the_engine_core_process_unless_told_otherwise() -> None:
+    config = EngineConfig()
+    cmd = _cmd(config)
+    assert cmd[cmd.index("--distributed-executor-backend") + 1] == "uni"
+    assert build_env(config, model_is_local=True, base={})["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    own = EngineConfig(extra_args=("--distributed-executor-backend=mp",))
+    assert _cmd(own).count("--distributed-executor-backend") == 0
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in build_env(own, model_is_local=True, base={})
+    gpu = EngineConfig(device="gpu")
+    assert "--distributed-executor-backend" not in _cmd(gpu)
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in build_env(gpu, model_is_local=False, base={})
