@@ -9,6 +9,11 @@ Import them from ``tests/conftest.py`` with ``from tests.engine_fixtures import 
   Tests that change weights must restore them; tests that kill the engine must restart it.
 * ``default_model_dir`` (session): the converted Hugging Face folder (tokenizer + weights).
 
+Why the server starts early: a vLLM start is 30-55 s of one core's work while it imports and loads, and an
+idle engine costs nothing; so once collection shows a test will need it, the session server starts in a
+background thread (:func:`start_in_background`) and the tests that use an engine run after the others
+(:func:`pytest_collection_modifyitems`), while the start runs on the second core.
+
 Environment knobs:
 * ``SPANLAB_TEST_VLLM_URL=http://127.0.0.1:8000`` reuses a server you already run (no start/stop;
   tests that need process control skip). Its served name is read from ``/v1/models`` unless
@@ -19,9 +24,11 @@ Environment knobs:
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,9 +39,12 @@ from spanlab.engine.config import EngineConfig
 from spanlab.engine.model import DEFAULT_MODEL, ensure_default_model
 from spanlab.engine.server import VLLMServer
 
-__all__ = ["ExternalServer", "default_model_dir", "vllm_server"]
+__all__ = ["ExternalServer", "default_model_dir", "pytest_collection_finish", "pytest_collection_modifyitems",
+           "pytest_sessionfinish", "start_in_background", "vllm_server"]
 
 logger = logging.getLogger(__name__)
+ENGINE_FIXTURES = {"vllm_server", "upstream"}
+_SESSION_START = pytest.StashKey[tuple[VLLMServer, Future[VLLMServer]]]()
 
 
 @dataclass(frozen=True)
@@ -49,6 +59,48 @@ class ExternalServer:
         return f"{self.root_url}/v1"
 
 
+def start_in_background(server: VLLMServer) -> Future[VLLMServer]:
+    """``server.start()`` in a thread of its own; the future's ``result()`` waits for it (and raises its error)."""
+    pool = ThreadPoolExecutor(1, thread_name_prefix=f"start-{server.config.served_model_name or 'vllm'}")
+    try:
+        return pool.submit(server.start)
+    finally:
+        pool.shutdown(wait=False)  # the thread ends when the start does
+
+
+def _uses_engine(item: pytest.Item) -> bool:
+    return item.get_closest_marker("vllm") is not None or bool(ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())))
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own reordering (fixture params)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that use a vLLM engine run after the others (in their own order), so that the session server's
+    start overlaps the others."""
+    items.sort(key=_uses_engine)  # stable
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the session server now if a selected test needs it."""
+    if (os.environ.get("SPANLAB_TEST_VLLM_URL") or importlib.util.find_spec("vllm") is None
+            or not any(ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())) for item in session.items)):
+        return
+    server = VLLMServer(_session_config())
+    session.config.stash[_SESSION_START] = (server, start_in_background(server))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop the session server even if no test took it (all skipped, or the run was cut short)."""
+    if (pending := session.config.stash.get(_SESSION_START, None)) is not None:
+        server, started = pending
+        wait([started])  # a start under way finishes (or fails) first
+        server.stop()
+
+
+def _session_config() -> EngineConfig:
+    return EngineConfig(model=os.environ.get("SPANLAB_TEST_MODEL", DEFAULT_MODEL), max_model_len=4096,
+                        kv_cache_gib=1, enable_lora=True, dev_routes=True)
+
+
 @pytest.fixture(scope="session")
 def default_model_dir() -> Path:
     """The converted SmolLM2 folder (converts once, ~40-60 s, then cached across sessions)."""
@@ -56,8 +108,9 @@ def default_model_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def vllm_server() -> Iterator[VLLMServer | ExternalServer]:
-    """One vLLM server for the whole session; stopped (with its whole process tree) at the end."""
+def vllm_server(request: pytest.FixtureRequest) -> Iterator[VLLMServer | ExternalServer]:
+    """One vLLM server for the whole session, started at collection (above); stopped (with its whole process
+    tree) at the end."""
     url = os.environ.get("SPANLAB_TEST_VLLM_URL")
     if url:
         root = url.rstrip("/").removesuffix("/v1")
@@ -67,15 +120,11 @@ def vllm_server() -> Iterator[VLLMServer | ExternalServer]:
         yield ExternalServer(root_url=root, model=model)
         return
     pytest.importorskip("vllm", reason="vLLM is not installed")
-    config = EngineConfig(
-        model=os.environ.get("SPANLAB_TEST_MODEL", DEFAULT_MODEL),
-        max_model_len=4096,
-        kv_cache_gib=1,
-        enable_lora=True,
-        dev_routes=True,
-    )
-    server = VLLMServer(config)
-    server.start()
+    if (pending := request.config.stash.get(_SESSION_START, None)) is None:  # asked for by getfixturevalue only
+        server = VLLMServer(_session_config())
+        pending = request.config.stash[_SESSION_START] = (server, start_in_background(server))
+    server, started = pending
+    started.result()
     logger.info("session vLLM server %s ready in %.1fs, RSS %.2f GB",
                 server.base_url, server.startup_s or 0.0, server.rss_bytes() / 1e9)
     try:

@@ -19,9 +19,10 @@ what vLLM's chat route streams and, where vLLM's streaming parser agrees with it
 answer; the fallback path (``tito_render: local``, hermes families) renders the engine's delta; a
 stream the agent cuts rolls the buffer back (Qwen3 only).
 
-One vLLM server at a time (a module-scoped fixture per family; pytest finishes one family before the next).
-Qwen3 runs in the default suite; the other three are ``slow`` (each starts its own server). Times: see
-docs/tito.md.
+Each family has its own vLLM server (a module-scoped fixture per family; pytest finishes one family before the
+next), and the next family's server starts in the background while a family's tests run (:class:`Servers`):
+a start is mostly one core's work. Qwen3 runs in the default suite; the other three are ``slow`` (each starts
+its own server). Times: see docs/tito.md.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ import json
 import re
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, wait
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -41,6 +44,7 @@ from spanlab.engine.config import EngineConfig
 from spanlab.engine.server import VLLMServer
 from spanlab.gateway import GatewayServer
 from spanlab.store import SpanStore
+from tests.engine_fixtures import start_in_background
 from tests.tiny_families import FAMILIES, Family, available, build_family_model
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(not available(), reason="shared fixtures absent")]
@@ -75,14 +79,53 @@ class Served:
         return [int(t) for t in self.post("/v1/chat/completions/render", body)["token_ids"]]
 
 
+class Servers:
+    """The families' servers in the order the tests use them; taking one starts the next in the background, so
+    at most two run at once."""
+
+    def __init__(self, order: list[str], tmp_path_factory: pytest.TempPathFactory) -> None:
+        self.order, self.tmp = order, tmp_path_factory
+        self.starting: dict[str, tuple[VLLMServer, Future[VLLMServer]]] = {}
+
+    def _start(self, name: str) -> None:
+        if name not in self.starting:
+            family = FAMILIES[name]
+            folder = build_family_model(family, self.tmp.mktemp(family.name))
+            server = VLLMServer(EngineConfig(model=str(folder), served_model_name=family.name, max_model_len=2048,
+                                             kv_cache_gib=1, tool_call_parser=family.tool_parser))
+            self.starting[name] = (server, start_in_background(server))
+
+    def take(self, name: str) -> VLLMServer:
+        self._start(name)
+        if name in self.order and (i := self.order.index(name)) + 1 < len(self.order):
+            self._start(self.order[i + 1])
+        return self.starting[name][1].result()
+
+    def stop_all(self) -> None:
+        for server, started in self.starting.values():
+            wait([started])
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def servers(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
+    params = [getattr(item, "callspec", SimpleNamespace(params={})).params for item in request.session.items
+              if item.module is request.module]
+    order = [p["served"] for p in params if "served" in p]
+    pool = Servers(list(dict.fromkeys(order)), tmp_path_factory)
+    try:
+        yield pool
+    finally:
+        pool.stop_all()
+
+
 @pytest.fixture(scope="module", params=FAMILY_PARAMS)
-def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    family = FAMILIES[request.param]
-    folder = build_family_model(family, tmp_path_factory.mktemp(family.name))
-    config = EngineConfig(model=str(folder), served_model_name=family.name, max_model_len=2048, kv_cache_gib=1,
-                          tool_call_parser=family.tool_parser)
-    with VLLMServer(config) as server:
-        yield Served(family, server)
+def served(request: pytest.FixtureRequest, servers: Servers) -> Iterator[Served]:
+    server = servers.take(request.param)
+    try:
+        yield Served(FAMILIES[request.param], server)
+    finally:
+        server.stop()
 
 
 def _force(text: str) -> dict[str, Any]:
