@@ -103,7 +103,8 @@ class BeamSearch:
         return self._within_budget(requests)
 
     def _request(self, cand: Candidate, tasks: list[Task], mode: RolloutMode, round_: int, purpose: str) -> Request:
-        return [(int(cand.version or 0), t) for t in tasks], mode, self._meta(round_, purpose)
+        """What :meth:`_expand` and :meth:`_score` run, so that rollouts run ahead are the ones they look up."""
+        return _pairs([cand], tasks), mode, self._meta(round_, purpose)
 
     def _within_budget(self, requests: list[Request]) -> list[Request]:
         """The longest prefix of ``requests`` whose rollouts the budget allows together."""
@@ -122,11 +123,11 @@ class BeamSearch:
     def _expand(self, parent: Candidate, round_: int) -> list[Candidate]:
         """Critique ``parent`` on a train batch and propose ``branch_factor`` validated children."""
         batch = self._batch(parent, round_)
-        pairs = [(int(parent.version or 0), t) for t in batch]
+        pairs, mode, metadata = self._request(parent, batch, "train", round_, "gradient")
         if not self._affordable(pairs):
             logger.info("round %d: no budget left to critique %s", round_, parent.id)
             return []
-        results = self.runner.score(pairs, mode="train", metadata=self._meta(round_, "gradient"))
+        results = self.runner.score(pairs, mode=mode, metadata=metadata)
         convs = conversations(self.runner.collector.store, [rid for rid, _ in results])
         order = sorted(range(len(batch)), key=lambda i: (results[i][1], i))
         k = self.config.critique_examples
@@ -158,11 +159,11 @@ class BeamSearch:
         """Score candidates on the validation tasks, as many as the budget allows, in one batch."""
         affordable = []
         for cand in cands:
-            if self._affordable([(int(c.version or 0), t) for c in [*affordable, cand] for t in self.val]):
+            if self._affordable(_pairs([*affordable, cand], self.val)):
                 affordable.append(cand)
             else:
                 cand.status = "over_budget"
-        pairs = [(int(c.version or 0), t) for c in affordable for t in self.val]
+        pairs = _pairs(affordable, self.val)
         results = self.runner.score(pairs, mode="val", metadata=self._meta(round_, "validation"))
         for i, cand in enumerate(affordable):
             cand.val_rewards = [r for _, r in results[i * len(self.val):(i + 1) * len(self.val)]]
@@ -193,3 +194,8 @@ class BeamSearch:
         self.rounds.append(metrics)
         logger.info("APO round %d: %d candidates (%d rejected, %d duplicate), beam %s", round_, len(made),
                     metrics["rejected"], metrics["duplicates"], [f"{c.id}={c.val}" for c in beam])
+
+
+def _pairs(cands: list[Candidate], tasks: list[Task]) -> list[tuple[int, Task]]:
+    """The (prompt version, task) pairs that score ``cands`` on ``tasks``, candidate by candidate."""
+    return [(int(c.version or 0), t) for c in cands for t in tasks]
