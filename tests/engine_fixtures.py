@@ -81,7 +81,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start the session server now if a selected test needs it."""
-    if (os.environ.get("SPANLAB_TEST_VLLM_URL") or importlib.util.find_spec("vllm") is None
+    if (session.config.option.collectonly or os.environ.get("SPANLAB_TEST_VLLM_URL")
+            or importlib.util.find_spec("vllm") is None
             or not any(ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())) for item in session.items)):
         return
     server = VLLMServer(_session_config())
