@@ -68,8 +68,12 @@ def start_in_background(server: VLLMServer) -> Future[VLLMServer]:
         pool.shutdown(wait=False)  # the thread ends when the start does
 
 
+def _uses_session_server(item: pytest.Item) -> bool:
+    return bool(ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())))
+
+
 def _uses_engine(item: pytest.Item) -> bool:
-    return item.get_closest_marker("vllm") is not None or bool(ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())))
+    return item.get_closest_marker("vllm") is not None or _uses_session_server(item)
 
 
 @pytest.hookimpl(trylast=True)  # after pytest's own reordering (fixture params)
@@ -83,7 +87,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """Start the session server now if a selected test needs it."""
     if (session.config.option.collectonly or os.environ.get("SPANLAB_TEST_VLLM_URL")
             or importlib.util.find_spec("vllm") is None
-            or not any(ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())) for item in session.items)):
+            or not any(map(_uses_session_server, session.items))):
         return
     server = VLLMServer(_session_config())
     session.config.stash[_SESSION_START] = (server, start_in_background(server))
