@@ -12,6 +12,12 @@ started its engine; both can take longer than ``trainer.timeout_s``, and gloo fa
 the group's timeout. The helpers only ever follow rank 0, so they wait as long as it needs; rank 0 keeps
 ``trainer.timeout_s``, so a hung helper still fails the step there. A rank 0 that dies closes its sockets (the
 helpers' collectives fail at once) and torchrun stops the group's other ranks.
+
+Why ``torch.distributed.nn`` is imported here, before any rank joins a group: its functions take
+``group=group.WORLD`` as a default argument, evaluated on import. Imported after ``init_process_group`` (a
+torchrun helper loads its model after joining, and loading imports it), those defaults keep the group alive
+past ``destroy_process_group``; gloo's threads are then torn down while the interpreter exits, which now and
+then aborts the process ("terminate called without an active exception") and fails the whole torchrun job.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.nn  # before any group exists: see the module docstring
 from torch import nn
 
 from spanlab.training.trainer_config import TrainerConfig
