@@ -83,6 +83,12 @@ class Batch:
     advantages: torch.Tensor  # float [B]
     sampled_logprobs: torch.Tensor | None = None  # float [B, T]
 
+    def to(self, device: torch.device) -> Batch:
+        """The same batch on ``device`` (the model's: collate builds it on the CPU)."""
+        if device.type == "cpu":
+            return self
+        return Batch(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in vars(self).items()})
+
 
 @dataclass
 class _Rewards:

@@ -214,6 +214,10 @@ def build_algorithm(config: TrainConfig) -> Algorithm:
         raise ConfigError(f"warm_start: algorithm {config.algorithm!r} trains no weights; remove warm_start")
     if config.trainer.processes > 1 and not algorithm.data_parallel:
         raise ConfigError(f"trainer.processes: algorithm {config.algorithm!r} trains in one process; remove trainer")
+    if config.trainer.device == "gpu" and not algorithm.trains_weights:
+        raise ConfigError(f"trainer.device: algorithm {config.algorithm!r} trains no weights; remove trainer")
+    if config.trainer.processes > 1 or config.trainer.device == "gpu":
+        config.trainer.check_devices()
     if config.loop.mode == "async" and not algorithm.async_loop:
         raise ConfigError(f"loop.mode: algorithm {config.algorithm!r} has no async loop (grpo has); remove loop")
     algorithm.check()
@@ -306,7 +310,7 @@ def run_job(config: TrainConfig, *, console: Console | None = None, resume: bool
             job.policy = open_policy(stack, model_name=config.engine.model, root_url=rig.root_urls or rig.root_url,
                                      on_served=rig.gateway.set_served_version, served=rig.served,
                                      store=rig.store, run_dir=config.run_dir, lora=algorithm.policy_lora(),
-                                     torch_threads=config.torch_threads)
+                                     torch_threads=config.torch_threads, device=config.trainer.policy_device)
         from spanlab.jobs.prompt import check_prompt, store_prompt
 
         if (template := check_prompt(config)) is not None:

@@ -127,10 +127,11 @@ class Policy:
 
 def open_policy(stack: ExitStack, *, model_name: str, root_url: str | Sequence[str], served: str, store: StoreAPI,
                 run_dir: Path, lora: LoraConfig | None, torch_threads: int | None,
-                on_served: Callable[[str, str | None], None] | None = None) -> Policy:
+                on_served: Callable[[str, str | None], None] | None = None, device: str = "cpu") -> Policy:
     """Load the served model for training (wrapped in LoRA when given: the engine then hot-loads the adapter).
 
-    ``root_url``: the engine, or every replica's; ``on_served(url, version)`` after each replica's push."""
+    ``root_url``: the engine, or every replica's; ``on_served(url, version)`` after each replica's push;
+    ``device``: where the model trains (``cuda`` for ``trainer: {device: gpu}`` in one process)."""
     from spanlab.engine.model import resolve_model
 
     torch.set_num_threads(torch_threads or torch.get_num_threads())
@@ -139,6 +140,7 @@ def open_policy(stack: ExitStack, *, model_name: str, root_url: str | Sequence[s
     model, tokenizer = load_policy(resolve_model(model_name))
     if lora is not None:
         model = apply_lora(model, lora)
+    model.to(device)
     return Policy(model, tokenizer, pad_token_id(tokenizer), PolicySync(client, store, run_dir, served))
 
 

@@ -71,7 +71,7 @@ def load_state(run_dir: Path) -> TrainState | None:
     for folder in (run_dir / STATE_DIR, run_dir / f"{STATE_DIR}.old"):
         if (folder / "state.json").is_file() and (folder / "tensors.pt").is_file():
             info = json.loads((folder / "state.json").read_text())
-            tensors = torch.load(folder / "tensors.pt", weights_only=True)
+            tensors = torch.load(folder / "tensors.pt", weights_only=True, map_location="cpu")
             return TrainState(info, tensors)
     return None
 

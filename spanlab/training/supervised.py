@@ -53,6 +53,7 @@ def sft_train(
     if not kept:
         raise ConfigError("SFT has no usable conversations")
     trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapter's only
+    device = trainable[0].device  # the batches go where the model is (a GPU with trainer.device: gpu)
     optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
     rng = random.Random(config.seed)
     steps = config.epochs * math.ceil(len(kept) / config.batch_size)
@@ -65,8 +66,8 @@ def sft_train(
         rng.shuffle(order)
         for i in range(0, len(order), config.batch_size):
             chunk = order[i : i + config.batch_size]
-            batch = collate(chunk, torch.zeros(len(chunk)), pad_id)
-            w_B = torch.tensor([weight_of.get(id(s), 1.0) for s in chunk], dtype=torch.float32)
+            batch = collate(chunk, torch.zeros(len(chunk)), pad_id).to(device)
+            w_B = torch.tensor([weight_of.get(id(s), 1.0) for s in chunk], dtype=torch.float32, device=device)
             logprobs = token_logprobs(model, batch.input_ids, batch.attention_mask, positions_mask=batch.loss_mask)
             loss = -(logprobs * batch.loss_mask * w_B[:, None]).sum() / batch.loss_mask.sum()
             optimizer.zero_grad(set_to_none=True)

@@ -22,7 +22,8 @@ class TrainerConfig(BaseModel):
     """``trainer: {processes: N, device: cpu|gpu, sharding: none|fsdp}``: N ranks of one update (gloo on CPU,
     nccl with one GPU each).
 
-    ``processes: 1`` (the default) is the single-process trainer, unchanged. With N > 1 the job's process is
+    ``processes: 1`` (the default) is the single-process trainer, in the job's own process: on the CPU, or with
+    ``device: gpu`` on the first GPU (beside the engine when both share it). With N > 1 the job's process is
     rank 0 (it reads the samples and pushes weights) and N - 1 helper processes on the same machine join it;
     under torchrun (any number of machines) its rank 0 runs the job and its other ranks are the helpers.
     ``sharding: none`` keeps a whole copy of the model and its optimizer state on every rank; ``fsdp``
@@ -39,12 +40,15 @@ class TrainerConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainerConfig:
-        if self.device == "gpu" and self.processes < 2:
-            raise ValueError("device: gpu is the data-parallel trainer's; set processes >= 2 "
-                             "(the one-process trainer runs on CPU)")
         if self.sharding == "fsdp" and self.processes < 2:
             raise ValueError("sharding: fsdp shards the model over the ranks; set processes >= 2")
         return self
+
+    @property
+    def policy_device(self) -> str:
+        """Where the job loads the policy it trains: the GPU for the one-process GPU trainer, else the CPU (with
+        N > 1 ranks, :class:`~spanlab.training.data_parallel.DataParallel` places rank 0's copy itself)."""
+        return "cuda" if self.device == "gpu" and self.processes == 1 else "cpu"
 
     def check_devices(self) -> None:
         """Refuse more ranks on this machine than it has devices: cores on CPU, GPUs on GPU (one rank per GPU).
@@ -68,6 +72,9 @@ class TrainerConfig(BaseModel):
         except ImportError as exc:  # pragma: no cover - torch is a core dependency
             raise ConfigError("trainer.device: gpu needs torch") from exc
         gpus = torch.cuda.device_count()
+        if gpus == 0:
+            raise ConfigError(f"trainer.device: gpu but torch {torch.__version__} sees no GPU "
+                              "(set trainer.device: cpu, or install a CUDA build of torch)")
         if here > gpus:
             raise ConfigError(f"trainer.processes: {here} processes{where} but torch sees {gpus} GPUs "
                               "(trainer.device: gpu runs one rank per GPU)")

@@ -142,13 +142,20 @@ def test_more_processes_than_devices_is_a_config_error_naming_the_key() -> None:
     with pytest.raises(ConfigError, match=r"^trainer.processes: 1024 processes but this machine has \d+ CPU cores"):
         build_algorithm(config)
     gpu = parse_train_config({"trainer": {"processes": 2, "device": "gpu"}})
-    if torch.cuda.device_count() < 2:
-        with pytest.raises(ConfigError, match=r"^trainer.processes: 2 processes but torch sees \d GPUs"):
+    if torch.cuda.device_count() == 1:
+        with pytest.raises(ConfigError, match=r"^trainer.processes: 2 processes but torch sees 1 GPUs"):
             build_algorithm(gpu)
+    one_gpu = parse_train_config({"trainer": {"device": "gpu"}})  # the one-process trainer on the GPU
+    assert (one_gpu.trainer.policy_device, gpu.trainer.policy_device) == ("cuda", "cpu")
+    if torch.cuda.device_count() == 0:
+        for config in (gpu, one_gpu):
+            with pytest.raises(ConfigError, match=r"^trainer.device: gpu but torch \S+ sees no GPU \(set trainer"):
+                build_algorithm(config)
+    apo = parse_train_config({"algorithm": "apo", "trainer": {"device": "gpu"}})
+    with pytest.raises(ConfigError, match=r"^trainer.device: algorithm 'apo' trains no weights; remove trainer"):
+        build_algorithm(apo)
     with pytest.raises(ConfigError, match=r"trainer.processes: Input should be greater than or equal to 1"):
         parse_train_config({"trainer": {"processes": 0}})
-    with pytest.raises(ConfigError, match=r"trainer: Value error, device: gpu is the data-parallel"):
-        parse_train_config({"trainer": {"device": "gpu"}})  # one process: there is no GPU trainer for it
     with pytest.raises(ConfigError, match=r"trainer: Value error, sharding: fsdp shards the model over the ranks"):
         parse_train_config({"trainer": {"sharding": "fsdp"}})
     lora = parse_train_config({"trainer": {"processes": 2, "sharding": "fsdp"}, "grpo": {"lora": {"rank": 4}}})

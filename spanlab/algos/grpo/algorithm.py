@@ -26,8 +26,6 @@ class GRPO(Algorithm[GRPOSection]):
     async_loop = True
 
     def check(self) -> None:
-        if self.config.trainer.processes > 1:
-            self.config.trainer.check_devices()
         loop, per_step = self.config.loop, self.settings.tasks_per_step
         if loop.mode == "async" and loop.groups_in_flight(per_step) < per_step:
             raise ConfigError(f"loop.in_flight_groups: {loop.in_flight_groups} is fewer than a step's groups "

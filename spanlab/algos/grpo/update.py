@@ -237,11 +237,11 @@ def grpo_step(
     device = next(model.parameters()).device
     batches, pos = [], 0
     for chunk in micro_batches([samples[i] for i in mine], config.micro_batch_tokens):
-        batches.append(_to(collate(chunk, [adv_by_sample[i] for i in mine[pos:pos + len(chunk)]], pad_id), device))
+        batches.append(collate(chunk, [adv_by_sample[i] for i in mine[pos:pos + len(chunk)]], pad_id).to(device))
         pos += len(chunk)
     n_real = len(batches)
     if ranks is not None and (n_pad := ranks.lockstep(n_real) - n_real):
-        filler = batches[-1] if batches else _to(collate(kept[:1], [0.0], pad_id), device)
+        filler = batches[-1] if batches else collate(kept[:1], [0.0], pad_id).to(device)
         batches += [filler] * n_pad
     batch_tokens = float(sum(int(s.loss_mask.sum()) for s in kept))
     old = _frozen_logprobs(model, batches, config.temperature) if config.epochs_per_batch > 1 else None
@@ -301,13 +301,6 @@ def grpo_step(
 def _norm_value(norm: torch.Tensor) -> float:
     """A gradient norm as a float; over sharded gradients it is a DTensor, made whole first."""
     return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
-
-
-def _to(batch: Batch, device: torch.device) -> Batch:
-    if device.type == "cpu":
-        return batch
-    moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in vars(batch).items()}
-    return Batch(**moved)
 
 
 def _sum_over_ranks(sums: dict[str, float], loss: float, drift_sum: float,
