@@ -64,7 +64,7 @@ def model_dir(name: str, scratch: Path) -> Path:
 
 def run_one(processes: int, sharding: str, args: argparse.Namespace) -> dict[str, float | int | str]:
     torch.set_num_threads(args.threads)
-    config = GRPOConfig(micro_batch_tokens=args.micro_batch_tokens)
+    config = GRPOConfig(micro_batch_tokens=args.micro_batch_tokens, bf16=args.bf16)
     batches = [make_samples(args.samples, args.prompt, args.response, seed=s, shared=args.shared_prefix)
                for s in range(args.steps + 1)]
     make_optimizer = partial(torch.optim.AdamW, lr=config.lr)
@@ -110,6 +110,7 @@ def main() -> None:
     parser.add_argument("--response", type=int, default=100)
     parser.add_argument("--shared-prefix", type=int, default=230)
     parser.add_argument("--micro-batch-tokens", type=int, default=4096)
+    parser.add_argument("--bf16", action="store_true", help="grpo.bf16: forward passes in bfloat16 (autocast)")
     parser.add_argument("--steps", type=int, default=2, help="measured steps after one warm-up")
     parser.add_argument("--threads", type=int, default=2, help="torch threads in all (split between ranks)")
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2])
@@ -130,7 +131,8 @@ def main() -> None:
                 "--prompt", str(args.prompt), "--response", str(args.response),
                 "--shared-prefix", str(args.shared_prefix),
                 "--micro-batch-tokens", str(args.micro_batch_tokens), "--steps", str(args.steps),
-                "--threads", str(args.threads), "--only", str(n), "--only-sharding", sharding]
+                "--threads", str(args.threads), "--only", str(n), "--only-sharding", sharding,
+                *(["--bf16"] if args.bf16 else [])]
         out = subprocess.run([sys.executable, __file__, *argv], check=True, stdout=subprocess.PIPE, text=True).stdout
         runs[n, sharding].append(json.loads(out.strip().splitlines()[-1]))
         print(json.dumps(runs[n, sharding][-1]), file=sys.stderr)

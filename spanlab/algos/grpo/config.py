@@ -32,6 +32,9 @@ class GRPOConfig(BaseModel):
     lora: LoraConfig | None = Field(default=None, description="None = full fine-tuning")
     weight_decay: float = Field(default=0.0, ge=0)
     temperature: float = Field(default=1.0, gt=0, description="the engine's sampling temperature")
+    bf16: bool = Field(default=False, description=(
+        "forward passes in bfloat16 (torch.autocast; weights, gradients, optimizer state and the log-softmax stay "
+        "fp32): less GPU memory, faster only with large micro-batches (docs/gpu.md)"))
 
     @model_validator(mode="after")
     def _consistent(self) -> GRPOConfig:

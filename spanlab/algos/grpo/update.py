@@ -183,13 +183,19 @@ def sample_advantages(samples: Sequence[Sample], *, scale: bool = True) -> np.nd
     return np.array([adv_by_key[k] for k in keys_N], dtype=np.float32)
 
 
+def _autocast(model: nn.Module, config: GRPOConfig) -> torch.autocast:
+    """bfloat16 forward passes when ``config.bf16`` (on the model's device), else a no-op."""
+    return torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16, enabled=config.bf16)
+
+
 @torch.no_grad()
-def _frozen_logprobs(model: nn.Module, batches: list[Batch], temperature: float) -> list[torch.Tensor]:
+def _frozen_logprobs(model: nn.Module, batches: list[Batch], config: GRPOConfig) -> list[torch.Tensor]:
     was_training = model.training
     model.eval()
     try:
-        return [token_logprobs(model, b.input_ids, b.attention_mask, positions_mask=b.loss_mask > 0,
-                               temperature=temperature) for b in batches]
+        with _autocast(model, config):
+            return [token_logprobs(model, b.input_ids, b.attention_mask, positions_mask=b.loss_mask > 0,
+                                   temperature=config.temperature) for b in batches]
     finally:
         model.train(was_training)
 
@@ -244,8 +250,8 @@ def grpo_step(
         filler = batches[-1] if batches else collate(kept[:1], [0.0], pad_id).to(device)
         batches += [filler] * n_pad
     batch_tokens = float(sum(int(s.loss_mask.sum()) for s in kept))
-    old = _frozen_logprobs(model, batches, config.temperature) if config.epochs_per_batch > 1 else None
-    ref = _frozen_logprobs(ref_model, batches, config.temperature) if config.kl_beta > 0 and ref_model else None
+    old = _frozen_logprobs(model, batches, config) if config.epochs_per_batch > 1 else None
+    ref = _frozen_logprobs(ref_model, batches, config) if config.kl_beta > 0 and ref_model else None
     params = [p for p in model.parameters() if p.requires_grad]
     model.train()
     sums: dict[str, float] = defaultdict(float)
@@ -253,8 +259,9 @@ def grpo_step(
     drift_sum, drift_n = 0.0, 0  # |logp_trainer - logp_engine| at the step's start, over aligned trained tokens
     for _epoch in range(config.epochs_per_batch):
         for j, b in enumerate(batches):
-            logprobs_B_T = token_logprobs(model, b.input_ids, b.attention_mask, positions_mask=b.loss_mask > 0,
-                                          temperature=config.temperature)
+            with _autocast(model, config):  # the loss and the backward outside it, as torch.autocast advises
+                logprobs_B_T = token_logprobs(model, b.input_ids, b.attention_mask, positions_mask=b.loss_mask > 0,
+                                              temperature=config.temperature)
             loss, m = policy_loss(
                 logprobs_B_T, old[j] if old is not None else logprobs_B_T.detach(), b.advantages, b.loss_mask,
                 clip_low=config.clip_low, clip_high=config.clip_high, aggregation=config.aggregation,
