@@ -2,7 +2,8 @@
 # The GPU check of issue #22, for a session that gets a GPU machine: two vLLM replicas of one model
 # (decode throughput with 1 and 2 replicas, a weight push to both) and the data-parallel GRPO trainer
 # (update step time and peak memory with 1 vs 2 processes: on the GPU(s), and as gloo ranks on the CPU
-# cores; with FSDP2 beside plain ranks), and sync vs async GRPO (issue #23: the scheduling on a fake agent, then
+# cores; with FSDP2 beside plain ranks; on the GPU also 64k-token micro-batches in fp32 and bf16, and the one-GPU
+# trainer's test), and sync vs async GRPO (issue #23: the scheduling on a fake agent, then
 # the main job's config on a real engine when --budget-s leaves 400 s for it), printing each figure; the whole run is bounded
 # (default 480 s, --budget-s). Results go to $OUT (or ./gpu-check-out) as JSON and a log; paste the printed
 # summary into docs/gpu.md.
@@ -81,6 +82,16 @@ if [ "$mode" = gpu ]; then
   procs=(1); [ "$gpus" -ge 2 ] && procs=(1 2)
   [ "$gpus" -lt 2 ] && say "trainer gpu: one GPU, so only 1 process there (nccl needs a GPU per rank)"
   trainer "gpu (nccl)" --device gpu --model "$trainer_model" --samples 64 --steps 3 --processes "${procs[@]}"
+  # a GPU wants larger micro-batches than the CPU-sized default; grpo.bf16 beside fp32 on the same batch
+  trainer "gpu, micro_batch_tokens 65536, fp32" --device gpu --model "$trainer_model" --samples 64 --steps 3 \
+    --processes 1 --micro-batch-tokens 65536
+  trainer "gpu, micro_batch_tokens 65536, bf16" --device gpu --model "$trainer_model" --samples 64 --steps 3 \
+    --processes 1 --micro-batch-tokens 65536 --bf16
+  if [ "$(left)" -ge 60 ]; then  # spanlab train's one-process GPU trainer: the same update as on the CPU
+    say "one-GPU trainer test (tests/algos/test_one_gpu_trainer.py)"
+    timeout "$(left)" "$py" -m pytest -q -p no:cacheprovider tests/algos/test_one_gpu_trainer.py 2>&1 | tee -a "$log" \
+      | tail -1 || { say "one-GPU trainer test: FAILED (see $log)"; status=1; }
+  fi
   trainer "cpu (gloo)" --device cpu --model "$trainer_model" --samples 32 --steps 1 --threads "$(nproc)" --processes 1 2
 else
   trainer "cpu (gloo)" --device cpu --model tiny --samples 8 --steps 1 --threads "$(nproc)" --processes 1 2
