@@ -39,6 +39,7 @@ MIGRATIONS: dict[str, str] = {
     "apo.test_tasks": "apo.test_tasks: moved to eval.tasks (the framework's held-out evaluation)",
 }
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+COLOCATED_ENGINE_SHARE = 0.3  # of the GPU, for the engines a job starts beside a GPU trainer (as TRL colocates)
 
 
 def _http_url(url: str) -> str:
@@ -221,6 +222,12 @@ class TrainConfig(_Section):
                 raise ValueError("retokenize_template is only used with token_source: retokenized")
             if not self.retokenize_template.is_file():
                 raise ValueError(f"retokenize_template {str(self.retokenize_template)!r} is not a file")
+        # The engines the job starts on the GPU share it with a GPU trainer (rank 0 is on the first GPU, as they
+        # are), and vLLM would take 90% of it: unless the config says, they get 30% of it in all.
+        if (self.trainer.device == "gpu" and self.engine.device == "gpu" and running is None
+                and self.engine.gpu_memory_utilization is None):
+            share = round(COLOCATED_ENGINE_SHARE / self.engine.replicas, 4)
+            object.__setattr__(self, "engine", self.engine.model_copy(update={"gpu_memory_utilization": share}))
         # A LoRA policy served as an adapter needs vLLM started with LoRA on; turn it on rather than fail later.
         if getattr(self.section, "serves_lora", False) and not self.engine.enable_lora and running is None:
             object.__setattr__(self, "engine", self.engine.model_copy(update={"enable_lora": True}))

@@ -94,6 +94,18 @@ def test_lora_serving_is_turned_on_for_an_adapter_policy() -> None:
         parse_train_config({"grpo": {"group_size": 1}})
 
 
+def test_engines_beside_a_gpu_trainer_leave_it_most_of_the_gpu() -> None:
+    def share(engine: dict, **more: object) -> float | None:
+        config = parse_train_config({"engine": engine, "trainer": {"device": "gpu"}, **more})
+        return config.engine.gpu_memory_utilization
+
+    assert share({"device": "gpu"}) == 0.3  # vLLM's own default would be 0.9
+    assert share({"device": "gpu", "replicas": 2}) == 0.15  # the replicas split it
+    assert share({"device": "gpu", "gpu_memory_utilization": 0.6}) == 0.6  # said in the config: kept
+    assert share({"device": "gpu"}, engine_url="http://10.0.0.5:8000") is None  # not started by the job
+    assert parse_train_config({"engine": {"device": "gpu"}}).engine.gpu_memory_utilization is None  # CPU trainer
+
+
 def test_an_async_run_cannot_resume_and_its_defaults_follow_the_step() -> None:
     from spanlab.jobs.checkpoints import check_resumable
     from spanlab.jobs.job import build_algorithm
