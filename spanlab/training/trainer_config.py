@@ -76,5 +76,5 @@ class TrainerConfig(BaseModel):
             raise ConfigError(f"trainer.device: gpu but torch {torch.__version__} sees no GPU "
                               "(set trainer.device: cpu, or install a CUDA build of torch)")
         if here > gpus:
-            raise ConfigError(f"trainer.processes: {here} processes{where} but torch sees {gpus} GPUs "
+            raise ConfigError(f"trainer.processes: {here} processes{where} but torch sees {gpus} GPU{'s' * (gpus > 1)} "
                               "(trainer.device: gpu runs one rank per GPU)")

@@ -143,7 +143,7 @@ def test_more_processes_than_devices_is_a_config_error_naming_the_key() -> None:
         build_algorithm(config)
     gpu = parse_train_config({"trainer": {"processes": 2, "device": "gpu"}})
     if torch.cuda.device_count() == 1:
-        with pytest.raises(ConfigError, match=r"^trainer.processes: 2 processes but torch sees 1 GPUs"):
+        with pytest.raises(ConfigError, match=r"^trainer.processes: 2 processes but torch sees 1 GPU \("):
             build_algorithm(gpu)
     one_gpu = parse_train_config({"trainer": {"device": "gpu"}})  # the one-process trainer on the GPU
     assert (one_gpu.trainer.policy_device, gpu.trainer.policy_device) == ("cuda", "cpu")
