@@ -247,18 +247,26 @@ def _answer(message: dict[str, Any], finish: str | None) -> tuple[Any, ...]:
     return message.get("content") or None, calls, finish
 
 
+# Streaming parsers whose reading of the forced IDs depends on how vLLM grouped them into chunks: the IDs spell
+# ``[TOOL_CALLS]`` / ``<tool_call>`` as text pieces (a real model samples the special token), and vLLM merges
+# pending tokens into one chunk when generation outruns the stream's reader, on the chat route as through the
+# gateway, so a loaded machine can change the reading from one call to the next (docs/tito.md).
+_READS_BY_CHUNK = frozenset({"mistral", "qwen3_xml"})
+
+
 def test_streamed_session_reassembles_to_the_unary_one(served: Served) -> None:
     """``stream: true`` goes token by token through generate's SSE and streaming derender (with stream_state):
     the engine samples the same IDs as unary, the chunks are what vLLM's own chat route streams, and they add
-    up to the unary answer wherever vLLM's streaming parser agrees with its unary one on the sampled IDs (the
-    forced IDs spell ``[TOOL_CALLS]`` / ``<tool_call>`` as text pieces, not the special token a real model
-    samples, and the mistral and qwen3_xml streaming parsers then read them differently; docs/tito.md)."""
+    up to the unary answer wherever vLLM's streaming parser agrees with its unary one on the sampled IDs. For
+    the parsers of ``_READS_BY_CHUNK`` the stream is one of vLLM's own readings of those IDs: its chat-route
+    stream's, or its unary answer's."""
     family, model = served.family, served.server.model
     final = "It is five, the sum of two and three."
     direct = OpenAI(base_url=served.server.base_url, api_key="x", max_retries=0)
     first = {"model": model, "messages": [{"role": "user", "content": "What is 2+3?"}], "tools": [CALC],
              "temperature": 0, "max_tokens": 80, "extra_body": _force(CALL_TEXT[family.tool_parser].format(expr="2+3"))}
     route_unary = direct.chat.completions.create(**first).choices[0]
+    unary_answer = _answer(route_unary.message.model_dump(exclude_none=True), route_unary.finish_reason)
     route_stream = _answer(*_streamed(direct, **first)[:2])
     with SpanStore(":memory:") as store, GatewayServer(store, served.server.base_url, tito=True,
                                                        tool_call_parser=family.tool_parser) as gw:
@@ -289,9 +297,13 @@ def test_streamed_session_reassembles_to_the_unary_one(served: Served) -> None:
         assert gw.flush()
         spans = {s: sorted(store.iter_spans(attempt_ids=[a]), key=lambda x: x.sequence_id or 0)
                  for s, a in attempts.items()}
-    assert got[True][0][:3] == route_stream  # the gateway streams what vLLM's chat route streams
+    streamed = got[True][0][:3]
+    if family.tool_parser in _READS_BY_CHUNK:
+        assert streamed in (route_stream, unary_answer)
+    else:
+        assert streamed == route_stream  # the gateway streams what vLLM's chat route streams
     assert got[False][0][1] == [("calc", {"expr": "2+3"})]
-    if route_stream == _answer(route_unary.message.model_dump(exclude_none=True), route_unary.finish_reason):
+    if streamed == route_stream == unary_answer:
         assert [g[:3] for g in got[True]] == [g[:3] for g in got[False]]  # same message, calls and finish
         assert got[True][1][0] == final
         assert [s.attributes["tito"]["event"] for s in spans[True]] == ["start", "extend"]
