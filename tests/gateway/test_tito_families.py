@@ -247,10 +247,10 @@ def _answer(message: dict[str, Any], finish: str | None) -> tuple[Any, ...]:
     return message.get("content") or None, calls, finish
 
 
-# Streaming parsers whose reading of the forced IDs depends on how vLLM grouped them into chunks: the IDs spell
-# ``[TOOL_CALLS]`` / ``<tool_call>`` as text pieces (a real model samples the special token), and vLLM merges
-# pending tokens into one chunk when generation outruns the stream's reader, on the chat route as through the
-# gateway, so a loaded machine can change the reading from one call to the next (docs/tito.md).
+# Streaming parsers whose reading of the forced IDs is not fixed: the IDs spell ``[TOOL_CALLS]`` / ``<tool_call>``
+# as text pieces (a real model samples the special token), and one CI run on a loaded machine got the call parsed
+# through the gateway but left in content on the chat route. Most likely vLLM grouped the tokens into chunks
+# differently: it merges pending tokens when generation outruns the stream's reader (docs/tito.md).
 _READS_BY_CHUNK = frozenset({"mistral", "qwen3_xml"})
 
 
