@@ -12,7 +12,7 @@ import pytest
 
 from spanlab.agents.calc.mcp_server import evaluate
 from spanlab.agents.calc.phrasings import HELD_OUT, TRAIN, choose_variant, first_variant, variants
-from spanlab.agents.calc.tasks import ITEMS, KINDS, LEVELS, NAMES, make_tasks, split_of, templates_of
+from spanlab.agents.calc.tasks import ALL_LEVELS, ITEMS, KINDS, LEVELS, NAMES, make_tasks, split_of, templates_of
 from spanlab.jobs.config import load_train_config
 
 
@@ -97,6 +97,19 @@ def test_family_split_uses_only_templates_no_other_split_uses() -> None:
         assert evaluate(t["expression"]) == str(t["answer"])
 
 
+def test_every_level_has_a_family_split() -> None:
+    """A run that trains levels 4 (``levels: [1, 2, 3, 4]``) gets a family split of its own levels: every kind
+    has held-out templates (a missing one made ``spanlab train --check`` crash with a KeyError)."""
+    for kind in (k for lv in ALL_LEVELS for k in KINDS[lv]):
+        assert len(HELD_OUT[kind]) >= 2, kind
+    family = make_tasks("family", 500, seed=0, levels=ALL_LEVELS)
+    assert {t["level"] for t in family} == set(ALL_LEVELS)
+    assert len({t["family"] for t in family}) == sum(len(HELD_OUT[k]) for lv in ALL_LEVELS for k in KINDS[lv])
+    for t in family:
+        assert evaluate(t["expression"]) == str(t["answer"])
+        assert "{" not in t["question"], t["question"]
+
+
 def test_all_phrasings_use_every_training_template_and_keep_the_question_splits() -> None:
     tasks = make_tasks("train", 600, seed=0, phrasings="all")
     templates = {f"{k}/{i}" for lv in LEVELS for k in KINDS[lv] for i in range(len(TRAIN[k]))}
@@ -152,9 +165,9 @@ STOCK_QUESTIONS = {("how", "many", "{item}", "does", "{name}", "have", "left"),
 
 
 def test_training_wordings_do_not_copy_held_out_ones() -> None:
-    """The family split measures unseen wording only while no training template of its levels (1-3) repeats a
+    """The family split measures unseen wording only while no training template of any level repeats a
     held-out one or a seven-word stretch of one, stock questions aside."""
-    train = [v for lv in LEVELS for k in KINDS[lv] for t in TRAIN[k] for v in variants(t)]
+    train = [v for lv in ALL_LEVELS for k in KINDS[lv] for t in TRAIN[k] for v in variants(t)]
     assert len(set(train)) == len(train)
     for held_out in HELD_OUT.values():
         for h in held_out:

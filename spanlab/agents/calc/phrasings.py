@@ -9,11 +9,11 @@ all`` takes every training template of the kind in turn, with its choices drawn 
 
 ``HELD_OUT`` templates are never used for training or for the question-held-out splits: they make the
 ``family`` split, which asks whether an agent learned the arithmetic or the sentence.
-``tests/agents/test_calc_tasks.py`` checks that no wording a training template of levels 1-3 stands
+``tests/agents/test_calc_tasks.py`` checks that no wording a training template of any level stands
 for repeats a held-out one, or seven words of one. The training wordings were written after the
 held-out ones, by people who had read them: the family split is unseen *templates*, not a blind test
 of vocabulary. Levels 4 and 5 (three and four operations) are never trained by the default levels;
-they make the ``depth`` split.
+they make the ``depth`` split, and their held-out templates the family split of a run that trains them.
 
 Slots: ``name``/``other`` (two different people), ``item`` (plural), ``box`` (plural container),
 numbers ``a`` ... ``e`` and ``ab`` (``a * b``, for divisions).
@@ -267,8 +267,8 @@ TRAIN: dict[str, tuple[str, ...]] = {
     "l4_add_mul_sub": (
         "{name} has {a} {item}, buys {b} {box} with {c} {item} in each, then gives {d} to {other}. How many "
         "{item} does {name} have now?",
-        "Starting with {a} {item}, {name} adds {b} {box} of {c} {item} each and then loses {d}. How many {item} "
-        "are left?",
+        "{name} starts the day with {a} {item}, gets {b} more {box} of {c} {item} each, and then loses {d}. How "
+        "many {item} are left?",  # reworded 2026-12-04: it repeated the l3_add_mul held-out template
     ),
     "l4_mul_add_mul": (
         "{name} has {b} {box} with {c} {item} each and {d} {box} with {e} {item} each. How many {item} does "
@@ -336,5 +336,42 @@ HELD_OUT: dict[str, tuple[str, ...]] = {
         "At {a} dollars a pack, how many dollars are {b} packs of {item} for {name} plus {c} packs for {other}?",
         "{name} gets {b} packs of {item} and {other} gets {c} packs; every pack is {a} dollars. What is the total "
         "bill in dollars?",
+    ),
+    # Levels 4 and 5: the family split of a run that trains on them (levels: [1, 2, 3, 4]).
+    "l4_add_mul_sub": (
+        "{name} already owns {a} {item}. Then {b} {box} arrive, each containing {c} {item}, and {d} {item} go to "
+        "{other}. What number of {item} does {name} keep?",
+        "Count the {item}: {a} to start, plus {b} {box} of {c}, minus {d} that {other} takes. How many {item} is "
+        "that?",
+    ),
+    "l4_mul_add_mul": (
+        "{name} stacks {b} {box} of {c} {item} and {other} stacks {d} {box} of {e} {item}. How many {item} are "
+        "stacked altogether?",
+        "A shelf has {b} rows of {c} {item} and a second shelf has {d} rows of {e} {item}. Find the total number "
+        "of {item}.",
+    ),
+    "l4_sum_mul_sub": (
+        "With packs of {item} priced at {a} dollars, {name} picks {b} and {other} picks {c}; a discount of {d} "
+        "dollars applies. What is the bill in dollars?",
+        "{b} packs for {name} and {c} packs for {other}, {a} dollars per pack, less a {d}-dollar voucher: how "
+        "many dollars in total?",
+    ),
+    "l4_sub_sub_sub": (
+        "A jar starts with {a} {item}. {name} takes {b}, {other} takes {c}, and {d} fall on the floor. How many "
+        "{item} stay in the jar?",
+        "{name} collected {a} {item} and then gave away {b}, then {c}, then {d}. How many {item} does {name} "
+        "still hold?",
+    ),
+    "l5_mul_add_mul_sub": (
+        "{b} {box} of {c} {item} and {d} {box} of {e} {item} are delivered to {name}, who passes {a} {item} to "
+        "{other}. How many {item} does {name} keep?",
+        "Add {b} {box} holding {c} {item} each to {d} {box} holding {e} each, then take away {a}. How many "
+        "{item} remain?",
+    ),
+    "l5_add_mul_sub_sub": (
+        "In the morning {name} counts {a} {item}; {b} {box} packed with {c} apiece come later, {d} go to {other} "
+        "and {e} get lost. What number of {item} does {name} have in the end?",
+        "Begin with {a} {item}, add {b} {box} of {c}, subtract {d} and then {e} more. How many {item} are there "
+        "at the end?",
     ),
 }
