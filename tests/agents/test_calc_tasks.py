@@ -140,15 +140,28 @@ def test_all_phrasings_are_stratified_over_templates() -> None:
             assert {k for k, _ in templates_of(level)} == set(KINDS[level])
 
 
-def test_the_main_jobs_demonstrations_cover_every_training_template() -> None:
+CALC_TUTORIAL = Path(__file__).parents[2] / "tutorials/calc"
+
+
+@pytest.mark.parametrize("name", ["grpo.yaml", "grpo_deep.yaml"])
+def test_the_main_jobs_demonstrations_cover_every_training_template(name: str) -> None:
     """The main job's warm start demos (the first ``warm_start.demos`` train tasks) show every wording family of
     every level at least once; the 64 random-template demos of an earlier config covered 26 of 36."""
-    config = load_train_config(Path(__file__).parents[2] / "tutorials/calc/grpo.yaml")
+    config = load_train_config(CALC_TUTORIAL / name)
     assert config.warm_start is not None and config.dataset.kwargs.get("phrasings") == "all"
     demos = make_tasks("train", config.warm_start.demos, seed=config.dataset.seed, levels=config.dataset.levels,
                        **config.dataset.kwargs)
     templates = {f"{k}/{i}" for lv in config.dataset.levels for k in KINDS[lv] for i in range(len(TRAIN[k]))}
     assert {t["family"] for t in demos} == templates
+
+
+def test_the_deep_job_is_the_main_job_with_one_more_level() -> None:
+    deep, main = load_train_config(CALC_TUTORIAL / "grpo_deep.yaml"), load_train_config(CALC_TUTORIAL / "grpo.yaml")
+    assert deep.run_name != main.run_name and deep.db != main.db  # its own run and store, beside the main job's
+    assert deep.dataset.levels == (*main.dataset.levels, 4)
+    assert deep.dataset.train_levels == (*main.dataset.train_levels, 4)
+    for section in ("engine", "agent", "tito", "eval", "warm_start", "section", "rollouts"):
+        assert getattr(deep, section) == getattr(main, section), section
 
 
 def _word_grams(template: str, n: int) -> set[tuple[str, ...]]:
