@@ -345,11 +345,14 @@ def train(
         raise typer.Exit(130) from None
     out = Console()
     out.print(report.table())
+    if report.steps:
+        out.print(report.curve_table())
     if report.paired_gains():
         out.print(report.gains_table())
     out.print(f"run {report.run_id} in {report.seconds / 60:.1f} min; spans in {report.db}; "
               f"report in {cfg.run_dir / 'report.json'}")
-    out.print(f'try: spanlab plot --db {report.db} --out {cfg.run_dir / "reward.png"}')
+    if (cfg.run_dir / "reward.png").is_file():
+        out.print(f"reward and held-out curves: {cfg.run_dir / 'reward.png'} (again: spanlab plot --db {report.db})")
     if (cfg.run_dir / "final" / "config.json").is_file():
         out.print(f"trained model: {cfg.run_dir / 'final'} (serve it: vllm serve {cfg.run_dir / 'final'}, "
                   f"or engine: {{model: {cfg.run_dir / 'final'}}} in spanlab serve's config)")

@@ -59,8 +59,9 @@ class DatasetConfig(_Section):
     name: str = "calc"
     seed: int = 0
     levels: tuple[int, ...] = Field(default=(1, 2, 3), min_length=1)
-    train_levels: tuple[int, ...] | None = Field(default=None, min_length=1,
-                                                 description="levels RL trains on; default `levels`")
+    train_levels: tuple[int, ...] | dict[int, float] | None = Field(
+        default=None, min_length=1, description="levels RL trains on (default `levels`); a mapping such as "
+        "{2: 1, 3: 1, 4: 2} also says what share of each step's tasks each level gets")
     kwargs: dict[str, Any] = Field(default_factory=dict,
                                    description="the task set's own options, e.g. calc's phrasings: all")
     train_tasks: int | None = Field(default=None, ge=1, le=1_000_000, description="train tasks to generate; "
@@ -71,20 +72,70 @@ class DatasetConfig(_Section):
     def _train_levels_in_levels(self) -> DatasetConfig:
         if self.train_levels and not set(self.train_levels) <= set(self.levels):
             raise ValueError(f"train_levels {list(self.train_levels)} must be a subset of levels {list(self.levels)}")
+        if isinstance(self.train_levels, dict) and not all(w > 0 and w < float("inf")
+                                                           for w in self.train_levels.values()):
+            raise ValueError(f"train_levels: every weight must be a positive number, got {self.train_levels}")
         return self
+
+    @property
+    def rl_weights(self) -> dict[int, float]:
+        """Each RL level's share of a step's tasks (equal shares when ``train_levels`` is a list)."""
+        levels = self.train_levels or self.levels
+        weights = levels if isinstance(levels, dict) else dict.fromkeys(levels, 1.0)
+        total = sum(weights.values())
+        return {level: w / total for level, w in sorted(weights.items())}
+
+
+class SplitSpec(_Section):
+    """A held-out split asked at levels of its own, under a name of its own: e.g. the level that RL alone trains,
+    held out by question (``{name: test_l4, split: test, levels: [4]}``) and by wording (``split: family``)."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]{0,39}$", description="how reports and metrics call it")
+    split: str = Field(description="the task set's split, e.g. calc's test, family or depth")
+    levels: tuple[int, ...] | None = Field(default=None, min_length=1, description="default: eval.levels")
+
+
+class CurveConfig(_Section):
+    """Held-out evaluations during training, for the learning curve of the skill being trained."""
+
+    splits: tuple[str, ...] = Field(min_length=1, description="names of eval splits (the headline or extra ones)")
+    every: int = Field(default=3, ge=1, le=100_000, description="evaluate after every this many steps")
 
 
 class EvalConfig(_Section):
     """Held-out accuracy, measured by the framework through the same agent/gateway path for every algorithm."""
 
     split: str = Field(default="test", pattern="^(val|test)$", description="the headline split, held out by question")
-    extra_splits: tuple[str, ...] = Field(
+    levels: tuple[int, ...] | None = Field(default=None, min_length=1, description="levels the headline split "
+                                           "and the extra splits given by name ask; default dataset.levels")
+    extra_splits: tuple[str | SplitSpec, ...] = Field(
         default=(), description="more held-out splits the task set offers, evaluated beside it "
-        "(calc: family = unseen phrasings, depth = one more operation than any training problem)")
+        "(calc: family = unseen phrasings, depth = one more operation than any asked level); "
+        "{name, split, levels} asks one at levels of its own")
     tasks: int = Field(default=60, ge=1, le=100_000, description="held-out tasks per evaluation and split")
     temperature: float = Field(default=0.0, ge=0, le=10)
     base: bool = Field(default=True, description="evaluate before training (phase base); false where the start "
                        "was evaluated already, e.g. by the run that wrote the engine.model folder")
+    curve: CurveConfig | None = Field(default=None, description="evaluate some splits every few training steps "
+                                      "(the learning curve in the report, the plot and the UI)")
+
+    @property
+    def split_specs(self) -> tuple[SplitSpec, ...]:
+        """The headline split, then every extra split, each as a spec (levels None: dataset.levels)."""
+        specs = [SplitSpec(name=self.split, split=self.split, levels=self.levels)]
+        for entry in self.extra_splits:
+            specs.append(SplitSpec(name=entry, split=entry, levels=self.levels) if isinstance(entry, str) else
+                         entry if entry.levels is not None else entry.model_copy(update={"levels": self.levels}))
+        return tuple(specs)
+
+    @model_validator(mode="after")
+    def _names_unique(self) -> EvalConfig:
+        names = [spec.name for spec in self.split_specs]
+        if twice := sorted({n for n in names if names.count(n) > 1} | ({"train"} & set(names))):
+            raise ValueError(f"extra_splits: {twice[0]!r} is the train split, the headline split or listed twice")
+        if self.curve is not None and (unknown := sorted(set(self.curve.splits) - set(names))):
+            raise ValueError(f"curve.splits: {unknown[0]!r} is not an eval split (splits: {names})")
+        return self
 
 
 class RolloutsConfig(_Section):
@@ -130,6 +181,8 @@ class WarmStartConfig(SFTConfig):
     """SFT on generated demonstrations before training, for a model that would otherwise never earn a reward."""
 
     demos: int = Field(default=88, ge=1, le=100_000, description="demonstrations from the train split")
+    levels: tuple[int, ...] | None = Field(default=None, min_length=1, description="levels demonstrated; default "
+                                           "dataset.levels (a level left out is one only RL can teach)")
 
 
 class TrainConfig(_Section):
@@ -213,6 +266,9 @@ class TrainConfig(_Section):
         if running and self.engine.replicas > 1:
             raise ValueError(f"engine.replicas: {self.engine.replicas} engines to start, but {running} names "
                              "running ones; drop one of them")
+        if self.warm_start and self.warm_start.levels and not set(self.warm_start.levels) <= set(self.dataset.levels):
+            raise ValueError(f"warm_start.levels {list(self.warm_start.levels)} must be a subset of dataset.levels "
+                             f"{list(self.dataset.levels)}")
         if self.runner.backend == "ray" and (problem := unreachable(self.gateway, "gateway", "gateway")):
             raise ValueError(problem)
         if self.prompt is not None and not self.prompt.is_file():

@@ -52,27 +52,41 @@ Evaluator = Callable[[Tasks, str, str], RolloutBatch]  # (held-out tasks, phase,
 
 
 def split_tasks(task_set: TaskSet, config: TrainConfig, n_train: int) -> dict[str, Tasks]:
-    """``train`` (demos), ``rl`` (the train tasks of ``train_levels``), ``eval`` (held out by question) and
-    ``eval:<split>`` for each of ``eval.extra_splits`` (held out by what the task set says, e.g. phrasing)."""
-    data, ev = config.dataset, config.eval
-    n_train = max(n_train, config.warm_start.demos if config.warm_start else 0, 1)
+    """``train`` (generated train tasks), ``demos`` (those of ``warm_start.levels``), ``rl`` (those of
+    ``train_levels``), ``eval`` (the headline split, held out by question) and ``eval:<name>`` for each of
+    ``eval.extra_splits`` (held out by what the task set says, e.g. phrasing, at the levels each asks)."""
+    data, ev, ws = config.dataset, config.eval, config.warm_start
+    demo_levels = set(ws.levels or data.levels) if ws else set(data.levels)
+    n_demos = ws.demos if ws else 0
+    # enough train tasks that the demonstrated levels alone hold the demos (levels interleave round-robin)
+    n_train = max(n_train, -(-n_demos * len(data.levels) // max(len(demo_levels & set(data.levels)), 1)), 1)
 
-    def make(split: str, n: int, key: str) -> Tasks:
+    def make(split: str, n: int, key: str, levels: tuple[int, ...] | None = None) -> Tasks:
         try:
-            return task_set.make_tasks(split, n=n, seed=data.seed, levels=data.levels, **data.kwargs)
+            return task_set.make_tasks(split, n=n, seed=data.seed, levels=levels or data.levels, **data.kwargs)
         except TypeError as exc:  # an option the task set does not take
             raise ConfigError(f"dataset.kwargs: task set {data.name!r}: {exc}") from exc
         except ValueError as exc:
             raise ConfigError(f"{key}: task set {data.name!r}: {exc}") from exc
 
     train = make("train", data.train_tasks or n_train * 2, "dataset")
-    splits = {"train": train, "eval": make(ev.split, ev.tasks, "dataset")}
-    for split in ev.extra_splits:
-        if split in ("train", ev.split) or f"eval:{split}" in splits:
-            raise ConfigError(f"eval.extra_splits: {split!r} is the train split, the headline split or listed twice")
-        splits[f"eval:{split}"] = make(split, ev.tasks, "eval.extra_splits")
-    rl_levels = set(data.train_levels or data.levels)
+    headline, *extra = ev.split_specs
+    splits = {"train": train, "demos": [t for t in train if t.get("level", 0) in demo_levels or "level" not in t],
+              "eval": make(headline.split, ev.tasks, "dataset", headline.levels)}
+    for spec in extra:
+        splits[f"eval:{spec.name}"] = make(spec.split, ev.tasks, "eval.extra_splits", spec.levels)
+    rl_levels = set(data.rl_weights)
     return {**splits, "rl": [t for t in train if t.get("level") in rl_levels] or train}
+
+
+def level_quota(weights: dict[int, float], n: int) -> dict[int, int]:
+    """``n`` tasks shared out by weight, largest remainders first, so the counts add up to ``n`` exactly."""
+    total = sum(weights.values())
+    exact = {lv: n * w / total for lv, w in weights.items()}
+    quota = {lv: int(x) for lv, x in exact.items()}
+    for lv in sorted(exact, key=lambda lv: (quota[lv] - exact[lv], -lv))[: n - sum(quota.values())]:  # ties: deeper
+        quota[lv] += 1
+    return quota
 
 
 def progress_bar(console: Console) -> Progress:
@@ -98,6 +112,7 @@ class Job:
     saves_state: bool = False  # the algorithm can resume: save the trainer state after each step
     optimizer: torch.optim.Optimizer | None = None
     resume_state: TrainState | None = None  # what --resume loaded (the optimizer's moments wait here)
+    planned_steps: int | None = None  # what :meth:`steps` was asked for (the last one is the final evaluation's)
 
     @property
     def served_name(self) -> str:
@@ -118,14 +133,24 @@ class Job:
 
     def task_draws(self, tasks_per_step: int) -> Iterator[Tasks]:
         """The ``rl`` split's tasks, ``tasks_per_step`` distinct ones per draw, seeded by the dataset seed: step k
-        of a sync loop trains on draw k; an async loop queues the draws' tasks one group after another."""
+        of a sync loop trains on draw k; an async loop queues the draws' tasks one group after another.
+        Weighted ``train_levels`` give each level its share of a draw (largest remainders)."""
         rng, pool = random.Random(self.config.dataset.seed), self.splits["rl"]
+        by_level: dict[int, Tasks] = {}
+        for task in pool:
+            by_level.setdefault(task.get("level", 0), []).append(task)
+        weights = {lv: w for lv, w in self.config.dataset.rl_weights.items() if lv in by_level}
+        if len(by_level) < 2 or len(set(weights.values())) < 2:  # equal shares: one draw from the pool
+            while True:
+                yield rng.sample(pool, min(tasks_per_step, len(pool)))
+        quota = level_quota(weights, tasks_per_step)
         while True:
-            yield rng.sample(pool, min(tasks_per_step, len(pool)))
+            yield [t for lv, n in quota.items() for t in rng.sample(by_level[lv], min(n, len(by_level[lv])))]
 
     def steps(self, n: int, tasks_per_step: int, label: str) -> Iterator[tuple[int, Tasks]]:
         """``(step, tasks)`` for ``n`` steps, tasks from :meth:`task_draws`, with a bar."""
         bar = self.progress.add_task(label, total=n)
+        self.planned_steps = n
         done = len(self.report.steps)  # steps a resumed run already did: their draws are replayed, not yielded
         for step, tasks in zip(range(n), self.task_draws(tasks_per_step), strict=False):
             if step < done:
@@ -161,6 +186,12 @@ class Job:
         self.rig.store.add_metrics(self.report.run_id, self.config.algorithm, step, metrics)
         self.tracker.log_metrics(metrics, step)
         checkpoints.after_step(self)
+        curve, done = self.config.eval.curve, step + 1
+        if curve is not None and done % curve.every == 0 and done != self.planned_steps:
+            for key, tasks in self.splits.items():  # the final step's point is the final evaluation
+                name = self.config.eval.split if key == "eval" else key.removeprefix("eval:")
+                if key.startswith("eval") and name in curve.splits:
+                    self._evaluate(f"step-{done}", name, tasks)
 
     def held_out(self, phase: str) -> Evaluation:
         """Evaluate the current policy on every held-out split; into the report and ``train_metrics``.
@@ -188,11 +219,17 @@ class Job:
         logger.info("%s: held-out accuracy on %s %.1f%% (n=%d) in %.0fs", phase, split, 100 * result.accuracy,
                     result.n, result.seconds)
         self.report.evaluations.append(result)
-        key = f"eval_accuracy_{phase}" if split == self.config.eval.split else f"eval_accuracy_{phase}_{split}"
-        self.rig.store.add_metrics(self.report.run_id, self.config.algorithm, len(self.report.steps),
-                                   {key: result.accuracy})
-        self.tracker.log_metrics({key: result.accuracy, **{f"{key}/level_{k}": v for k, v in result.by_level.items()}},
-                                 len(self.report.steps))
+        metrics = {}
+        if not phase.startswith("step-"):
+            key = f"eval_accuracy_{phase}" if split == self.config.eval.split else f"eval_accuracy_{phase}_{split}"
+            metrics = {key: result.accuracy, **{f"{key}/level_{k}": v for k, v in result.by_level.items()}}
+        curve = self.config.eval.curve
+        if curve is not None and split in curve.splits and not (phase == "base" and self.config.warm_start):
+            metrics[f"curve_{split}"] = result.accuracy  # one series over steps: start, every few steps, final
+        step = len(self.report.steps)
+        self.rig.store.add_metrics(self.report.run_id, self.config.algorithm, step,
+                                   {k: v for k, v in metrics.items() if "/" not in k})
+        self.tracker.log_metrics(metrics, step)
         return result
 
     def warm_start(self) -> None:
@@ -202,7 +239,7 @@ class Job:
             return
         from spanlab.training.policy import warm_start
 
-        self.report.warm_start = warm_start(self.policy, self.task_set.demonstration, self.splits["train"], ws,
+        self.report.warm_start = warm_start(self.policy, self.task_set.demonstration, self.splits["demos"], ws,
                                             demos=ws.demos, progress=self.progress)
         self.held_out("warm_start")
 
@@ -339,14 +376,17 @@ def run_job(config: TrainConfig, *, console: Console | None = None, resume: bool
 
 
 def _track_outputs(job: Job) -> None:
-    """The report and the reward plot as the trackers' artifacts (the plot only when matplotlib is installed)."""
-    if not job.tracker.trackers:
-        return
-    run_dir = job.config.run_dir
-    job.tracker.log_artifact(run_dir / "report.json")
+    """The reward plot beside the report (``run_dir/reward.png``: train reward and the held-out curves; only when
+    matplotlib is installed), and both as the trackers' artifacts."""
+    run_dir, plot = job.config.run_dir, None
     try:
         from spanlab.jobs.plot import plot_run
 
-        job.tracker.log_artifact(plot_run(job.rig.store, run_dir / "reward.png", job.report.run_id))
+        if job.report.steps:
+            plot = plot_run(job.rig.store, run_dir / "reward.png", job.report.run_id)
     except ImportError as exc:
-        logger.info("no reward plot for the trackers: %s", exc)
+        logger.info("no reward plot: %s", exc)
+    if job.tracker.trackers:
+        job.tracker.log_artifact(run_dir / "report.json")
+        if plot is not None:
+            job.tracker.log_artifact(plot)

@@ -1,5 +1,8 @@
 """``spanlab plot``: a PNG of a run's reward curve (and held-out accuracy) from the store's ``train_metrics``.
 
+Splits evaluated during training (``eval: {curve: ...}``) are drawn as curves over the steps beside the train
+reward; the other held-out accuracies as reference lines.
+
 A run that trained on older policies' samples (``loop: {mode: async}``, docs/async.md) gets a second panel:
 staleness, importance weights and mismatch KL per step, with the rollouts dropped as stale as bars.
 """
@@ -47,8 +50,10 @@ def plot_run(store: StoreAPI, out: Path, run_id: str | None = None) -> Path:
         err = [series.get("reward_std", {}).get(s, 0.0) / max(series.get("n_samples", {}).get(s, 1.0), 1.0) ** 0.5
                for s in steps]
         ax.errorbar(steps, ys, yerr=err, marker="o", capsize=3, label="train reward (mean per step, +- s.e.)")
+    for name, (steps, ys) in held_out_curves(series).items():
+        ax.plot(steps, ys, marker="s", linestyle="-", label=f"held-out {name} (start, every few steps, final)")
     for name, values in sorted(series.items()):
-        if name.startswith("eval_accuracy_"):
+        if name.startswith("eval_accuracy_") and not _has_curve(name, series):
             value = next(iter(values.values()))
             ax.axhline(value, linestyle="--", linewidth=1, color="gray")
             ax.text(0.01, value, f" held-out {name.removeprefix('eval_accuracy_')}: {100 * value:.1f}%",
@@ -63,6 +68,17 @@ def plot_run(store: StoreAPI, out: Path, run_id: str | None = None) -> Path:
     fig.savefig(out)
     plt.close(fig)
     return out
+
+
+def held_out_curves(series: dict[str, dict[int, float]]) -> dict[str, tuple[list[int], list[float]]]:
+    """The held-out splits evaluated during training (``eval.curve``): split -> (steps, accuracies)."""
+    return {name.removeprefix("curve_"): (sorted(values), [values[s] for s in sorted(values)])
+            for name, values in sorted(series.items()) if name.startswith("curve_")}
+
+
+def _has_curve(name: str, series: dict[str, dict[int, float]]) -> bool:
+    """An ``eval_accuracy_<phase>_<split>`` line whose split is drawn as a curve already."""
+    return any(name.endswith(f"_{curve.removeprefix('curve_')}") for curve in series if curve.startswith("curve_"))
 
 
 def _plot_off_policy(ax: Any, series: dict[str, dict[int, float]]) -> None:

@@ -62,3 +62,14 @@ def test_an_async_run_gets_the_off_policy_panel(tmp_path: Path) -> None:
     from PIL import Image
 
     assert Image.open(both).height > Image.open(plain).height  # the second panel
+
+
+def test_the_held_out_curve_is_a_series_over_steps() -> None:
+    """``curve_<split>`` metrics (``eval.curve``) become one line over the steps, and that split's start and final
+    accuracies are not drawn again as reference lines."""
+    from spanlab.jobs.plot import _has_curve, held_out_curves
+
+    series = {"reward_mean": {0: 0.2, 1: 0.4}, "curve_test_l4": {3: 0.5, 0: 0.1, 6: 0.8},
+              "eval_accuracy_final_test_l4": {6: 0.8}, "eval_accuracy_final": {6: 0.9}}
+    assert held_out_curves(series) == {"test_l4": ([0, 3, 6], [0.1, 0.5, 0.8])}
+    assert _has_curve("eval_accuracy_final_test_l4", series) and not _has_curve("eval_accuracy_final", series)

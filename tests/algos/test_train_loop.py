@@ -89,6 +89,31 @@ def test_one_grpo_step_runs_the_whole_data_path(tmp_path: Path, restored_engine:
         assert sessions == step["n_samples"]
 
 
+def test_the_curve_splits_are_evaluated_every_few_steps(tmp_path: Path, restored_engine: str) -> None:
+    """``eval.curve``: the named split is evaluated at the start, after every ``every`` steps and at the end (one
+    ``curve_<split>`` series in train_metrics, what the plot and the UI draw); the other split only at the ends."""
+    db = tmp_path / "run.duckdb"
+    config = parse_train_config({
+        "algorithm": "grpo", "run_name": "curve", "out_dir": str(tmp_path / "runs"), "db": str(db),
+        "engine_url": restored_engine, "checkpoints": {"final": False},
+        "agent": {"name": "calc", "kwargs": {"max_tokens": 16, "max_turns": 1}},
+        "dataset": {"name": "calc", "seed": 1, "levels": [1, 2]},
+        "eval": {"tasks": 1, "levels": [1], "extra_splits": [{"name": "l2", "split": "test", "levels": [2]}],
+                 "curve": {"splits": ["l2"], "every": 1}},
+        "grpo": {"group_size": 2, "lr": 1e-6, "steps": 2, "tasks_per_step": 1},
+        "rollouts": {"concurrency": 2},
+    })
+    report = train(config)
+    assert [(e.phase, e.split) for e in report.evaluations] == [
+        ("base", "test"), ("base", "l2"), ("step-1", "l2"), ("final", "test"), ("final", "l2")]
+    with SpanStore(db) as store:
+        curve = [(m.step, m.value) for m in store.metrics(report.run_id) if m.name == "curve_l2"]
+        by_phase = {e.phase: e.accuracy for e in report.evaluations if e.split == "l2"}
+        assert curve == [(0, by_phase["base"]), (1, by_phase["step-1"]), (2, by_phase["final"])]
+    assert (tmp_path / "runs" / "curve" / "reward.png").read_bytes()[:4] == b"\x89PNG"  # the run's plot
+    assert [r["l2"] for r in report.curve()] == [by_phase["base"], by_phase["step-1"], by_phase["final"]]
+
+
 @pytest.mark.slow
 def test_an_async_grpo_run_trains_within_its_bound_and_ends_with_nothing_leased(tmp_path: Path,
                                                                                  restored_engine: str) -> None:

@@ -47,3 +47,18 @@ def test_without_a_warm_start_the_start_is_the_base_and_unpaired_splits_are_left
     assert _report(old, _ev("final", "test", [1.0, 1.0, 0.0])).paired_gains() == []
     assert _report(_ev("base", "test", [1.0, 0.0]), _ev("final", "test", [1.0, 1.0, 0.0])).paired_gains() == []
     assert _report(_ev("base", "test", [1.0, 0.0])).paired_gains() == []  # no final evaluation
+
+
+def test_the_learning_curve_lines_up_each_policy_with_its_rollouts_and_evaluations() -> None:
+    """Row k is the policy after k updates: step k's train reward, and the held-out splits evaluated then."""
+    report = _report(_ev("base", "test_l4", [0.0] * 4), _ev("warm_start", "test_l4", [0.0, 0.0, 0.0, 1.0]),
+                     _ev("warm_start", "test", [1.0] * 4), _ev("step-2", "test_l4", [0.0, 1.0, 1.0, 1.0]),
+                     _ev("final", "test_l4", [1.0] * 4), _ev("final", "test", [1.0] * 4))
+    report.steps = [{"reward_mean": 0.1, "n_groups": 16, "n_groups_with_signal": 3},
+                    {"reward_mean": 0.3, "n_groups": 16, "n_groups_with_signal": 9},
+                    {"reward_mean": 0.6, "n_groups": 16, "n_groups_with_signal": 12}]
+    rows = report.curve()
+    assert [(r["updates"], r["train_reward"], r["test_l4"]) for r in rows] == [
+        (0, 0.1, 0.25), (1, 0.3, None), (2, 0.6, 0.75), (3, None, 1.0)]
+    assert all("test" not in r for r in rows)  # evaluated only at the ends: not a curve
+    assert report.curve_table().row_count == 4

@@ -105,7 +105,7 @@ def replay_pool(job: Job, n: int) -> list[dict[str, Any]]:
     """The train tasks replay draws from: the warm start's demonstrations (its first ``demos`` train tasks), or
     the first ``n`` train tasks when the run has no warm start."""
     ws = job.config.warm_start
-    return job.splits["train"][: ws.demos if ws is not None else n]
+    return job.splits["demos"][: ws.demos if ws is not None else n]
 
 
 def replay_samples(demonstration: Callable[[dict[str, Any]], dict[str, Any]] | None, pool: list[dict[str, Any]],

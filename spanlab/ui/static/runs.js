@@ -66,7 +66,8 @@ export async function renderRuns(view, params) {
   const runId = params.get("run") || runs[0].run_id;
   const run = runs.find((r) => r.run_id === runId) || runs[0];
   // an async run (docs/async.md) also shows how old its samples were and how many were dropped as stale
-  const defaults = ["reward_mean", "loss", "staleness_mean", "dropped_stale_rollouts"].filter((m) => run.metrics.includes(m));
+  const defaults = ["reward_mean", "loss", "staleness_mean", "dropped_stale_rollouts"].filter((m) => run.metrics.includes(m))
+    .concat(run.metrics.filter((m) => m.startsWith("curve_")));  // held-out accuracy during training (eval.curve)
   const chosen = (params.get("metrics") || defaults.join(",") || run.metrics.slice(0, 2).join(",")).split(",").filter(Boolean);
   const series = await api(`/api/runs/${encodeURIComponent(run.run_id)}/metrics?names=${encodeURIComponent(chosen.join(","))}`);
   const cols = [
