@@ -173,3 +173,21 @@ def test_make_model_for_training_full_and_lora(tmp_path) -> None:
         model, optimizer = make_model_for_training(tmp_path, lora)
         trained = [n for n, p in model.named_parameters() if p.requires_grad]
         assert trained and all("lora_" in n for n in trained)
+
+
+def test_the_kl_reference_is_the_policy_as_rl_starts_frozen() -> None:
+    """``grpo.kl_beta`` in a job: the loop keeps a frozen copy of the warm-started policy as the reference (a run
+    with kl_beta used to fail at its first step for want of one); data-parallel ranks refuse it at --check."""
+    from spanlab.algos.grpo.loop import _reference
+    from spanlab.errors import ConfigError
+    from spanlab.jobs.config import parse_train_config
+    from spanlab.jobs.job import build_algorithm
+
+    model = _tiny_model()
+    ref = _reference(model)
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)
+    assert not any(p.requires_grad for p in ref.parameters()) and not ref.training
+    assert not torch.equal(next(model.parameters()), next(ref.parameters()))  # a copy, not the same tensors
+    with pytest.raises(ConfigError, match=r"grpo\.kl_beta: .*one trainer process"):
+        build_algorithm(parse_train_config({"grpo": {"kl_beta": 0.05}, "trainer": {"processes": 2}}))

@@ -86,8 +86,10 @@ def _update(job: Job, settings: GRPOSection) -> tuple[Callable[[list[Sample]], d
     make_optimizer = partial(torch.optim.AdamW, lr=settings.lr, weight_decay=settings.weight_decay)
     if trainer.processes == 1:  # the job keeps the optimizer: its state is saved with each step for --resume
         optimizer = job.attach_optimizer(make_optimizer(p for p in policy.model.parameters() if p.requires_grad))
+        ref_model = _reference(policy.model) if settings.kl_beta > 0 else None
+
         def update_here(samples: list[Sample]) -> dict[str, float]:
-            return grpo_step(policy.model, optimizer, samples, settings, pad_id=policy.pad_id)
+            return grpo_step(policy.model, optimizer, samples, settings, pad_id=policy.pad_id, ref_model=ref_model)
 
         return update_here, policy.push
     from spanlab.engine.model import resolve_model
@@ -102,3 +104,14 @@ def _update(job: Job, settings: GRPOSection) -> tuple[Callable[[list[Sample]], d
     if trainer.sharding == "none":
         return update, policy.push
     return update, lambda: policy.sync.push_state(dp.full_state_dict()).total_s  # rank 0 holds only its shard
+
+
+def _reference(model: torch.nn.Module) -> torch.nn.Module:
+    """A frozen copy of the policy as RL starts (after the warm start): ``kl_beta`` keeps the policy near what the
+    demonstrations taught while RL learns what they did not."""
+    import copy
+
+    ref = copy.deepcopy(model).eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
