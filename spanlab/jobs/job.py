@@ -133,19 +133,23 @@ class Job:
 
     def task_draws(self, tasks_per_step: int) -> Iterator[Tasks]:
         """The ``rl`` split's tasks, ``tasks_per_step`` distinct ones per draw, seeded by the dataset seed: step k
-        of a sync loop trains on draw k; an async loop queues the draws' tasks one group after another.
-        Weighted ``train_levels`` give each level its share of a draw (largest remainders)."""
-        rng, pool = random.Random(self.config.dataset.seed), self.splits["rl"]
+        of a sync loop trains on draw k; an async loop queues the draws' tasks one group after another."""
+        rng = random.Random(self.config.dataset.seed)
+        while True:
+            yield self.draw(rng, tasks_per_step)
+
+    def draw(self, rng: random.Random, n: int, exclude: frozenset[str] | set[str] = frozenset()) -> Tasks:
+        """``n`` distinct ``rl`` tasks (fewer if the pool is short) not in ``exclude`` (task IDs); weighted
+        ``train_levels`` give each level its share (largest remainders)."""
+        pool = [t for t in self.splits["rl"] if t.get("task_id") not in exclude]
         by_level: dict[int, Tasks] = {}
         for task in pool:
             by_level.setdefault(task.get("level", 0), []).append(task)
         weights = {lv: w for lv, w in self.config.dataset.rl_weights.items() if lv in by_level}
         if len(by_level) < 2 or len(set(weights.values())) < 2:  # equal shares: one draw from the pool
-            while True:
-                yield rng.sample(pool, min(tasks_per_step, len(pool)))
-        quota = level_quota(weights, tasks_per_step)
-        while True:
-            yield [t for lv, n in quota.items() for t in rng.sample(by_level[lv], min(n, len(by_level[lv])))]
+            return rng.sample(pool, min(n, len(pool)))
+        quota = level_quota(weights, n)
+        return [t for lv, k in quota.items() for t in rng.sample(by_level[lv], min(k, len(by_level[lv])))]
 
     def steps(self, n: int, tasks_per_step: int, label: str) -> Iterator[tuple[int, Tasks]]:
         """``(step, tasks)`` for ``n`` steps, tasks from :meth:`task_draws`, with a bar."""

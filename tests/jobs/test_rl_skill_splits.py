@@ -96,3 +96,35 @@ def test_bad_split_settings_are_one_line_errors(tmp_path: Path, change: dict, er
     assert re.search(error, result.output.replace("\n", " ")), result.output
     assert "Traceback" not in result.output
 
+
+
+def test_dynamic_sampling_samples_new_tasks_until_enough_groups_have_a_signal() -> None:
+    """DAPO's dynamic sampling in the sync loop: rounds of new tasks (never one the step asked already) while fewer
+    than min_groups groups have reward variance, at most max_rounds of them; the batch holds every round."""
+    from spanlab.algos.grpo.loop import _collect, groups_with_signal
+    from spanlab.jobs.job import Job
+    from spanlab.jobs.rollouts import RolloutBatch
+
+    config = parse_train_config({**CONFIG, "grpo": {"steps": 1, "tasks_per_step": 4, "group_size": 2,
+                                                    "dynamic_sampling": {"min_groups": 3, "max_rounds": 2}}})
+    _, _, splits = check_job(config)
+    asked: list[tuple[list[str], dict]] = []
+
+    def collect(tasks: list[dict], *, group_size: int, **metadata: object) -> RolloutBatch:
+        """Level-4 groups split (one right, one wrong); the others all right: one signal per level-4 task."""
+        asked.append(([t["task_id"] for t in tasks], metadata))
+        rewards = [r for t in tasks for r in ([1.0, 0.0] if t["level"] == 4 else [1.0, 1.0])]
+        return RolloutBatch([f"r{len(asked)}-{i}" for i in range(len(rewards))], rewards, 1.0, 0)
+
+    job = Job.__new__(Job)
+    job.config, job.splits, job.collect = config, splits, collect
+    first = next(job.task_draws(4))  # 1 x level 2, 1 x level 3, 2 x level 4: two groups with a signal
+    batch = _collect(job, config.section, first, 0)
+    assert [m for _, m in asked] == [{"step": 0}, {"step": 0, "round": 1}]  # one more round gave 4 signals
+    assert len({i for ids, _ in asked for i in ids}) == 8  # no task asked twice in a step
+    assert len(batch.rollout_ids) == 16 and groups_with_signal(batch.rewards, 2) == 4 and batch.seconds == 2.0
+
+    asked.clear()
+    strict = config.section.model_copy(update={"dynamic_sampling": config.section.dynamic_sampling.model_copy(
+        update={"min_groups": 100})})
+    assert len(_collect(job, strict, first, 1).rollout_ids) == 24 and len(asked) == 3  # capped at max_rounds

@@ -30,6 +30,9 @@ class GRPO(Algorithm[GRPOSection]):
         if loop.mode == "async" and loop.groups_in_flight(per_step) < per_step:
             raise ConfigError(f"loop.in_flight_groups: {loop.in_flight_groups} is fewer than a step's groups "
                               f"(grpo.tasks_per_step: {per_step}); no step could ever fill")
+        if self.settings.dynamic_sampling is not None and loop.mode == "async":
+            raise ConfigError("grpo.dynamic_sampling: only the sync loop samples a step again; the async loop "
+                              "keeps groups in flight (remove one of them)")
         if self.settings.kl_beta > 0 and self.config.trainer.processes > 1:
             raise ConfigError("grpo.kl_beta: the KL term's reference model runs in one trainer process; "
                               "set trainer.processes: 1 or kl_beta: 0")

@@ -45,11 +45,24 @@ class GRPOConfig(BaseModel):
         return self
 
 
+class DynamicSampling(BaseModel):
+    """DAPO's dynamic sampling: a group whose rollouts all score the same carries no gradient, so when fewer than
+    ``min_groups`` of a step's groups differ, the step samples that many tasks again (at most ``max_rounds`` more
+    times) and trains on every group with a signal. Worth it where rewards are sparse (a skill just starting)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min_groups: int = Field(ge=1, le=100_000, description="groups with reward variance a step wants")
+    max_rounds: int = Field(default=1, ge=1, le=10, description="extra rounds of tasks_per_step tasks, at most")
+
+
 class GRPOSection(GRPOConfig):
     """The ``grpo:`` section of a train config: the update's options plus how many updates, fed by how many tasks."""
 
     steps: int = Field(default=4, ge=0, le=100_000, description="GRPO updates (--steps overrides it)")
     tasks_per_step: int = Field(default=8, ge=1, le=100_000, description="distinct tasks per update; x group_size")
+    dynamic_sampling: DynamicSampling | None = Field(default=None, description="sample more tasks while fewer "
+                                                     "than min_groups groups have reward variance (sync loop)")
 
     @property
     def serves_lora(self) -> bool:

@@ -12,6 +12,8 @@ never wait for the trainer (:mod:`spanlab.algos.grpo.async_loop`).
 
 from __future__ import annotations
 
+import logging
+import random
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -26,6 +28,8 @@ from spanlab.algos.grpo.update import grpo_step
 from spanlab.jobs.job import Job
 from spanlab.jobs.rollouts import RolloutBatch
 from spanlab.training.data_parallel import DataParallel, load_trainable_model
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -57,12 +61,35 @@ def train_grpo(job: Job, settings: GRPOSection) -> None:
 
         train_grpo_async(job, settings, parts)
         return
-    collect = partial(_collect, job, settings.group_size)
+    collect = partial(_collect, job, settings)
     run_sync(parts, collect, job.steps(settings.steps, settings.tasks_per_step, "GRPO"))
 
 
-def _collect(job: Job, group_size: int, tasks: list[dict[str, Any]], step: int) -> RolloutBatch:
-    return job.collect(tasks, group_size=group_size, step=step)
+def _collect(job: Job, settings: GRPOSection, tasks: list[dict[str, Any]], step: int) -> RolloutBatch:
+    """A step's groups; with ``dynamic_sampling``, more rounds of new tasks while too few groups have a signal."""
+    g, dynamic = settings.group_size, settings.dynamic_sampling
+    batch = job.collect(tasks, group_size=g, step=step)
+    if dynamic is None:
+        return batch
+    rng, asked = random.Random(f"spanlab-dynamic:{job.config.dataset.seed}:{step}"), {t["task_id"] for t in tasks}
+    for round_ in range(1, dynamic.max_rounds + 1):
+        if (have := groups_with_signal(batch.rewards, g)) >= dynamic.min_groups:
+            break
+        more = job.draw(rng, len(tasks), exclude=asked)
+        if not more:
+            break
+        logger.info("step %d: %d of %d groups have a reward signal (want %d); sampling %d more tasks", step, have,
+                    len(batch.rewards) // g, dynamic.min_groups, len(more))
+        asked |= {t["task_id"] for t in more}
+        extra = job.collect(more, group_size=g, step=step, round=round_)
+        batch = RolloutBatch(batch.rollout_ids + extra.rollout_ids, batch.rewards + extra.rewards,
+                             batch.seconds + extra.seconds, batch.failed + extra.failed)
+    return batch
+
+
+def groups_with_signal(rewards: list[float], group_size: int) -> int:
+    """Groups (``group_size`` consecutive rollouts, as queued) whose rewards are not all equal."""
+    return sum(len(set(rewards[i:i + group_size])) > 1 for i in range(0, len(rewards), group_size))
 
 
 def run_sync(parts: StepParts, collect: Callable[[list[dict[str, Any]], int], RolloutBatch],
