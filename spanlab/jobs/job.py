@@ -341,6 +341,8 @@ def run_job(config: TrainConfig, *, console: Console | None = None, resume: bool
         job = Job(config, rig, task_set, splits, report, progress_bar(console), stack,
                   saves_state=algorithm.resumable and algorithm.trains_weights and config.checkpoints.resume_state
                   and config.trainer.processes == 1)
+        if algorithm.steps_key is not None:  # the last step's curve point is the final evaluation
+            job.planned_steps = int(getattr(algorithm.settings, algorithm.steps_key))
         job.tracker = open_trackers(config.tracking, run_id=report.run_id, run_name=config.run_name,
                                     run_dir=config.run_dir, resume=state is not None)
         stack.push(lambda kind, *_: job.tracker.close(ok=kind is None))

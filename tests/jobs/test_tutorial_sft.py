@@ -15,7 +15,7 @@ def test_calc_sft_has_the_main_jobs_engine_agent_tasks_and_evaluation_and_a_shor
     assert sft.algorithm == "sft" and sft.run_name != grpo.run_name
     for section in ("engine", "agent", "dataset", "tito"):
         assert getattr(sft, section) == getattr(grpo, section), section  # the same tasks, the same agent
-    assert sft.eval.model_copy(update={"base": True}) == grpo.eval  # measured the same way (no base phase)
+    assert sft.eval == grpo.eval  # measured the same way
     assert sft.warm_start is not None and grpo.warm_start is not None
     # the start: the first demos of the main job's warm start, trained the same way (fewer, so rounds can add)
     assert sft.warm_start.model_copy(update={"demos": grpo.warm_start.demos}) == grpo.warm_start
