@@ -61,6 +61,8 @@ class SpanWriter:
         self.written = 0  # spans
         self.given_up = 0
         self.write_failures = 0
+        # How long the last completed calls' answers waited on the store (``/health`` reports percentiles).
+        self.write_seconds: deque[float] = deque(maxlen=1024)
         self._closing = False
         self._close_deadline = float("inf")
         self._thread = threading.Thread(target=self._run, name="spanlab-span-writer", daemon=True)
@@ -92,7 +94,18 @@ class SpanWriter:
         except Exception:
             logger.critical("building the spans of a call failed; that call is NOT recorded", exc_info=True)
             return False
-        return self._write_batch(spans, deadline=time.monotonic() + timeout_s)
+        t0 = time.monotonic()
+        try:
+            return self._write_batch(spans, deadline=t0 + timeout_s)
+        finally:
+            self.write_seconds.append(time.monotonic() - t0)
+
+    def write_ms(self) -> dict[str, float | None]:
+        """p50, p99 and max of the recent ``write`` calls (``write_seconds``), in ms."""
+        ms = sorted(s * 1000 for s in list(self.write_seconds))
+        if not ms:
+            return {"n": 0, "p50": None, "p99": None, "max": None}
+        return {"n": len(ms), "p50": ms[len(ms) // 2], "p99": ms[min(len(ms) - 1, len(ms) * 99 // 100)], "max": ms[-1]}
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything submitted before this call is stored (or given up); False on timeout."""
