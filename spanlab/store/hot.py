@@ -1,10 +1,10 @@
 """The hot write store: a SQLite file in WAL mode takes every write (:class:`Writer`); DuckDB gets a copy
-before each read.
+in the background (``copier.py``) and before each read.
 
 Why: a DuckDB COMMIT costs ~1.5-2.5 ms here (it writes the changed columns to its WAL) and a rollout makes
 two, while SQLite in WAL mode commits, fsync included (``synchronous=FULL``), in ~0.1-0.5 ms. DuckDB stays
-what users and algorithms read (views, ``spanlab sql``, Arrow token columns): before a read,
-:func:`read_changes` takes every row stamped (``seq``) after the last copy and :func:`apply_changes` writes
+what users and algorithms read (views, ``spanlab sql``, Arrow token columns): a copy (:meth:`SpanStore._sync`)
+calls :func:`read_changes`, which takes every row stamped (``seq``) after the last copy and :func:`apply_changes` writes
 them into DuckDB in one transaction with the stamp it reached, so a copy cut short by a crash is made again.
 
 SQLite keeps the queue, resources, metrics and each span's key (deduplication and numbering need them);
@@ -159,7 +159,8 @@ class Changes:
 
     upto: int
     tables: dict[str, pa.Table] = field(default_factory=dict)
-    spans: list[pa.Table] = field(default_factory=list)
+    spans: list[bytes] = field(default_factory=list)  # Arrow IPC streams, read by apply_changes (not under the
+    # writer's lock, which read_changes holds)
 
 
 def read_changes(lite: sqlite3.Connection, since: int, upto: int) -> Changes:
@@ -171,8 +172,7 @@ def read_changes(lite: sqlite3.Connection, since: int, upto: int) -> Changes:
         cur = lite.execute(f"SELECT {', '.join(columns)} FROM {name} WHERE seq > ?", [since])
         if rows := cur.fetchall():
             changes.tables[name] = pa.table(dict(zip(columns, map(list, zip(*rows, strict=True)), strict=True)))
-    for (ipc,) in lite.execute("SELECT ipc FROM span_batches WHERE seq > ? ORDER BY seq", [since]):
-        changes.spans.append(pa.ipc.open_stream(ipc).read_all())
+    changes.spans = [ipc for (ipc,) in lite.execute("SELECT ipc FROM span_batches WHERE seq > ? ORDER BY seq", [since])]
     return changes
 
 
@@ -188,7 +188,8 @@ def apply_changes(duck: duckdb.DuckDBPyConnection, changes: Changes) -> None:
             duck.execute(f"INSERT INTO {name} BY NAME SELECT *{cast} FROM _changes")
             duck.unregister("_changes")
         if changes.spans:
-            duck.from_arrow(pa.concat_tables(changes.spans).combine_chunks()).insert_into("spans")  # one chunk: faster
+            spans = pa.concat_tables(pa.ipc.open_stream(ipc).read_all() for ipc in changes.spans)
+            duck.from_arrow(spans.combine_chunks()).insert_into("spans")  # one chunk: faster
         duck.execute("UPDATE spanlab_meta SET value = ? WHERE key = 'hot_seq'", [str(changes.upto)])
         duck.execute("COMMIT")
     except BaseException:
