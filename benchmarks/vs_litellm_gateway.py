@@ -169,6 +169,8 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=512, help="fake engine: prompt token IDs it returns")
     ap.add_argument("--response-tokens", type=int, default=64, help="fake engine: response token IDs it returns")
     ap.add_argument("--no-litellm", action="store_true")
+    ap.add_argument("--db-dir", default=None, help="folder for the gateway's store (default: the temp folder); "
+                    "/dev/shm takes the disk's fsync out of the figures")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -181,7 +183,7 @@ def main() -> None:
         log.warning("no .venv-bench/bin/litellm: run `bash scripts/bench_env.sh`; measuring direct and spanlab only")
         use_litellm = False
 
-    tmp = Path(tempfile.mkdtemp(prefix="vs_litellm_"))
+    tmp = Path(tempfile.mkdtemp(prefix="vs_litellm_", dir=args.db_dir))
     procs: dict[str, subprocess.Popen] = {}
     headers: dict[str, dict[str, str]] = {}
     calls: dict[str, int] = {}

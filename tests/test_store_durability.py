@@ -214,3 +214,31 @@ def test_writes_without_reads_reach_duckdb_by_size_and_by_age(tmp_path: Path) ->
     with SpanStore(tmp_path / "s.duckdb", copy_interval_s=0.05) as store:
         store.add_metrics("run", "grpo", 0, {"late": 1.0})  # one write: copied by age
         assert _wait_for(lambda: store._synced == store._writer.last_stamp)
+
+
+def test_writes_that_queue_up_share_one_commit_and_fail_alone(tmp_path: Path) -> None:
+    """Writes waiting while another holds the hot store commit together (one fsync for all), each in a
+    savepoint of its own: the one that fails is rolled back alone, the others are stored."""
+    with SpanStore(tmp_path / "s.duckdb") as store:
+        store.enqueue([Rollout(rollout_id="taken", input={})])
+        writer = store._writer
+        writer._conn = lite = CountedCommits(writer._conn)
+        outcomes: dict[str, object] = {}
+
+        def enqueue(rollout_id: str) -> None:
+            try:
+                outcomes[rollout_id] = store.enqueue([Rollout(rollout_id=rollout_id, input={})])[0].status
+            except InvalidSpanError as exc:
+                outcomes[rollout_id] = exc
+
+        with writer._lock:  # a write under way: the next four queue up behind it
+            threads = [threading.Thread(target=enqueue, args=(r,)) for r in ("a", "b", "taken", "c")]
+            for t in threads:
+                t.start()
+            assert _wait_for(lambda: len(writer._queue) == 4)
+        for t in threads:
+            t.join(30)
+        assert lite.copies == 1  # one COMMIT for the four
+        assert {r: outcomes[r] for r in "abc"} == {"a": "queuing", "b": "queuing", "c": "queuing"}
+        assert isinstance(outcomes["taken"], InvalidSpanError)
+        assert sorted(r.rollout_id for r in store.list_rollouts()) == ["a", "b", "c", "taken"]
