@@ -24,8 +24,8 @@ Each system stores token IDs its own way:
 
 Like with like: a ratio is printed only between stores that keep spans the same way, memory with memory (AGL
 0.3.0's ``InMemoryLightningStore``, in-process or behind ``agl store``). AGL 0.3.0's only durable store is
-``MongoLightningStore``, which needs a MongoDB server (none here): spanlab's file rows are printed with no AGL
-row to divide by. Row names say transport, storage and input:
+``MongoLightningStore``, which needs a MongoDB server (none here; its ``store/sqlite.py`` is a TODO stub):
+spanlab's file rows are printed with no AGL row to divide by. Row names say transport, storage and input:
 ``spanlab-inproc-file-numpy`` is spanlab in this process, on a DuckDB file, given NumPy token IDs.
 
 Each rep of a row repeats the whole work (ingest then read-back, fresh rollouts each time) until it has taken
