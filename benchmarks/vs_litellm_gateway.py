@@ -67,12 +67,21 @@ def _load() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
+def _up(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
+    """Wait for ``url``; a process that never comes up is stopped, not left behind."""
+    try:
+        go._wait_up(url, proc, timeout=timeout)
+    except BaseException:
+        proc.kill()
+        raise
+
+
 def start_fake_engine(n_prompt: int, n_resp: int, logfile: Path) -> tuple[subprocess.Popen, str]:
     port = go._free_port()
     cmd = [sys.executable, go.__file__, "--serve-engine", str(port)]
     cmd += ["--prompt-tokens", str(n_prompt), "--response-tokens", str(n_resp)]
     proc = subprocess.Popen(cmd, stdout=logfile.open("w"), stderr=subprocess.STDOUT)
-    go._wait_up(f"http://{HOST}:{port}/v1/models", proc)
+    _up(f"http://{HOST}:{port}/v1/models", proc)
     return proc, f"http://{HOST}:{port}"
 
 
@@ -81,7 +90,7 @@ def start_spanlab(upstream: str, db: Path, logfile: Path) -> tuple[subprocess.Po
     cmd = [sys.executable, "-m", "spanlab.gateway", "--upstream", upstream, "--db", str(db)]
     cmd += ["--host", HOST, "--port", str(port), "--log-level", "warning"]
     proc = subprocess.Popen(cmd, stdout=logfile.open("w"), stderr=subprocess.STDOUT)
-    go._wait_up(f"http://{HOST}:{port}/health", proc)
+    _up(f"http://{HOST}:{port}/health", proc)
     return proc, f"http://{HOST}:{port}"
 
 
@@ -104,7 +113,7 @@ def start_litellm(upstream: str, model: str, tmp: Path, key: str) -> tuple[subpr
     env["LITELLM_MASTER_KEY"] = key
     cmd = [str(BENCH_BIN / "litellm"), "--config", str(cfg), "--host", HOST, "--port", str(port)]
     proc = subprocess.Popen(cmd, stdout=(tmp / "litellm.log").open("w"), stderr=subprocess.STDOUT, env=env)
-    go._wait_up(f"http://{HOST}:{port}/health/liveliness", proc, timeout=300)
+    _up(f"http://{HOST}:{port}/health/liveliness", proc, timeout=300)
     return proc, f"http://{HOST}:{port}"
 
 
