@@ -114,8 +114,8 @@ class Writer:
                 conn.execute("ROLLBACK")
             error = self._translated(exc) if isinstance(exc, Exception) else StoreError(
                 f"span store {self._name}: a write was interrupted ({exc!r}); nothing of its group was stored")
-            for job in group:  # nothing of the group was stored
-                job.result, job.error = None, error
+            for job in group:  # nothing of the group was stored; each caller raises an exception of its own
+                job.result, job.error = None, type(error)(str(error))
             if not isinstance(exc, Exception):
                 raise
         finally:
