@@ -16,11 +16,12 @@ each a TITO session of --calls LLM calls of ~--prompt + --response token IDs), o
   these calls; the step waits for its slowest rollouts, so the store's share of the rollout phase is at
   most ``waves x`` the longest rollout store time (waves = rollouts / concurrency, rounded up).
 
-On the step's path: the algorithm's calls + that bound. Divided by --step-s (the main job's step wall time:
-54 s, ``train_metrics.step_s`` of the calc run measured 2026-12-01 on an idle machine, benchmarks/README.md)
-it gives the store's share of the step. Later heartbeats (every 2 s of a rollout) run beside the agent and
-keep no call waiting but their own; they are left out. In-process store, or ``--http`` through
-``spanlab store serve``.
+On the step's path: the algorithm's calls + that bound, divided by the wall time of the same step measured in
+the same run (enqueue to metrics, the sleeps standing in for generation included), gives the store's share of
+that step. The share therefore scales with --think-s: it is the share of a step whose calls each generate for
+about --think-s; the seconds on the path are what carries over to another step time. Later heartbeats (every
+2 s of a rollout) run beside the agent and keep no call waiting but their own; they are left out. In-process
+store, or ``--http`` through ``spanlab store serve``.
 
 Run: .venv/bin/python benchmarks/store_step.py [--rollouts 32] [--concurrency 16] [--calls 4] [--http] [--reps 3]
 """
@@ -91,7 +92,8 @@ def one_step(store: StoreAPI, args: argparse.Namespace, step: int) -> dict[str, 
     algo += time.perf_counter() - t2
     waves = math.ceil(args.rollouts / args.concurrency)
     return {"algo_s": algo, "rollout_max_s": max(waits), "rollout_mean_s": statistics.mean(waits),
-            "path_s": algo + waves * max(waits), "sum_s": algo + sum(waits), "phase_s": phase}
+            "path_s": algo + waves * max(waits), "sum_s": algo + sum(waits), "phase_s": phase,
+            "step_s": time.perf_counter() - t0}
 
 
 def main() -> None:
@@ -102,7 +104,6 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=1000)
     ap.add_argument("--response", type=int, default=200)
     ap.add_argument("--think-s", type=float, default=0.25, help="mean sleep between a rollout's calls (generation)")
-    ap.add_argument("--step-s", type=float, default=54.0, help="the main job's GRPO step wall time to divide by")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--http", action="store_true", help="through a `spanlab store serve` process")
     args = ap.parse_args()
@@ -124,18 +125,20 @@ def main() -> None:
                 server.stop()
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     algo_runs = ", ".join(f"{r['algo_s']:.3f}" for r in runs)
-    share_runs = ", ".join(f"{100 * r['path_s'] / args.step_s:.2f}%" for r in runs)
+    share_runs = ", ".join(f"{100 * r['path_s'] / r['step_s']:.2f}%" for r in runs)
     print(f"store time of one GRPO step ({'HTTP' if args.http else 'in-process'}, {args.rollouts} rollouts, "
           f"{args.concurrency} in flight, {args.calls} calls each, {args.think_s:g} s between calls), medians of "
           f"{args.reps}:")
     print(f"  algorithm's calls (enqueue, rewards, read-back, metrics): {med['algo_s']:.3f} s "
           f"(runs {algo_runs})")
     print(f"  a rollout's wait on the store: mean {med['rollout_mean_s']:.3f} s, slowest {med['rollout_max_s']:.3f} s")
+    share = statistics.median(r["path_s"] / r["step_s"] for r in runs)
+    print(f"  the step, measured (generation stood in by sleeps of mean {args.think_s:g} s per call): "
+          f"{med['step_s']:.2f} s")
     print(f"  on the step's path (algorithm + waves x slowest rollout): {med['path_s']:.3f} s = "
-          f"{100 * med['path_s'] / args.step_s:.2f}% of a {args.step_s:g} s step "
-          f"(runs {share_runs})")
+          f"{100 * share:.2f}% of the step (runs {share_runs})")
     print(f"  every call added up (what the writer did, mostly beside generation): {med['sum_s']:.3f} s = "
-          f"{100 * med['sum_s'] / args.step_s:.1f}%")
+          f"{100 * statistics.median(r['sum_s'] / r['step_s'] for r in runs):.1f}% of the step")
 
 
 if __name__ == "__main__":

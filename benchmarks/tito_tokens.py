@@ -91,14 +91,16 @@ def run_session(gw: GatewayServer, store: SpanStore, model: str, turns: int) -> 
 
 
 def token_counts(store: SpanStore, attempt_id: str) -> dict[str, Any]:
+    """``query`` takes one SELECT and no parameters (it is the user's SQL surface): the ID goes in as a literal."""
+    aid = "'" + attempt_id.replace("'", "''") + "'"
     per_call = store.query(
         "SELECT count(*) AS calls, sum(prompt_len + response_len)::BIGINT AS tokens, "
-        "sum(response_len)::BIGINT AS sampled FROM llm_calls WHERE attempt_id = ?", [attempt_id]).to_pylist()[0]
+        f"sum(response_len)::BIGINT AS sampled FROM llm_calls WHERE attempt_id = {aid}").to_pylist()[0]
     merged = store.query(
         "SELECT count(*) AS segments, sum(num_tokens)::BIGINT AS tokens, sum(num_sampled)::BIGINT AS sampled "
-        "FROM tito_sessions WHERE attempt_id = ?", [attempt_id]).to_pylist()[0]
+        f"FROM tito_sessions WHERE attempt_id = {aid}").to_pylist()[0]
     gw_ms = store.query("SELECT CAST(attributes->>'$.tito.gateway_ms' AS DOUBLE) AS ms FROM llm_calls "
-                        "WHERE attempt_id = ? ORDER BY sequence_id", [attempt_id]).column("ms").to_pylist()
+                        f"WHERE attempt_id = {aid} ORDER BY sequence_id").column("ms").to_pylist()
     return {"per_call": per_call, "merged": merged, "gateway_ms": gw_ms}
 
 

@@ -16,11 +16,20 @@ Each system stores token IDs its own way:
       as *strings* (``str(list)``; read back with ``ast.literal_eval``). AGL's training path.
     - ``list``: what its AgentOps tracer records for an in-process vLLM: ``prompt_token_ids`` /
       ``response_token_ids`` attributes as integer sequences.
-* spanlab (./.venv): ``SpanStore`` on a fresh DuckDB file in-process (``--spanlab-memory``: ``SpanStore(":memory:")``,
-  nothing durable, like AGL's in-memory store); ``spanlab store serve`` + ``StoreClient`` over HTTP (Arrow IPC).
-  Every write is committed and fsynced to the store's hot SQLite file before it returns; the read-back first
-  copies what DuckDB lacks (the rollouts' spans) into DuckDB, inside the timed read. Token IDs are ``INTEGER[]``
-  columns, read back as Arrow with ``spans_reader``.
+* spanlab (./.venv): ``SpanStore`` in-process, ``spanlab store serve`` + ``StoreClient`` over HTTP (Arrow IPC),
+  each on ``--storage``: ``memory`` (``:memory:``, nothing durable) and/or ``file`` (a fresh DuckDB file: every
+  write is committed and fsynced to the store's hot SQLite file before it returns). The read-back first copies
+  what DuckDB lacks into DuckDB, inside the timed read. Token IDs are ``INTEGER[]`` columns, read back as Arrow
+  with ``spans_reader``.
+
+Like with like: a ratio is printed only between stores that keep spans the same way, memory with memory (AGL
+0.3.0's ``InMemoryLightningStore``, in-process or behind ``agl store``). AGL 0.3.0's only durable store is
+``MongoLightningStore``, which needs a MongoDB server (none here; its ``store/sqlite.py`` is a TODO stub):
+spanlab's file rows are printed with no AGL row to divide by. Row names say transport, storage and input:
+``spanlab-inproc-file-numpy`` is spanlab in this process, on a DuckDB file, given NumPy token IDs.
+
+Each rep of a row repeats the whole work (ingest then read-back, fresh rollouts each time) until it has taken
+``--min-rep-s`` (2 s) and reports the mean per round, so a fast row is not a ~0.1 s sample of a noisy machine.
 
 Spans are added through each system's batch call, by default one rollout's K spans at a time as it ends
 (``--batch-rollouts B``: the spans of B rollouts per call, as a gateway's span writer batches them): AGL
@@ -36,7 +45,7 @@ checks that every system read back the same token IDs (sum and count).
 
 Run: bash scripts/bench_env.sh   (once)
      .venv/bin/python benchmarks/vs_agentlightning_store.py [--rollouts 20] [--spans 10] [--prompt 2000]
-                                                            [--response 500] [--batch-rollouts 1] [--reps 3]
+         [--response 500] [--batch-rollouts 1] [--reps 3] [--transports inproc http] [--storage memory file]
 """
 
 from __future__ import annotations
@@ -52,6 +61,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -59,7 +69,7 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-SPANLAB_PY = ROOT / ".venv" / "bin" / "python"
+SPANLAB_PY = Path(sys.executable)  # run with spanlab's .venv
 BENCH_PY = ROOT / ".venv-bench" / "bin" / "python"
 HOST = "127.0.0.1"
 
@@ -137,6 +147,16 @@ class Timer:
 
     def __exit__(self, *exc: object) -> None:
         self.s += time.perf_counter() - self._t0
+
+
+def _rounds(work: Callable[[bool], dict[str, Any]], warm_up: bool, min_s: float) -> dict[str, Any]:
+    """``work(warm_up)`` repeated (fresh rollouts each round) until its timed parts add up to ``min_s``; the
+    mean time per round."""
+    rounds = [work(warm_up)]
+    while sum(r["ingest_s"] + r["read_s"] for r in rounds) < min_s:
+        rounds.append(work(False))
+    return rounds[0] | {k: statistics.mean(r[k] for r in rounds) for k in ("ingest_s", "read_s")} | {
+        "rounds": len(rounds)}
 
 
 def _measured(work, server_pid: int | None) -> dict[str, Any]:
@@ -227,11 +247,12 @@ class AglSession:
     """Agent Lightning's stores, one per span format, kept for all reps (an in-memory store in this process,
     or one ``agl store`` server and a LightningStoreClient)."""
 
-    def __init__(self, transport: str, variants: list[str], args: argparse.Namespace) -> None:
+    def __init__(self, transport: str, storage: str, variants: list[str], args: argparse.Namespace) -> None:
         from agentlightning.store import InMemoryLightningStore, LightningStoreClient
 
+        assert storage == "memory", storage
         self.args, self.loop, self.server, self.warm = args, asyncio.new_event_loop(), None, set()
-        if transport == "mem":
+        if transport == "inproc":
             self.stores = {fmt: InMemoryLightningStore() for fmt in variants}
             return
         port = _free_port()
@@ -243,7 +264,10 @@ class AglSession:
         self.stores = dict.fromkeys(variants, self.client)
 
     def run(self, fmt: str) -> dict[str, Any]:
-        work = partial(self.loop.run_until_complete, _agl_work(self.stores[fmt], self.args, fmt, fmt not in self.warm))
+        def once(warm_up: bool) -> dict[str, Any]:
+            return self.loop.run_until_complete(_agl_work(self.stores[fmt], self.args, fmt, warm_up))
+
+        work = partial(_rounds, once, fmt not in self.warm, self.args.min_rep_s)
         res = _measured(work, self.server.pid if self.server else None)
         self.warm.add(fmt)
         return res
@@ -317,7 +341,7 @@ class SpanlabSession:
     """spanlab stores, one DuckDB file per input variant, kept for all reps (``SpanStore`` in this process, or
     ``spanlab store serve`` on the file and a ``StoreClient``)."""
 
-    def __init__(self, transport: str, variants: list[str], args: argparse.Namespace) -> None:
+    def __init__(self, transport: str, storage: str, variants: list[str], args: argparse.Namespace) -> None:
         from spanlab.store import SpanStore
         from spanlab.store.client import StoreClient
 
@@ -325,9 +349,9 @@ class SpanlabSession:
         self.tmp = tempfile.TemporaryDirectory()
         self.stores: dict[str, Any] = {}
         for v in variants:
-            db = Path(self.tmp.name) / f"{v}.duckdb"
-            if transport == "mem":
-                self.stores[v] = SpanStore(":memory:" if args.spanlab_memory else db)
+            db = ":memory:" if storage == "memory" else Path(self.tmp.name) / f"{v}.duckdb"
+            if transport == "inproc":
+                self.stores[v] = SpanStore(db)
                 continue
             port = _free_port()
             spanlab = str(Path(sys.executable).with_name("spanlab"))
@@ -337,7 +361,8 @@ class SpanlabSession:
             self.stores[v] = StoreClient(f"http://{HOST}:{port}")
 
     def run(self, v: str) -> dict[str, Any]:
-        work = partial(_spanlab_work, self.stores[v], self.args, v == "lists", v not in self.warm)
+        work = partial(_rounds, partial(_spanlab_work, self.stores[v], self.args, v == "lists"), v not in self.warm,
+                       self.args.min_rep_s)
         server = self.servers.get(v)
         res = _measured(work, server.pid if server else None)
         self.warm.add(v)
@@ -354,8 +379,8 @@ class SpanlabSession:
 def child_main(spec: str, args: argparse.Namespace) -> None:
     """A long-lived child: sets its system up once (imports, servers), then runs one variant per ``run V``
     line on stdin and answers one ``@@ {json}`` line; ``quit`` ends it."""
-    system, transport, variants = spec.split(":")
-    session = (AglSession if system == "agl" else SpanlabSession)(transport, variants.split(","), args)
+    system, transport, storage, variants = spec.split(":")
+    session = (AglSession if system == "agl" else SpanlabSession)(transport, storage, variants.split(","), args)
     print("@@ " + json.dumps({"ready": True}), flush=True)
     try:
         for line in sys.stdin:
@@ -371,11 +396,11 @@ def child_main(spec: str, args: argparse.Namespace) -> None:
 class Child:
     """The driver's handle on one long-lived child process (see ``child_main``)."""
 
-    def __init__(self, system: str, transport: str, variants: list[str], argv: list[str]) -> None:
+    def __init__(self, system: str, transport: str, storage: str, variants: list[str], argv: list[str]) -> None:
         py = BENCH_PY if system == "agl" else SPANLAB_PY
         env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "PYTHONWARNINGS": "ignore"}
-        self.spec = f"{system}:{transport}:{','.join(variants)}"
-        self.system, self.transport, self.variants = system, transport, variants
+        self.spec = f"{system}:{transport}:{storage}:{','.join(variants)}"
+        self.system, self.transport, self.storage, self.variants = system, transport, storage, variants
         self.err = tempfile.TemporaryFile("w+")  # noqa: SIM115 - closed with the child
         self.proc = subprocess.Popen([str(py), __file__, *argv, "--child", self.spec], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.err, text=True, env=env)
@@ -412,10 +437,11 @@ def main() -> None:
                     help="Agent Lightning span formats (see the module docstring)")
     ap.add_argument("--spanlab-inputs", nargs="+", default=["numpy", "lists"], choices=["numpy", "lists"],
                     help="token IDs handed to spanlab as NumPy arrays and/or Python lists")
-    ap.add_argument("--transports", nargs="+", default=["mem", "http"], choices=["mem", "http"])
-    ap.add_argument("--spanlab-memory", action="store_true",
-                    help="in-process spanlab on SpanStore(':memory:') (nothing durable, like AGL's in-memory store) "
-                         "instead of a DuckDB file")
+    ap.add_argument("--transports", nargs="+", default=["inproc", "http"], choices=["inproc", "http"],
+                    help="inproc: the store in the benchmark's process; http: a store server process and its client")
+    ap.add_argument("--storage", nargs="+", default=["memory", "file"], choices=["memory", "file"],
+                    help="spanlab's storage: memory (like AGL's in-memory store) and/or a DuckDB file (durable)")
+    ap.add_argument("--min-rep-s", type=float, default=2.0, help="each rep repeats the work until it took this long")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -425,33 +451,33 @@ def main() -> None:
         sys.exit("no .venv-bench: run `bash scripts/bench_env.sh` first")
 
     argv = [f"--rollouts={args.rollouts}", f"--spans={args.spans}", f"--prompt={args.prompt}",
-            f"--response={args.response}", f"--batch-rollouts={args.batch_rollouts}"]
-    if args.spanlab_memory:
-        argv.append("--spanlab-memory")
+            f"--response={args.response}", f"--batch-rollouts={args.batch_rollouts}", f"--min-rep-s={args.min_rep_s}"]
     children: list[Child] = []
     t_start = time.perf_counter()
     try:
         for t in args.transports:
-            children += [Child("agl", t, args.formats, argv), Child("spanlab", t, args.spanlab_inputs, argv)]
+            children.append(Child("agl", t, "memory", args.formats, argv))
+            children += [Child("spanlab", t, storage, args.spanlab_inputs, argv) for storage in args.storage]
         for c in children:  # imports and servers: not measured
             c.answer()
         n_spans = args.rollouts * args.spans
         print(f"# {args.rollouts} rollouts x {args.spans} LLM-call spans of {args.prompt}+{args.response} token IDs "
-              f"= {n_spans} spans, spans of {args.batch_rollouts} rollout(s) per add call; spanlab in-process on "
-              f"{'a :memory: store' if args.spanlab_memory else 'a DuckDB file'}; {args.reps} reps, "
-              f"systems alternating; set-up {time.perf_counter() - t_start:.0f} s; load average "
-              f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
+              f"= {n_spans} spans a round, spans of {args.batch_rollouts} rollout(s) per add call; each rep of a row "
+              f"repeats rounds for >= {args.min_rep_s:g} s; {args.reps} reps, systems alternating; set-up "
+              f"{time.perf_counter() - t_start:.0f} s; load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}",
+              flush=True)
         results: dict[str, list[dict[str, Any]]] = {}
         runs = [(c, v) for c in children for v in c.variants]
         for rep in range(args.reps):
             for c, v in runs if rep % 2 == 0 else runs[::-1]:
                 r = c.run(v)
-                key = f"{c.system}-{c.transport}-{v}"
+                key = f"{c.system}-{c.transport}-{c.storage}-{v}"
                 results.setdefault(key, []).append(r)
                 srv = (f"  server peak {r['server_peak_mb']:5.0f} MB ({r['server_growth_mb']:+.0f})"
                        if "server_peak_mb" in r else "")
-                print(f"  rep {rep}: {key:20} ingest {r['ingest_s']:7.2f} s  read {r['read_s']:6.3f} s  "
-                      f"client peak {r['client_peak_mb']:5.0f} MB ({r['client_growth_mb']:+.0f}){srv}", flush=True)
+                print(f"  rep {rep}: {key:28} {r['rounds']:4d} rounds, each: ingest {r['ingest_s']:6.3f} s  "
+                      f"read {r['read_s']:6.3f} s  client peak {r['client_peak_mb']:5.0f} MB "
+                      f"({r['client_growth_mb']:+.0f}){srv}", flush=True)
     finally:
         for c in children:
             c.close()
@@ -463,32 +489,37 @@ def main() -> None:
         """Median over the reps of the sum of ``fields``."""
         return statistics.median(sum(r.get(f, 0.0) for f in fields) for r in results[key])
 
-    print(f"\n# medians of {args.reps}; all read back the same {checks.pop()[1]:,} token IDs; "
-          f"{time.perf_counter() - t_start:.0f} s in all; load average now "
+    print(f"\n# medians of {args.reps} reps of the time per round; all read back the same {checks.pop()[1]:,} token "
+          f"IDs a round; {time.perf_counter() - t_start:.0f} s in all; load average now "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")
-    print(f"{'system':20} {'ingest spans/s':>14} {'read-back s':>11} {'ingest+read s':>13} "
-          f"{'client MB: growth, peak':>24} {'server MB: growth, peak':>24}")
+    print(f"{'row (system-transport-storage-input)':36} {'ingest spans/s':>14} {'read-back s':>11} "
+          f"{'ingest+read s':>13} {'client MB: growth, peak':>24} {'server MB: growth, peak':>24}")
     for key in results:
         srv = (f"{med(key, 'server_growth_mb'):+6.0f}, {max(r['server_peak_mb'] for r in results[key]):5.0f}"
                if "server_peak_mb" in results[key][0] else "")
-        print(f"{key:20} {n_spans / med(key, 'ingest_s'):14.0f} {med(key, 'read_s'):11.3f} "
-              f"{med(key, 'ingest_s', 'read_s'):13.2f} "
+        print(f"{key:36} {n_spans / med(key, 'ingest_s'):14.0f} {med(key, 'read_s'):11.3f} "
+              f"{med(key, 'ingest_s', 'read_s'):13.3f} "
               f"{'':11}{med(key, 'client_growth_mb'):+6.0f}, {max(r['client_peak_mb'] for r in results[key]):5.0f}"
               f"{'':12}{srv}")
-    print(f"(growth: RSS added while doing one rep's work, median; peak: the highest RSS in any rep, reached in "
-          f"the last one when a store keeps its spans in memory: it then holds {args.reps} x {n_spans} spans)")
-    print("\n# spanlab faster by (AGL time / spanlab time, medians); memory: client + server, spanlab vs AGL")
+    print("(growth: RSS added while doing one rep's work, median; peak: the highest RSS in any rep, reached in "
+          "the last one when a store keeps its spans in memory)")
+    print("\n# like with like, both in memory: spanlab faster by (AGL time / spanlab time, medians); memory: client "
+          "+ server, spanlab vs AGL")
     for t in args.transports:
         for f in args.formats:
-            a = f"agl-{t}-{f}"
-            for v in args.spanlab_inputs:
-                s = f"spanlab-{t}-{v}"
+            a = f"agl-{t}-memory-{f}"
+            for v in args.spanlab_inputs if "memory" in args.storage else ():
+                s = f"spanlab-{t}-memory-{v}"
                 ratios = [med(a, *k) / med(s, *k) for k in (["ingest_s"], ["read_s"], ["ingest_s", "read_s"])]
                 grow = [med(k, "client_growth_mb", "server_growth_mb") for k in (s, a)]
                 peak = [max(r["client_peak_mb"] + r.get("server_peak_mb", 0.0) for r in results[k]) for k in (s, a)]
-                print(f"{t:4} spanlab[{v:5}] vs AGL[{f:5}]: ingest {ratios[0]:6.1f}x  read-back {ratios[1]:6.1f}x  "
+                print(f"{t:6} spanlab[{v:5}] vs AGL[{f:5}]: ingest {ratios[0]:6.1f}x  read-back {ratios[1]:6.1f}x  "
                       f"ingest+read {ratios[2]:6.1f}x  | growth {grow[0]:.0f} vs {grow[1]:.0f} MB, "
                       f"peak {peak[0]:.0f} vs {peak[1]:.0f} MB")
+    if "file" in args.storage:
+        print("# spanlab's file rows (every write fsynced) have no AGL counterpart here: AGL 0.3.0's durable store, "
+              "MongoLightningStore, needs a MongoDB server")
+
 
 if __name__ == "__main__":
     main()

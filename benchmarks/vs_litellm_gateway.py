@@ -67,21 +67,30 @@ def _load() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
+def _up(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
+    """Wait for ``url``; a process that never comes up is stopped, not left behind."""
+    try:
+        go._wait_up(url, proc, timeout=timeout)
+    except BaseException:
+        proc.kill()
+        raise
+
+
 def start_fake_engine(n_prompt: int, n_resp: int, logfile: Path) -> tuple[subprocess.Popen, str]:
     port = go._free_port()
     cmd = [sys.executable, go.__file__, "--serve-engine", str(port)]
     cmd += ["--prompt-tokens", str(n_prompt), "--response-tokens", str(n_resp)]
     proc = subprocess.Popen(cmd, stdout=logfile.open("w"), stderr=subprocess.STDOUT)
-    go._wait_up(f"http://{HOST}:{port}/v1/models", proc)
+    _up(f"http://{HOST}:{port}/v1/models", proc)
     return proc, f"http://{HOST}:{port}"
 
 
 def start_spanlab(upstream: str, db: Path, logfile: Path) -> tuple[subprocess.Popen, str]:
     port = go._free_port()
-    cmd = [str(ROOT / ".venv" / "bin" / "python"), "-m", "spanlab.gateway", "--upstream", upstream, "--db", str(db)]
+    cmd = [sys.executable, "-m", "spanlab.gateway", "--upstream", upstream, "--db", str(db)]
     cmd += ["--host", HOST, "--port", str(port), "--log-level", "warning"]
     proc = subprocess.Popen(cmd, stdout=logfile.open("w"), stderr=subprocess.STDOUT)
-    go._wait_up(f"http://{HOST}:{port}/health", proc)
+    _up(f"http://{HOST}:{port}/health", proc)
     return proc, f"http://{HOST}:{port}"
 
 
@@ -104,7 +113,7 @@ def start_litellm(upstream: str, model: str, tmp: Path, key: str) -> tuple[subpr
     env["LITELLM_MASTER_KEY"] = key
     cmd = [str(BENCH_BIN / "litellm"), "--config", str(cfg), "--host", HOST, "--port", str(port)]
     proc = subprocess.Popen(cmd, stdout=(tmp / "litellm.log").open("w"), stderr=subprocess.STDOUT, env=env)
-    go._wait_up(f"http://{HOST}:{port}/health/liveliness", proc, timeout=300)
+    _up(f"http://{HOST}:{port}/health/liveliness", proc, timeout=300)
     return proc, f"http://{HOST}:{port}"
 
 
@@ -164,24 +173,26 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=None, help="measured rounds per rep (default 500 fake, 20 vllm)")
     ap.add_argument("--warmup", type=int, default=None, help="warm-up rounds (default 20 fake, 3 vllm)")
     ap.add_argument("--reps", type=int, default=1)
-    ap.add_argument("--concurrency", type=int, default=None, help="throughput agents (default 16 fake, 0: none)")
+    ap.add_argument("--concurrency", type=int, default=None, help="throughput agents (default 32 fake, 0: none)")
     ap.add_argument("--seconds", type=float, default=5.0, help="throughput seconds per path and rep")
     ap.add_argument("--prompt-tokens", type=int, default=512, help="fake engine: prompt token IDs it returns")
     ap.add_argument("--response-tokens", type=int, default=64, help="fake engine: response token IDs it returns")
     ap.add_argument("--no-litellm", action="store_true")
+    ap.add_argument("--db-dir", default=None, help="folder for the gateway's store (default: the temp folder); "
+                    "/dev/shm takes the disk's fsync out of the figures")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     fake = args.engine == "fake"
     n = args.n if args.n is not None else (500 if fake else 20)
     warmup = args.warmup if args.warmup is not None else (20 if fake else 3)
-    concurrency = args.concurrency if args.concurrency is not None else (16 if fake else 0)
+    concurrency = args.concurrency if args.concurrency is not None else (32 if fake else 0)
     use_litellm = not args.no_litellm
     if use_litellm and not (BENCH_BIN / "litellm").exists():
         log.warning("no .venv-bench/bin/litellm: run `bash scripts/bench_env.sh`; measuring direct and spanlab only")
         use_litellm = False
 
-    tmp = Path(tempfile.mkdtemp(prefix="vs_litellm_"))
+    tmp = Path(tempfile.mkdtemp(prefix="vs_litellm_", dir=args.db_dir))
     procs: dict[str, subprocess.Popen] = {}
     headers: dict[str, dict[str, str]] = {}
     calls: dict[str, int] = {}
@@ -215,6 +226,7 @@ def main() -> None:
         )
         reps: list[dict[str, list[float]]] = []
         tput: dict[str, list[float]] = {p: [] for p in paths}
+        store_ms: list[dict[str, float]] = []  # the gateway's store writes in its concurrent phase, per rep
         for rep in range(args.reps):
             w = warmup if rep == 0 else max(1, warmup // 10)
             reps.append(measure(paths, body, n, w, headers))
@@ -227,6 +239,8 @@ def main() -> None:
                 )
                 tput[p].append(done / elapsed)
                 calls[p] += done
+                if p == "spanlab":
+                    store_ms.append(httpx.get(paths[p] + "/health", timeout=10).json()["spans"]["write_ms"])
             line = "  ".join(
                 f"{p} p50 {statistics.median(v):.2f} p99 {go._pct(v, 99):.2f} ms"
                 + (f" {tput[p][-1]:.0f}/s" if tput[p] else "")
@@ -249,6 +263,10 @@ def main() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
     print(f"\n# medians over {args.reps} reps; load average now {_load()}")
+    if store_ms:
+        q = {k: statistics.median(m[k] for m in store_ms) for k in ("p50", "p99", "max")}
+        print(f"# spanlab's store write before each answer, its last {store_ms[0]['n']} calls at concurrency "
+              f"{concurrency}: p50 {q['p50']:.2f} ms, p99 {q['p99']:.2f} ms, max {q['max']:.2f} ms")
     print("# pass-through: " + "; ".join(passthrough))
     print(
         f"# spanlab recorded: {stored} spans in its DuckDB file (read after the gateway stopped) for "

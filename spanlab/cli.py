@@ -106,14 +106,15 @@ def store_serve(
     """Own the DuckDB file and serve the store API (OpenAPI at /docs) to workers in other processes."""
     import uvicorn
 
-    from spanlab.serving import check_bind
+    from spanlab.serving import check_bind, sigterm_exits
     from spanlab.store import SpanStore
     from spanlab.store.server import create_store_app
 
     try:
         check_bind(host, token, insecure_no_token=insecure_no_token)
         path = sql_text.resolve_db(db)
-        with SpanStore(path, compress=compress) as store:  # closed after uvicorn stops: pending writes committed
+        # closed after uvicorn stops, on Ctrl-C and SIGTERM too: DuckDB then holds every write
+        with sigterm_exits(), SpanStore(path, compress=compress) as store:
             app = create_store_app(store, token=token, max_body_bytes=int(max_body_mb * 1024 * 1024))
             logging.getLogger(__name__).info("store server for %s on http://%s:%d", path, host, port)
             uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

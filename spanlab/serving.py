@@ -9,10 +9,14 @@ server a job starts for its workers: where it binds, and the URL the workers are
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 from urllib.parse import urlparse
 
@@ -80,6 +84,25 @@ class BodyLimit:
 
         await self.app(scope, counted, send)
 
+
+
+@contextlib.contextmanager
+def sigterm_exits() -> Iterator[None]:
+    """SIGTERM unwinds the stack (``SystemExit(0)``) as Ctrl-C does (``KeyboardInterrupt``), so a ``with store:``
+    around ``uvicorn.run`` closes the store and DuckDB holds every write. Needed because uvicorn re-raises the
+    signal it shut down for, and SIGTERM's default action ends the process at once. Enter it before the store,
+    so a second SIGTERM cannot cut the store's close short. Main thread only."""
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logger.info("SIGTERM: stopping")
+    raise SystemExit(0)
 
 
 class ThreadedServer:

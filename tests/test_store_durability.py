@@ -11,6 +11,9 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -135,16 +138,107 @@ def test_a_copied_duckdb_file_keeps_its_queue_and_a_replaced_one_drops_the_old(t
         assert [r.rollout_id for r in store.list_rollouts()] == ["r0"]
 
 
-def test_writes_without_reads_are_copied_into_duckdb_every_few_hundred(tmp_path: Path) -> None:
-    """A process that only writes (a gateway's store) still copies into DuckDB every ``_COPY_EVERY`` writes,
-    so the hot store never holds a large backlog for the next read to copy."""
+class CountedCommits:
+    """DuckDB's connection, counting the copies from the hot store (their COMMITs); ``hold`` keeps a copy at
+    its COMMIT until it is set."""
+
+    def __init__(self, conn: object) -> None:
+        self.conn, self.copies, self.hold = conn, 0, threading.Event()
+        self.hold.set()
+
+    def execute(self, sql: str, *args: object) -> object:
+        if sql == "COMMIT":
+            self.copies += 1
+            assert self.hold.wait(60), "the copy was held for a minute"
+        return self.conn.execute(sql, *args)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.conn, name)
+
+
+def _wait_for(check: Callable[[], bool], timeout_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_a_write_never_waits_for_a_copy_into_duckdb(tmp_path: Path) -> None:
+    """Copies into DuckDB run on the store's copier thread: writes return while one is stuck, and a read
+    waits for it and then sees every write (acknowledged = readable)."""
     from spanlab.store import duckdb_store
 
-    with SpanStore(tmp_path / "s.duckdb") as store:
+    with SpanStore(tmp_path / "s.duckdb", copy_interval_s=60) as store:
         store.enqueue([Rollout(rollout_id="r", input={})])
         _, attempt = store.dequeue("w")
-        for _ in range(duckdb_store._COPY_EVERY + 10):
-            store.heartbeat(attempt.attempt_id)
-        assert 0 < store._writer.last_stamp - store._synced < duckdb_store._COPY_EVERY
-        copied = store._conn.execute("SELECT value FROM spanlab_meta WHERE key = 'hot_seq'").fetchall()
-        assert int(copied[0][0]) == store._synced >= duckdb_store._COPY_EVERY
+        store._conn = duck = CountedCommits(store._conn)
+        duck.hold.clear()  # the next copy sticks at its COMMIT
+        n = 2 * duckdb_store._COPY_EVERY + 10
+        writes = threading.Thread(target=lambda: [store.add_metrics("run", "grpo", i, {"x": i}) for i in range(n)])
+        writes.start()
+        writes.join(60)
+        assert not writes.is_alive(), "a write waited for the copy into DuckDB"
+        assert duck.copies == 1  # the copier took the first _COPY_EVERY writes, and is stuck there
+        got: list[int] = []
+        reader = threading.Thread(target=lambda: got.append(len(store.metrics("run"))))
+        reader.start()
+        reader.join(0.2)
+        assert reader.is_alive() and not got  # the read waits for the copy: it must see every write
+        duck.hold.set()
+        reader.join(60)
+        assert got == [n]
+        assert store.heartbeat(attempt.attempt_id).status == "running"
+
+
+def test_writes_without_reads_reach_duckdb_by_size_and_by_age(tmp_path: Path) -> None:
+    """A process that only writes (a gateway's store) still gets its writes into DuckDB: a copy every
+    ``_COPY_EVERY`` writes, one copy at a time however many threads write, and one ``copy_interval_s``
+    after fewer writes, so the hot store never holds a large backlog for the next read."""
+    from spanlab.store import duckdb_store
+
+    with SpanStore(tmp_path / "s.duckdb", copy_interval_s=3600) as store:
+        store._conn = duck = CountedCommits(store._conn)
+        threads, each = 16, 4 * duckdb_store._COPY_EVERY // 16
+        workers = [threading.Thread(target=lambda t=t: [store.add_metrics(f"run{t}", "grpo", i, {"x": i})
+                                                        for i in range(each)]) for t in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        assert _wait_for(lambda: store._synced >= 3 * duckdb_store._COPY_EVERY)  # no read asked for it
+        assert 1 <= duck.copies <= 4  # at most one per _COPY_EVERY writes: none made twice
+        copied = store._conn.execute("SELECT count(*) FROM train_metrics").fetchall()[0][0]
+        assert copied >= 3 * duckdb_store._COPY_EVERY
+    with SpanStore(tmp_path / "s.duckdb", copy_interval_s=0.05) as store:
+        store.add_metrics("run", "grpo", 0, {"late": 1.0})  # one write: copied by age
+        assert _wait_for(lambda: store._synced == store._writer.last_stamp)
+
+
+def test_writes_that_queue_up_share_one_commit_and_fail_alone(tmp_path: Path) -> None:
+    """Writes waiting while another holds the hot store commit together (one fsync for all), each in a
+    savepoint of its own: the one that fails is rolled back alone, the others are stored."""
+    with SpanStore(tmp_path / "s.duckdb") as store:
+        store.enqueue([Rollout(rollout_id="taken", input={})])
+        writer = store._writer
+        writer._conn = lite = CountedCommits(writer._conn)
+        outcomes: dict[str, object] = {}
+
+        def enqueue(rollout_id: str) -> None:
+            try:
+                outcomes[rollout_id] = store.enqueue([Rollout(rollout_id=rollout_id, input={})])[0].status
+            except InvalidSpanError as exc:
+                outcomes[rollout_id] = exc
+
+        with writer._lock:  # a write under way: the next four queue up behind it
+            threads = [threading.Thread(target=enqueue, args=(r,)) for r in ("a", "b", "taken", "c")]
+            for t in threads:
+                t.start()
+            assert _wait_for(lambda: len(writer._queue) == 4)
+        for t in threads:
+            t.join(30)
+        assert lite.copies == 1  # one COMMIT for the four
+        assert {r: outcomes[r] for r in "abc"} == {"a": "queuing", "b": "queuing", "c": "queuing"}
+        assert isinstance(outcomes["taken"], InvalidSpanError)
+        assert sorted(r.rollout_id for r in store.list_rollouts()) == ["a", "b", "c", "taken"]

@@ -18,6 +18,7 @@ import uvicorn
 
 from spanlab.gateway.app import create_app
 from spanlab.gateway.config import GatewayConfig
+from spanlab.serving import sigterm_exits
 from spanlab.store import SpanStore, StoreAPI
 from spanlab.store.client import StoreClient
 
@@ -42,12 +43,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.tito:
         overrides.update(tito=True, tokenizer=args.tokenizer)
     config = GatewayConfig(upstream_urls=tuple(args.upstream), fallback_path=args.fallback, **overrides)
-    store: StoreAPI = StoreClient(args.store_url, token=args.store_token) if args.store_url else SpanStore(args.db)
-    with store:
-        app = create_app(store, config=config)
-        uvicorn.run(
-            app, host=args.host, port=args.port, log_level=args.log_level, access_log=False, proxy_headers=False
-        )
+    with sigterm_exits():  # SIGTERM, like Ctrl-C, unwinds through `with store:`, which closes the store
+        store: StoreAPI = StoreClient(args.store_url, token=args.store_token) if args.store_url else SpanStore(args.db)
+        with store:
+            app = create_app(store, config=config)
+            uvicorn.run(
+                app, host=args.host, port=args.port, log_level=args.log_level, access_log=False, proxy_headers=False
+            )
 
 
 if __name__ == "__main__":

@@ -148,6 +148,7 @@ class Gateway:
                     "written": w.written,
                     "given_up": w.given_up,
                     "write_failures": w.write_failures,
+                    "write_ms": w.write_ms(),
                 },
                 "tito": None if self.tito is None else {"sessions": len(self.tito.sessions)},
             }

@@ -3,6 +3,8 @@
 A completed call is written with :meth:`SpanWriter.write` before the agent gets the answer (in a worker
 thread, never on the event loop): once the agent has it, it may end its attempt, and an attempt must never
 end ``succeeded`` without the spans of its calls, even if this process is killed right after answering.
+Calls that complete while a write is under way are written together next, in one store call (group commit:
+the store's per-batch work is then paid once for all of them, not once per call).
 Calls that failed (the engine's errors, a broken stream, an agent that went away) gave the agent no answer
 to act on; their error spans are handed to a background thread (:meth:`SpanWriter.submit`), which gathers
 what accumulated for ``flush_interval_s`` and writes it as one batch, in submission order.
@@ -25,6 +27,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from spanlab.store.base import StoreAPI
@@ -61,9 +64,14 @@ class SpanWriter:
         self.written = 0  # spans
         self.given_up = 0
         self.write_failures = 0
+        # How long the last completed calls' answers waited on the store (``/health`` reports percentiles).
+        self.write_seconds: deque[float] = deque(maxlen=1024)
         self._closing = False
         self._close_deadline = float("inf")
         self._thread = threading.Thread(target=self._run, name="spanlab-span-writer", daemon=True)
+        self._calls: list[_Call] = []  # completed calls waiting for a group (write)
+        self._calls_lock = threading.Lock()
+        self._group_lock = threading.Lock()  # one group at a time
 
     def start(self) -> SpanWriter:
         self._thread.start()
@@ -92,7 +100,38 @@ class SpanWriter:
         except Exception:
             logger.critical("building the spans of a call failed; that call is NOT recorded", exc_info=True)
             return False
-        return self._write_batch(spans, deadline=time.monotonic() + timeout_s)
+        t0 = time.monotonic()
+        call = _Call(spans)
+        with self._calls_lock:
+            self._calls.append(call)
+        with self._group_lock:
+            if not call.done:  # no group took it yet: lead one, with every call that waits by now
+                with self._calls_lock:
+                    group, self._calls = self._calls, []
+                self._write_group(group, deadline=t0 + timeout_s)
+        self.write_seconds.append(time.monotonic() - t0)
+        return call.ok
+
+    def _write_group(self, group: list[_Call], deadline: float) -> None:
+        """Concurrent calls' spans in one store write: the store's per-batch work (checks, Arrow, commit) once
+        for all of them. A group the store rejects is written call by call, so each call learns its own fate."""
+        try:
+            ok = self._write_batch([s for c in group for s in c.spans], deadline, whole=len(group) > 1)
+            for c in group:
+                c.ok = ok
+        except _Rejected:
+            for c in group:
+                c.ok = self._write_batch(c.spans, deadline)
+        finally:
+            for c in group:
+                c.done = True
+
+    def write_ms(self) -> dict[str, float | None]:
+        """p50, p99 and max of the recent ``write`` calls (``write_seconds``), in ms."""
+        ms = sorted(s * 1000 for s in list(self.write_seconds))
+        if not ms:
+            return {"n": 0, "p50": None, "p99": None, "max": None}
+        return {"n": len(ms), "p50": ms[len(ms) // 2], "p99": ms[min(len(ms) - 1, len(ms) * 99 // 100)], "max": ms[-1]}
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything submitted before this call is stored (or given up); False on timeout."""
@@ -150,14 +189,16 @@ class SpanWriter:
             self._done += len(jobs)
             self._cond.notify_all()
 
-    def _write_batch(self, batch: list[Span], deadline: float | None = None) -> bool:
+    def _write_batch(self, batch: list[Span], deadline: float | None = None, *, whole: bool = False) -> bool:
         """Store ``batch``, retrying store failures until ``deadline`` (or the close deadline); False if any
-        span was given up."""
+        span was given up. ``whole``: raise :class:`_Rejected` if the store rejects it, rather than split it."""
         delay = self.retry_initial_s
         while True:
             try:
                 self.store.add_spans(batch)
             except (ValueError, KeyError) as exc:  # InvalidSpanError / NotFoundError: retrying won't help
+                if whole:
+                    raise _Rejected from exc
                 if len(batch) > 1:
                     logger.error("store rejected a batch of %d spans (%s); writing them one by one", len(batch), exc)
                     return all([self._write_batch([span], deadline) for span in batch])
@@ -198,3 +239,14 @@ class SpanWriter:
             logger.critical(
                 "span(s) %s LOST: store failed (%s) and %s failed (%s)", ids, exc, self.fallback_path, io_exc
             )
+
+
+class _Rejected(Exception):
+    """A group of calls' spans that the store rejected as invalid."""
+
+
+@dataclass(eq=False)
+class _Call:
+    spans: list[Span]
+    ok: bool = False
+    done: bool = False

@@ -2,8 +2,10 @@
 
 One ``SpanStore`` owns one DuckDB file (DuckDB lets a single process write it) and its hot store (SQLite,
 ``hot.py``). Every write is checked here, in the caller's thread, then committed to the hot store by the
-store's :class:`~spanlab.store.hot.Writer` before the call returns. A read first copies what DuckDB lacks
-(:meth:`SpanStore._sync`), then runs on a DuckDB cursor of its own, so it sees every write that returned.
+store's :class:`~spanlab.store.hot.Writer` before the call returns; it never waits for a copy into DuckDB,
+which a background thread makes every ``_COPY_EVERY`` writes or ``copy_interval_s`` (``copier.py``). A read
+first copies what DuckDB still lacks (:meth:`SpanStore._sync`), then runs on a DuckDB cursor of its own, so it
+sees every write that returned.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from spanlab.sql_surface import QueryLimits
 from spanlab.store import hot, queue, schema
 from spanlab.store import spans as spans_sql
 from spanlab.store.base import Metric, RolloutSummary, StoreAPI
+from spanlab.store.copier import Copier
 from spanlab.store.schema import MEMORY, SAFE_QUERY_CONFIG, SPAN_COLUMNS, connect, where
 from spanlab.store.spans import as_model, spans_to_arrow, table_to_spans
 from spanlab.store.sql import fetch_user_query
@@ -40,8 +43,10 @@ class SpanStore(StoreAPI):
 
     def __init__(self, path: str | Path = MEMORY, *, max_tokens_per_span: int = 1_048_576,
                  max_json_bytes: int = 16 * 1024 * 1024, stale_check_interval_s: float = 1.0,
-                 timeout_grace_s: float = 2.0, compress: bool = True) -> None:
-        """``compress=False`` stores columns uncompressed: faster bulk ingest for a bigger file."""
+                 timeout_grace_s: float = 2.0, compress: bool = True, copy_interval_s: float = 1.0) -> None:
+        """``compress=False`` stores columns uncompressed: faster bulk ingest for a bigger file.
+        ``copy_interval_s``: how long a write may wait in the hot store alone when fewer than ``_COPY_EVERY``
+        follow it (a read never waits for it: it copies what is left)."""
         self.path = str(path)
         self.max_tokens_per_span = max_tokens_per_span
         self.max_json_bytes = max_json_bytes
@@ -67,8 +72,10 @@ class SpanStore(StoreAPI):
         self._closed = False
         self._writer = hot.Writer(self._lite, Path(self.path).name, max(self._synced, hot.last_stamp(self._lite)))
         self._sync()  # what a process that was killed committed to the hot store only
+        self._copier = Copier(self._sync, name=Path(self.path).name, every=_COPY_EVERY, interval_s=copy_interval_s)
 
     def close(self) -> None:
+        self._copier.stop()  # before the lock: a copy under way holds it
         with self._lock:
             if self._closed:
                 return
@@ -84,11 +91,18 @@ class SpanStore(StoreAPI):
                 self._lite.close()
 
     def _sync(self) -> None:
-        """Copy into DuckDB what the hot store committed since the last copy (nothing new: no statement)."""
-        if self._writer.last_stamp != self._synced:
-            with self._lock:
-                since = self._synced
-                self._copy(self._writer.call(lambda lite: hot.read_changes(lite, since, self._writer.last_stamp)))
+        """Copy into DuckDB what the hot store committed before this call. One copy at a time (the lock); one
+        that ran while this call waited for the lock may have copied it already, and then nothing is done."""
+        upto = self._writer.last_stamp
+        if self._synced >= upto:
+            return
+        with self._lock:
+            if self._synced >= upto:
+                return
+            if self._closed:
+                raise StoreError("the span store is closed")
+            since = self._synced
+            self._copy(self._writer.call(lambda lite: hot.read_changes(lite, since, self._writer.last_stamp)))
 
     def _copy(self, changes: hot.Changes) -> None:
         if changes.upto != self._synced:
@@ -99,10 +113,9 @@ class SpanStore(StoreAPI):
             self._synced = changes.upto
 
     def _write(self, fn: Callable[[sqlite3.Connection], hot.T]) -> hot.T:
-        """A write, committed; every ``_COPY_EVERY`` writes, a copy into DuckDB too, so no backlog grows large."""
+        """A write, committed; the background copier counts it (it copies, never this thread)."""
         result = self._writer.call(fn)
-        if self._writer.last_stamp - self._synced >= _COPY_EVERY:
-            self._sync()
+        self._copier.wrote()
         return result
 
     def _cursor(self) -> duckdb.DuckDBPyConnection:

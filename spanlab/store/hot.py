@@ -1,10 +1,10 @@
 """The hot write store: a SQLite file in WAL mode takes every write (:class:`Writer`); DuckDB gets a copy
-before each read.
+in the background (``copier.py``) and before each read.
 
 Why: a DuckDB COMMIT costs ~1.5-2.5 ms here (it writes the changed columns to its WAL) and a rollout makes
 two, while SQLite in WAL mode commits, fsync included (``synchronous=FULL``), in ~0.1-0.5 ms. DuckDB stays
-what users and algorithms read (views, ``spanlab sql``, Arrow token columns): before a read,
-:func:`read_changes` takes every row stamped (``seq``) after the last copy and :func:`apply_changes` writes
+what users and algorithms read (views, ``spanlab sql``, Arrow token columns): a copy (:meth:`SpanStore._sync`)
+calls :func:`read_changes`, which takes every row stamped (``seq``) after the last copy and :func:`apply_changes` writes
 them into DuckDB in one transaction with the stamp it reached, so a copy cut short by a crash is made again.
 
 SQLite keeps the queue, resources, metrics and each span's key (deduplication and numbering need them);
@@ -12,8 +12,8 @@ span batches (Arrow IPC) stay only until DuckDB holds them. The file is the Duck
 ``.hot.sqlite``; one that is missing (a copied DuckDB file) or made for another DuckDB file (``store_id``
 differs) is rebuilt from DuckDB.
 
-Writes run one at a time (a lock: two dequeues never take the same rollout), each in a transaction of its
-own, COMMITted before the call returns; SQLite's commits are cheap enough that nothing needs grouping. Each
+Writes run one at a time (a lock: two dequeues never take the same rollout), each in a savepoint of its own,
+COMMITted before the call returns; writes that queue up meanwhile share one COMMIT (:class:`Writer`). Each
 write stamps the rows it changes with a number of its own (``seq = stamp()`` in SQL).
 """
 
@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import duckdb
 import pyarrow as pa
@@ -54,12 +54,18 @@ IN_JSON = "IN (SELECT value FROM json_each(?))"  # SQLite: a whole list of strin
 
 
 class Writer:
-    """Owns ``conn``: nothing else may use it. ``last_stamp``: the stamp of the last write; stamps count up."""
+    """Owns ``conn``: nothing else may use it. ``last_stamp``: the stamp of the last write; stamps count up.
+
+    Group commit: the thread that gets the connection runs every write queued by then, each in a savepoint of
+    its own, and COMMITs them together: one fsync for all, which is what bounds concurrent writers (the
+    gateway's, one per call). A write alone is a group of one."""
 
     def __init__(self, conn: sqlite3.Connection, name: str, last_stamp: int) -> None:
         self._conn = conn
         self._name = name
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the connection: one group at a time
+        self._queue: list[_Job] = []
+        self._queue_lock = threading.Lock()
         self._closed = False
         self.last_stamp = last_stamp
         self._stamp: int | None = None
@@ -72,30 +78,69 @@ class Writer:
         return self._stamp
 
     def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """BEGIN, ``fn(conn)``, COMMIT: the write is durable when this returns. An error rolls it back;
-        SQLite's errors become spanlab errors."""
+        """``fn(conn)`` in a transaction, COMMITted (with the other writes queued meanwhile) before this
+        returns: the write is durable then. An error rolls back this write only; SQLite's errors become
+        spanlab errors."""
+        job = _Job(fn)
+        with self._queue_lock:
+            self._queue.append(job)
         with self._lock:
+            if not job.done:  # no group took it yet: lead one
+                with self._queue_lock:
+                    group, self._queue = self._queue, []
+                self._run(group)
+        if job.error is not None:
+            raise job.error
+        return cast(T, job.result)
+
+    def _run(self, group: list[_Job]) -> None:
+        conn = self._conn
+        try:
             if self._closed:
                 raise StoreError(f"span store {self._name} is closed")
-            self._stamp = None
-            try:
-                self._conn.execute("BEGIN IMMEDIATE")
-                result = fn(self._conn)
-                self._conn.execute("COMMIT")
-                return result
-            except BaseException as exc:
-                with contextlib.suppress(sqlite3.Error):  # a failed BEGIN or COMMIT left no transaction open
-                    self._conn.execute("ROLLBACK")
-                if isinstance(exc, sqlite3.IntegrityError):
-                    raise InvalidSpanError(f"rejected by the store: {exc}; nothing of this batch was stored") from exc
-                if isinstance(exc, sqlite3.Error):
-                    raise StoreError(f"span store {self._name}: {exc}") from exc
+            conn.execute("BEGIN IMMEDIATE")
+            for job in group:
+                self._stamp = None
+                conn.execute("SAVEPOINT w")
+                try:
+                    job.result = job.fn(conn)
+                except Exception as exc:
+                    job.error = self._translated(exc)
+                    conn.execute("ROLLBACK TO w")  # fails, and fails the group, if SQLite dropped the transaction
+                conn.execute("RELEASE w")
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            with contextlib.suppress(sqlite3.Error):  # a failed BEGIN or COMMIT left no transaction open
+                conn.execute("ROLLBACK")
+            error = self._translated(exc) if isinstance(exc, Exception) else StoreError(
+                f"span store {self._name}: a write was interrupted ({exc!r}); nothing of its group was stored")
+            for job in group:  # nothing of the group was stored; each caller raises an exception of its own
+                job.result, job.error = None, type(error)(str(error))
+            if not isinstance(exc, Exception):
                 raise
+        finally:
+            for job in group:
+                job.done = True
+
+    def _translated(self, exc: Exception) -> Exception:
+        if isinstance(exc, sqlite3.IntegrityError):
+            return InvalidSpanError(f"rejected by the store: {exc}; nothing of this batch was stored")
+        if isinstance(exc, sqlite3.Error):
+            return StoreError(f"span store {self._name}: {exc}")
+        return exc
 
     def close(self) -> None:
         """Refuse further writes; a write under way finishes first."""
         with self._lock:
             self._closed = True
+
+
+@dataclass(eq=False)
+class _Job:
+    fn: Callable[[sqlite3.Connection], object]
+    result: object = None
+    error: Exception | None = None
+    done: bool = False
 
 
 def open_hot(path: str, duck: duckdb.DuckDBPyConnection) -> sqlite3.Connection:
@@ -159,7 +204,8 @@ class Changes:
 
     upto: int
     tables: dict[str, pa.Table] = field(default_factory=dict)
-    spans: list[pa.Table] = field(default_factory=list)
+    spans: list[bytes] = field(default_factory=list)  # Arrow IPC streams, read by apply_changes (not under the
+    # writer's lock, which read_changes holds)
 
 
 def read_changes(lite: sqlite3.Connection, since: int, upto: int) -> Changes:
@@ -171,8 +217,7 @@ def read_changes(lite: sqlite3.Connection, since: int, upto: int) -> Changes:
         cur = lite.execute(f"SELECT {', '.join(columns)} FROM {name} WHERE seq > ?", [since])
         if rows := cur.fetchall():
             changes.tables[name] = pa.table(dict(zip(columns, map(list, zip(*rows, strict=True)), strict=True)))
-    for (ipc,) in lite.execute("SELECT ipc FROM span_batches WHERE seq > ? ORDER BY seq", [since]):
-        changes.spans.append(pa.ipc.open_stream(ipc).read_all())
+    changes.spans = [ipc for (ipc,) in lite.execute("SELECT ipc FROM span_batches WHERE seq > ? ORDER BY seq", [since])]
     return changes
 
 
@@ -188,7 +233,8 @@ def apply_changes(duck: duckdb.DuckDBPyConnection, changes: Changes) -> None:
             duck.execute(f"INSERT INTO {name} BY NAME SELECT *{cast} FROM _changes")
             duck.unregister("_changes")
         if changes.spans:
-            duck.from_arrow(pa.concat_tables(changes.spans).combine_chunks()).insert_into("spans")  # one chunk: faster
+            spans = pa.concat_tables(pa.ipc.open_stream(ipc).read_all() for ipc in changes.spans)
+            duck.from_arrow(spans.combine_chunks()).insert_into("spans")  # one chunk: faster
         duck.execute("UPDATE spanlab_meta SET value = ? WHERE key = 'hot_seq'", [str(changes.upto)])
         duck.execute("COMMIT")
     except BaseException:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -134,3 +136,55 @@ def test_exiting_without_closing_the_writer_writes_what_was_queued(tmp_path: Pat
     assert proc.returncode == 0, proc.stderr
     with SpanStore(path) as store:
         assert store.query("SELECT count(*) AS n FROM spans").to_pylist() == [{"n": 4000}]
+
+
+class GatedStore(SpanStore):
+    """A real in-memory store whose ``add_spans`` waits for ``gate`` while ``hold`` is set, recording each batch."""
+
+    def __init__(self) -> None:
+        super().__init__(":memory:")
+        self.gate, self.batches = threading.Event(), []
+        self.gate.set()
+
+    def add_spans(self, spans: Sequence[Span]) -> int:
+        self.batches.append([s.attributes["i"] for s in spans])
+        assert self.gate.wait(60)
+        return super().add_spans(spans)
+
+
+def test_calls_completed_during_a_write_are_written_together_and_fail_alone() -> None:
+    """``write`` (a completed call, before its answer): calls that complete while another's write is under
+    way share the next store call; a call with a span the store rejects fails alone."""
+    store = GatedStore()
+    store.enqueue_one("task")
+    _, attempt = store.dequeue()
+    writer = SpanWriter(store).start()
+    results: dict[int, bool] = {}
+
+    def call(i: int, attempt_id: str) -> None:
+        results[i] = writer.write([_span(attempt.rollout_id, attempt_id, i)], timeout_s=10)
+
+    store.gate.clear()
+    first = threading.Thread(target=call, args=(0, attempt.attempt_id))
+    first.start()
+    assert _until(lambda: store.batches == [[0]])  # the first call's write is under way, held at the store
+    others = [threading.Thread(target=call, args=(i, attempt.attempt_id if i != 3 else "no-such-attempt"))
+              for i in range(1, 6)]
+    for t in others:
+        t.start()
+    assert _until(lambda: len(writer._calls) == 5)
+    store.gate.set()
+    for t in [first, *others]:
+        t.join(30)
+    assert results == {0: True, 1: True, 2: True, 3: False, 4: True, 5: True}
+    assert sorted(store.batches[1]) == [1, 2, 3, 4, 5]  # one store call for the five, then one each
+    assert sorted(s.attributes["i"] for s in _stored(store)) == [0, 1, 2, 4, 5]
+
+
+def _until(check: Callable[[], bool], timeout_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
