@@ -21,6 +21,7 @@ import duckdb
 import pyarrow as pa
 
 from spanlab.errors import StoreError, StoreLockedError
+from spanlab.jsonpolicy import check_depth, decode
 
 MEMORY = ":memory:"
 
@@ -61,13 +62,19 @@ def translate_open_error(path: str, exc: Exception) -> StoreError:
 
 
 def dumps(value: Any, *, allow_nan: bool = True) -> str | None:
-    """JSON for a JSON column; None stays SQL NULL. ``allow_nan=False``: NaN and Infinity (not JSON, which
-    DuckDB refuses) raise ``ValueError``."""
-    return None if value is None else json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=allow_nan)
+    """JSON for a JSON column; None stays SQL NULL. Nesting past :data:`~spanlab.jsonpolicy.MAX_DEPTH` raises
+    ``JSONPolicyError`` (a ``ValueError``): no read could answer with it. ``allow_nan=False``: NaN and Infinity
+    (not JSON, which DuckDB refuses) raise ``ValueError`` too."""
+    if value is None:
+        return None
+    check_depth(value, what="a JSON value")
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=allow_nan)
 
 
 def loads(value: str | None) -> Any:
-    return None if value is None else json.loads(value)
+    """A JSON column's value, read by the policy (:mod:`spanlab.jsonpolicy`); what it refuses is quarantined
+    by the caller (:mod:`spanlab.store.quarantine`)."""
+    return None if value is None else decode(value, what="a stored JSON value")
 
 
 def fetch_dicts(cur: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
