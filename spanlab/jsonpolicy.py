@@ -30,11 +30,13 @@ _SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
 class JSONPolicyError(SpanlabError, json.JSONDecodeError):
-    """A JSON document the policy refuses. A ``JSONDecodeError``, so FastAPI answers it 422 as invalid JSON."""
+    """A JSON document the policy refuses. A ``JSONDecodeError``, so FastAPI answers it 422 as invalid JSON.
+    ``syntax``: not JSON at all (a surface may answer that as it always did, e.g. 400), rather than JSON the
+    policy refuses (422 everywhere)."""
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, syntax: bool = False) -> None:
         json.JSONDecodeError.__init__(self, message, "", 0)
-        self.args = (message,)
+        self.args, self.syntax = (message,), syntax
 
     def __str__(self) -> str:
         return self.msg
@@ -47,7 +49,9 @@ def decode(raw: bytes | str, *, what: str = "the body", max_depth: int = MAX_DEP
     except RecursionError:
         raise JSONPolicyError(f"{what} is JSON nested deeper than {max_depth} levels") from None
     except msgspec.DecodeError as exc:
-        raise JSONPolicyError(f"{what} is not accepted JSON: {_reason(raw, exc)}") from None
+        reason, syntax = _reason(raw, exc)
+        raise JSONPolicyError(f"{what} is {'not JSON' if syntax else 'not accepted JSON'}: {reason}",
+                              syntax=syntax) from None
     check_depth(value, what=what, max_depth=max_depth)
     return value
 
@@ -68,19 +72,21 @@ def _refuse_constant(name: str) -> None:
     raise ValueError(f"{name} is not a JSON number (NaN and Infinity are refused)")
 
 
-def _reason(raw: bytes | str, exc: msgspec.DecodeError) -> str:
-    """Why msgspec refused ``raw``, in words: Python's parser places syntax errors; the rest are named here."""
+def _reason(raw: bytes | str, exc: msgspec.DecodeError) -> tuple[str, bool]:
+    """Why msgspec refused ``raw``, in words, and whether it is a syntax error (Python's parser says where)."""
     data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
     try:
         json.loads(data, parse_constant=_refuse_constant)
     except UnicodeDecodeError:
-        return "it is not UTF-8"
+        return "it is not UTF-8", False
     except RecursionError:
-        return "it is nested too deep"
-    except ValueError as err:  # JSONDecodeError included: its message says where
-        return str(err)
+        return "it is nested too deep", False
+    except json.JSONDecodeError as err:
+        return str(err), True
+    except ValueError as err:  # NaN, Infinity
+        return str(err), False
     if _SURROGATE.search(data):
-        return "a string holds a lone UTF-16 surrogate (\\ud800-\\udfff without its pair)"
+        return "a string holds a lone UTF-16 surrogate (\\ud800-\\udfff without its pair)", False
     if isinstance(exc, msgspec.ValidationError):
-        return f"a number is out of range (1e999 is Infinity): {exc}"
-    return str(exc)
+        return f"a number is out of range (1e999 is Infinity): {exc}", False
+    return str(exc), False
