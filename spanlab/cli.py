@@ -106,6 +106,7 @@ def store_serve(
     """Own the DuckDB file and serve the store API (OpenAPI at /docs) to workers in other processes."""
     import uvicorn
 
+    from spanlab.guards import loopback_hosts
     from spanlab.serving import check_bind
     from spanlab.store import SpanStore
     from spanlab.store.server import create_store_app
@@ -114,7 +115,8 @@ def store_serve(
         check_bind(host, token, insecure_no_token=insecure_no_token)
         path = sql_text.resolve_db(db)
         with SpanStore(path, compress=compress) as store:  # closed after uvicorn stops: pending writes committed
-            app = create_store_app(store, token=token, max_body_bytes=int(max_body_mb * 1024 * 1024))
+            app = create_store_app(store, token=token, max_body_bytes=int(max_body_mb * 1024 * 1024),
+                                   hosts=loopback_hosts(host))
             logging.getLogger(__name__).info("store server for %s on http://%s:%d", path, host, port)
             uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
     except SpanlabError as exc:

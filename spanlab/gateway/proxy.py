@@ -42,6 +42,7 @@ from spanlab.gateway.protocol import (
     error_body,
     loads,
     needs_rewrite,
+    parse_request,
     prepare_upstream,
     strip_for_agent,
 )
@@ -370,15 +371,7 @@ class Gateway:
     # --- request checks --------------------------------------------------------------------------
     @staticmethod
     def _parse_body(raw: bytes) -> dict[str, Any]:
-        try:
-            body = loads(raw)
-        except ValueError as exc:
-            raise BadRequestError(f"the request body is not valid JSON: {exc}", code="invalid_json") from exc
-        if not isinstance(body, dict):
-            raise BadRequestError(
-                f"the request body must be a JSON object, not {type(body).__name__}", code="invalid_json"
-            )
-        return body
+        return parse_request(raw)
 
     def _upstream_headers(self, request: Request) -> dict[str, str]:
         headers = {"content-type": "application/json"}
