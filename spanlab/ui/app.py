@@ -140,7 +140,7 @@ def create_app(db: str | Path, tokenizer_loader: TokenizerLoader | None = None, 
     async def runs() -> list[dict[str, Any]]:
         return await read(queries.runs)
 
-    @app.get("/api/runs/{run_id}/metrics")
+    @app.get("/api/runs/{run_id:path}/metrics")  # :path: a run_id may hold "/" (runs.js encodes it as %2F)
     async def run_metrics(run_id: str, names: str = "reward_mean,loss") -> dict[str, Any]:
         wanted = [n for n in names.split(",") if n][:20]
         return await read(queries.run_metrics, run_id, wanted)
