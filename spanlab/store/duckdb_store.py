@@ -48,6 +48,7 @@ class SpanStore(StoreAPI):
         self.timeout_grace_s = timeout_grace_s
         self._stale_check_interval_s = stale_check_interval_s
         self._last_stale_check = 0.0
+        hot.check_readable(self.path)  # before DuckDB is opened: a failed open must leave both files as they were
         self._conn = conn = connect(self.path)
         try:
             if not compress:

@@ -50,7 +50,8 @@ def connect(path: str | Path, *, read_only: bool = False, safe: bool = False) ->
 
 def translate_open_error(path: str, exc: Exception) -> StoreError:
     msg = str(exc)
-    if "lock" in msg.lower():
+    # "Corrupt database file: ... checksum ... for block ...": "block" holds "lock", so the lock test is exact.
+    if "could not set lock" in msg.lower() or "conflicting lock" in msg.lower():
         holder = f" (PID {pid.group(1)})" if (pid := re.search(r"PID (\d+)", msg)) else ""
         return StoreLockedError(f"span store {path} is held read-write by another process{holder}. Only one process "
                                 "may open it while it is written: stop that process, or query through its store "
