@@ -156,3 +156,17 @@ def test_a_loopback_server_answers_only_loopback_host_names(tmp_path: Path) -> N
         assert httpx.get(srv.url + "/health").status_code == 200
         assert httpx.get(srv.url + "/health", headers={"Host": "evil.example"}).status_code == 421
         assert httpx.get(f"http://localhost:{srv.port}/health").status_code == 200
+
+
+def test_user_sql_has_a_memory_limit(tmp_path: Path) -> None:
+    """Issue 42, item 3: this query grew the server from 215 MB to 5 GB before the time limit stopped it."""
+    psutil = pytest.importorskip("psutil")
+    me = psutil.Process()
+    query = "SELECT length(list_sort(l)) FROM (SELECT list(random()) l FROM range(400000000))"
+    with SpanStore(tmp_path / "s.duckdb") as store, ThreadedServer(create_store_app(store)) as srv:
+        before = me.memory_info().rss
+        r = httpx.post(srv.url + "/sql", json={"query": query}, timeout=60)
+        grown = me.memory_info().rss - before
+        assert r.status_code == 400 and "Memory" in r.json()["detail"] and "\n" not in r.json()["detail"], r.text
+        assert grown < 768 * 2**20, f"grew {grown / 2**20:.0f} MiB"
+        assert httpx.post(srv.url + "/sql", json={"query": "SELECT 42 AS x"}).json() == [{"x": 42}]

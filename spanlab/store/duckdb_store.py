@@ -126,7 +126,8 @@ class SpanStore(StoreAPI):
     def restrict_to_store(self) -> None:
         """Turn off DuckDB's access to other files, the network and extensions (for a process that serves
         user SQL, the store server). Irreversible."""
-        settings = "; ".join(f"SET {key} = {str(value).lower()}" for key, value in SAFE_QUERY_CONFIG.items())
+        settings = "; ".join(f"SET {key} = {value!r}" if isinstance(value, str) else f"SET {key} = {str(value).lower()}"
+                             for key, value in SAFE_QUERY_CONFIG.items())
         with self._lock:
             self._conn.execute(settings)
 
