@@ -61,6 +61,7 @@ SPAN_IDS_HEADER = "x-spanlab-span-ids"
 ROLLOUT_PREFIX = "/rollout/{rollout_id}/attempt/{attempt_id}"
 AGENT_PREFIX = ROLLOUT_PREFIX + "/agent/{agent}"
 _FORWARDED_HEADERS = ("authorization",)
+MAX_FLUSH_WAIT_S = 600.0
 # Stream failures the agent has not been told about yet (an in-stream vLLM error event already reached it).
 _GATEWAY_STREAM_ERRORS = frozenset({"upstream_timeout", "upstream_stream_broken", "upstream_stream_truncated"})
 
@@ -156,7 +157,12 @@ class Gateway:
 
     async def flush(self, request: Request) -> Response:
         """Wait until every span recorded so far is in the store (runners call it before scoring)."""
-        timeout = float(request.query_params.get("timeout", "30"))
+        try:
+            timeout = float(request.query_params.get("timeout", "30"))
+        except ValueError:
+            timeout = -1.0
+        if not 0 <= timeout <= MAX_FLUSH_WAIT_S:  # NaN included
+            return _error(400, f"timeout must be a number of seconds from 0 to {MAX_FLUSH_WAIT_S:g}", "invalid_timeout")
         done = await anyio.to_thread.run_sync(self.writer.flush, timeout)
         return JSONResponse({"flushed": done, "pending": self.writer.pending}, status_code=200 if done else 504)
 
