@@ -170,3 +170,27 @@ def test_user_sql_has_a_memory_limit(tmp_path: Path) -> None:
         assert r.status_code == 400 and "Memory" in r.json()["detail"] and "\n" not in r.json()["detail"], r.text
         assert grown < 768 * 2**20, f"grew {grown / 2**20:.0f} MiB"
         assert httpx.post(srv.url + "/sql", json={"query": "SELECT 42 AS x"}).json() == [{"x": 42}]
+
+
+def test_a_compressed_arrow_bomb_is_refused_before_it_is_unpacked(tmp_path: Path) -> None:
+    """Issue 42, item 3: a 61 KB zstd stream of zeros was refused with 422 only after it took +800 MB."""
+    psutil = pytest.importorskip("psutil")
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    zeros = pa.table({"prompt_token_ids": pa.array(np.zeros(100_000_000, dtype=np.int32))})  # 400 MB unpacked
+    sink = pa.BufferOutputStream()
+    with ipc.new_stream(sink, zeros.schema, options=ipc.IpcWriteOptions(compression="zstd")) as writer:
+        writer.write_table(zeros)
+    bomb = sink.getvalue().to_pybytes()
+    del zeros, sink
+    assert len(bomb) < 1 << 20
+    me = psutil.Process()
+    with SpanStore(tmp_path / "s.duckdb") as store, ThreadedServer(create_store_app(store)) as srv:
+        before = me.memory_info().rss
+        r = httpx.post(srv.url + "/spans/arrow", content=bomb,
+                       headers={"content-type": "application/vnd.apache.arrow.stream"}, timeout=60)
+        grown = me.memory_info().rss - before
+    assert r.status_code == 422 and "unpacks to more than" in r.text, r.text
+    assert grown < 128 * 2**20, f"grew {grown / 2**20:.0f} MiB"
