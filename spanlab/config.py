@@ -6,6 +6,7 @@ errors, so a typo (``wokers: 4``) fails loudly instead of being ignored.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,10 @@ class RunConfig(_Config):
 MAX_YAML_NODES = 100_000  # values in a config once its aliases are expanded: far above any real one
 _TOO_MANY = MAX_YAML_NODES + 1  # sizes are counted up to here (a bomb's true size has hundreds of digits)
 MAX_PROBLEMS = 10  # problems listed in one error; the rest are counted
+# No number of a config is infinite or past 2**31-1 (tokens, steps, epochs, seeds alike): 1e20 micro-batch tokens
+# or 1e9 epochs is a typo that would only fail, or never end, once the run is under way. Checked over the raw
+# mapping (number_out_of_range), so every section, an algorithm plugin's own included, follows it.
+MAX_CONFIG_NUMBER = 2**31 - 1
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -152,6 +157,22 @@ def _expanded_size(root: yaml.Node) -> int:
         stack.append((node, True))
         stack.extend((c, False) for c in children if id(c) not in sizes)
     return sizes[id(root)]
+
+
+def number_out_of_range(data: Any) -> str | None:
+    """The first number of the raw config that is not finite or past :data:`MAX_CONFIG_NUMBER`, as ``key: why``."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((f"{where}.{k}" if where else str(k), v) for k, v in value.items())
+        elif isinstance(value, list | tuple):
+            stack.extend((f"{where}[{i}]", v) for i, v in enumerate(value))
+        elif isinstance(value, float) and not math.isfinite(value):
+            return f"{where}: {value} is not a finite number"
+        elif isinstance(value, int | float) and not isinstance(value, bool) and abs(value) > MAX_CONFIG_NUMBER:
+            return f"{where}: {str(value)[:40]} is out of range (at most {MAX_CONFIG_NUMBER:,} in a config)"
+    return None
 
 
 def parse(model: type[BaseModel], data: dict[str, Any], source: str = "config") -> Any:

@@ -10,7 +10,6 @@ machine, unknown keys are errors naming the key, and everything here is checked 
 from __future__ import annotations
 
 import functools
-import math
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -18,7 +17,7 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
-from spanlab.config import AgentConfig, load_yaml, parse
+from spanlab.config import AgentConfig, load_yaml, number_out_of_range, parse
 from spanlab.engine.config import EngineConfig
 from spanlab.errors import ConfigError
 from spanlab.jobs.algorithm import Algorithm, AlgorithmConfig
@@ -40,10 +39,6 @@ MIGRATIONS: dict[str, str] = {
     "apo.test_tasks": "apo.test_tasks: moved to eval.tasks (the framework's held-out evaluation)",
 }
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-# No number of a train config is infinite or past 2**31-1 (tokens, steps, epochs, seeds alike): 1e20 micro-batch
-# tokens or 1e9 epochs is a typo that would only fail, or never end, once the run is under way. Checked over the
-# raw mapping, so every section (an algorithm's own included) follows it.
-MAX_CONFIG_NUMBER = 2**31 - 1
 COLOCATED_ENGINE_SHARE = 0.3  # of the GPU, for the engines a job starts beside a GPU trainer (as TRL colocates)
 
 
@@ -271,7 +266,7 @@ def parse_train_config(data: dict[str, Any], source: str = "config", *, steps: i
     """Validate a train config (``steps``: the ``--steps`` override, validated like the YAML key it sets;
     ``launch``: torchrun's ranks, which set ``trainer.processes`` when the config leaves it out)."""
     data = with_world(data, launch)
-    if problem := _number_out_of_range(data):
+    if problem := number_out_of_range(data):
         raise ConfigError(f"{source}: {problem}")
     name = data.get("algorithm", "grpo")
     if not isinstance(name, str):
@@ -293,22 +288,6 @@ def parse_train_config(data: dict[str, Any], source: str = "config", *, steps: i
             raise ConfigError(f"{source}: {name} must be a mapping")
         data = {**data, name: {**section, algorithm.steps_key: steps}}
     return parse(train_config_model(name, algorithm), data, source=source)
-
-
-def _number_out_of_range(data: Any) -> str | None:
-    """The first number of the raw config that is not finite or past :data:`MAX_CONFIG_NUMBER`, as ``key: why``."""
-    stack: list[tuple[str, Any]] = [("", data)]
-    while stack:
-        where, value = stack.pop()
-        if isinstance(value, dict):
-            stack.extend((f"{where}.{k}" if where else str(k), v) for k, v in value.items())
-        elif isinstance(value, list | tuple):
-            stack.extend((f"{where}[{i}]", v) for i, v in enumerate(value))
-        elif isinstance(value, float) and not math.isfinite(value):
-            return f"{where}: {value} is not a finite number"
-        elif isinstance(value, int | float) and not isinstance(value, bool) and abs(value) > MAX_CONFIG_NUMBER:
-            return f"{where}: {value:g} is out of range (at most {MAX_CONFIG_NUMBER:,} in a config)"
-    return None
 
 
 def load_train_config(path: str | Path, *, steps: int | None = None, launch: Launch | None = None) -> TrainConfig:
