@@ -34,9 +34,9 @@ class JSONPolicyError(SpanlabError, json.JSONDecodeError):
     ``syntax``: not JSON at all (a surface may answer that as it always did, e.g. 400), rather than JSON the
     policy refuses (422 everywhere)."""
 
-    def __init__(self, message: str, *, syntax: bool = False) -> None:
+    def __init__(self, message: str, *, syntax: bool = False, reason: str = "") -> None:
         json.JSONDecodeError.__init__(self, message, "", 0)
-        self.args, self.syntax = (message,), syntax
+        self.args, self.syntax, self.reason = (message,), syntax, reason or message
 
     def __str__(self) -> str:
         return self.msg
@@ -51,7 +51,7 @@ def decode(raw: bytes | str, *, what: str = "the body", max_depth: int = MAX_DEP
     except msgspec.DecodeError as exc:
         reason, syntax = _reason(raw, exc)
         raise JSONPolicyError(f"{what} is {'not JSON' if syntax else 'not accepted JSON'}: {reason}",
-                              syntax=syntax) from None
+                              syntax=syntax, reason=reason) from None
     check_depth(value, what=what, max_depth=max_depth)
     return value
 

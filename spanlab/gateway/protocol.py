@@ -39,7 +39,9 @@ def parse_request(raw: bytes) -> dict[str, Any]:
     try:
         body = decode(raw, what="the request body")
     except JSONPolicyError as exc:
-        raise BadRequestError(str(exc), 400 if exc.syntax else 422, code="invalid_json") from None
+        if exc.syntax:
+            raise BadRequestError(f"the request body is not valid JSON: {exc.reason}", code="invalid_json") from None
+        raise BadRequestError(str(exc), 422, code="invalid_json") from None
     if not isinstance(body, dict):
         raise BadRequestError(f"the request body must be a JSON object, not {type(body).__name__}",
                               code="invalid_json")

@@ -76,7 +76,7 @@ def test_silent_upstream_is_504_after_the_timeout(store: SpanStore, silent_upstr
 @pytest.mark.parametrize(
     ("body", "status", "needle"),
     [
-        (b"{not json", 400, "is not JSON"),
+        (b"{not json", 400, "not valid JSON"),
         (b"[1, 2]", 400, "JSON object"),
         (b'{"model": "m"}', 400, "messages"),
         (b'{"model": "m", "messages": [], "n": -1}', 400, "`n`"),
