@@ -94,6 +94,10 @@ def test_in_process_writes_refuse_json_no_read_could_answer(tmp_path: Path) -> N
             store.add_resource("n", {"a": _deep(300)})
         with pytest.raises(ValueError, match="nested deeper"):
             store.enqueue_one(_deep(300))
+        with pytest.raises(ValueError, match="JSON compliant"):
+            store.enqueue_one({"x": float("nan")})
+        with pytest.raises(ValueError, match="JSON compliant"):
+            store.add_resource("n", {"x": float("inf")})
         assert store.list_resources() == [] and store.list_rollouts() == []
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from spanlab.errors import StoreError, StoreLockedError
+from spanlab.errors import InvalidSpanError, StoreError, StoreLockedError
 from spanlab.jsonpolicy import check_depth, decode
 
 MEMORY = ":memory:"
@@ -66,14 +66,17 @@ def translate_open_error(path: str, exc: Exception) -> StoreError:
     return StoreError(f"cannot open span store {path}: {msg}")
 
 
-def dumps(value: Any, *, allow_nan: bool = True) -> str | None:
-    """JSON for a JSON column; None stays SQL NULL. Nesting past :data:`~spanlab.jsonpolicy.MAX_DEPTH` raises
-    ``JSONPolicyError`` (a ``ValueError``): no read could answer with it. ``allow_nan=False``: NaN and Infinity
-    (not JSON, which DuckDB refuses) raise ``ValueError`` too."""
+def dumps(value: Any, *, allow_nan: bool = False) -> str | None:
+    """JSON for a JSON column; None stays SQL NULL. What no read could answer with (the JSON policy,
+    :mod:`spanlab.jsonpolicy`: nesting past 100 levels; NaN and Infinity unless ``allow_nan``) is an
+    ``InvalidSpanError`` (a ``ValueError``) before anything is stored."""
     if value is None:
         return None
-    check_depth(value, what="a JSON value")
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=allow_nan)
+    try:
+        check_depth(value, what="a JSON value")
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=allow_nan)
+    except ValueError as exc:
+        raise InvalidSpanError(f"cannot store {type(value).__name__} as JSON: {exc}; nothing was stored") from None
 
 
 def loads(value: str | None) -> Any:
