@@ -106,6 +106,7 @@ def store_serve(
     """Own the DuckDB file and serve the store API (OpenAPI at /docs) to workers in other processes."""
     import uvicorn
 
+    from spanlab.guards import loopback_hosts
     from spanlab.serving import check_bind, sigterm_exits
     from spanlab.store import SpanStore
     from spanlab.store.server import create_store_app
@@ -115,7 +116,8 @@ def store_serve(
         path = sql_text.resolve_db(db)
         # closed after uvicorn stops, on Ctrl-C and SIGTERM too: DuckDB then holds every write
         with sigterm_exits(), SpanStore(path, compress=compress) as store:
-            app = create_store_app(store, token=token, max_body_bytes=int(max_body_mb * 1024 * 1024))
+            app = create_store_app(store, token=token, max_body_bytes=int(max_body_mb * 1024 * 1024),
+                                   hosts=loopback_hosts(host))
             logging.getLogger(__name__).info("store server for %s on http://%s:%d", path, host, port)
             uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
     except SpanlabError as exc:

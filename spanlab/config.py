@@ -6,6 +6,7 @@ errors, so a typo (``wokers: 4``) fails loudly instead of being ignored.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,15 @@ class RunConfig(_Config):
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
 
 
+MAX_YAML_NODES = 100_000  # values in a config once its aliases are expanded: far above any real one
+_TOO_MANY = MAX_YAML_NODES + 1  # sizes are counted up to here (a bomb's true size has hundreds of digits)
+MAX_PROBLEMS = 10  # problems listed in one error; the rest are counted
+# No number of a config is infinite or past 2**31-1 (tokens, steps, epochs, seeds alike): 1e20 micro-batch tokens
+# or 1e9 epochs is a typo that would only fail, or never end, once the run is under way. Checked over the raw
+# mapping (number_out_of_range), so every section, an algorithm plugin's own included, follows it.
+MAX_CONFIG_NUMBER = 2**31 - 1
+
+
 class _StrictLoader(yaml.SafeLoader):
     """A YAML loader that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
 
@@ -86,6 +96,8 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _m
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """A config file's mapping: UTF-8, valid YAML, no key twice; every problem a one-line ConfigError."""
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"config file {p} is a folder, not a file")
     if not p.is_file():
         raise ConfigError(f"config file {p} does not exist")
     try:
@@ -95,7 +107,11 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     except OSError as exc:
         raise ConfigError(f"cannot read config {p}: {exc.strerror or exc}") from exc
     try:
-        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
+        data = _load(text)
+    except RecursionError:
+        raise ConfigError(f"{p} is nested too deep to be a config") from None
+    except ConfigError as exc:
+        raise ConfigError(f"{p} {exc}") from None
     except yaml.MarkedYAMLError as exc:
         where = f" (line {exc.problem_mark.line + 1})" if exc.problem_mark else ""
         raise ConfigError(f"{p} is not valid YAML: {exc.problem or exc.context}{where}") from exc
@@ -106,16 +122,80 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def _load(text: str) -> Any:
+    """Compose the document, refuse it if its aliases expand past :data:`MAX_YAML_NODES`, then build it."""
+    loader = _StrictLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is not None and _expanded_size(node) > MAX_YAML_NODES:
+            raise ConfigError(f"holds more than {MAX_YAML_NODES} values once its aliases are expanded (a config "
+                              "holds far fewer: an alias bomb?)")
+        return None if node is None else loader.construct_document(node)
+    finally:
+        loader.dispose()  # type: ignore[no-untyped-call]
+
+
+def _expanded_size(root: yaml.Node) -> int:
+    """How many nodes ``root`` is once every alias is copied out (a "billion laughs" document: 10^9 from a few
+    lines), counted over the composed graph (shared nodes once each), so counting costs what the text does."""
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if id(node) in sizes:
+            continue
+        children = ([n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode)
+                    else list(node.value) if isinstance(node, yaml.SequenceNode) else [])
+        if children_done:
+            sizes[id(node)] = min(_TOO_MANY, 1 + sum(sizes[id(c)] for c in children))
+            open_.discard(id(node))
+            continue
+        if id(node) in open_:
+            raise ConfigError("holds an alias that contains itself (a recursive structure)")
+        open_.add(id(node))
+        stack.append((node, True))
+        stack.extend((c, False) for c in children if id(c) not in sizes)
+    return sizes[id(root)]
+
+
+def number_out_of_range(data: Any) -> str | None:
+    """The first number of the raw config that is not finite or past :data:`MAX_CONFIG_NUMBER`, as ``key: why``."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((f"{where}.{k}" if where else str(k), v) for k, v in value.items())
+        elif isinstance(value, list | tuple):
+            stack.extend((f"{where}[{i}]", v) for i, v in enumerate(value))
+        elif isinstance(value, float) and not math.isfinite(value):
+            return f"{where}: {value} is not a finite number"
+        elif isinstance(value, int | float) and not isinstance(value, bool) and abs(value) > MAX_CONFIG_NUMBER:
+            return f"{where}: {str(value)[:40]} is out of range (at most {MAX_CONFIG_NUMBER:,} in a config)"
+    return None
+
+
 def parse(model: type[BaseModel], data: dict[str, Any], source: str = "config") -> Any:
-    """Validate ``data`` as ``model``; the error lists each bad key as ``section.key: problem``."""
+    """Validate ``data`` as ``model``; the error lists each bad key as ``section.key: problem`` (the first
+    :data:`MAX_PROBLEMS`, then how many more)."""
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         problems = []
-        for err in exc.errors():
+        errors = exc.errors()
+        for err in errors[:MAX_PROBLEMS]:
             where = ".".join(str(part) for part in err["loc"]) or "(top level)"
-            problems.append(f"  {where}: {err['msg']}")
+            problems.append(f"  {_short(where)}: {_short(err['msg'])}")
+        if len(errors) > MAX_PROBLEMS:
+            problems.append(f"  ... and {len(errors) - MAX_PROBLEMS} more")
+        if len(problems) == 1:  # the usual case: one line
+            raise ConfigError(f"{source} is invalid: {problems[0].strip()}") from exc
         raise ConfigError(f"{source} is invalid:\n" + "\n".join(problems)) from exc
+
+
+def _short(text: str, limit: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def load_config(model: type[BaseModel], path: str | Path) -> Any:

@@ -41,3 +41,9 @@ class QueryError(SpanlabError, ValueError):
 
 class RolloutWorkersError(SpanlabError, RuntimeError):
     """The workers running a job's rollouts in the background stopped with an error."""
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """``exc`` as one line of at most ``limit`` characters (type and message), for errors that quote another's."""
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

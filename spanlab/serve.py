@@ -34,6 +34,16 @@ class ServeGateway(_Section):
     upstream_url: str | None = Field(default=None, description="use this running engine instead of starting one")
     tito: bool = Field(default=False, description="Token-In Token-Out sessions (docs/tito.md); yaml `tito: on`")
     tokenizer: Path | None = Field(default=None, description="TITO: the served model's folder (default: the engine's)")
+    token: str | None = Field(default=None, description="a bearer token every call must carry (the agents' api_key)")
+    insecure_no_token: bool = Field(default=False, description="allow a bind beyond loopback without a token")
+
+    @model_validator(mode="after")
+    def _token_beyond_loopback(self) -> ServeGateway:
+        from spanlab.serving import check_bind
+
+        check_bind(self.host, self.token, insecure_no_token=self.insecure_no_token, what="the gateway",
+                   flag="gateway.insecure_no_token: true", token_hint="gateway.token")
+        return self
 
 
 class ServeStoreServer(_Section):
@@ -98,6 +108,7 @@ def serve(config: ServeConfig, *, console: Console | None = None, stop: threadin
         g = config.gateway
         gateway = stack.enter_context(
             GatewayServer(store, upstream_urls=upstreams, host=g.host, port=g.port, tito=g.tito, tokenizer=g.tokenizer,
+                          token=g.token, insecure_no_token=g.insecure_no_token,
                           tool_call_parser=config.engine.tool_call_parser,
                           reasoning_parser=config.engine.reasoning_parser)
         )

@@ -1,6 +1,6 @@
 """Serving an ASGI app with uvicorn on a daemon thread: the store server and gateway inside a process; and the
-rules a server follows: no bind beyond loopback without a token (:func:`check_bind`), and a cap on request
-bodies (:class:`BodyLimit`).
+rule a server follows: no bind beyond loopback without a token (:func:`check_bind`); the checks of each request
+are in :mod:`spanlab.guards`.
 
 ``port=0`` binds any free port, and the socket is bound before the thread starts, so ``url`` is
 known immediately and two servers never race for a port. :class:`ListenConfig` is the config side of a
@@ -21,69 +21,31 @@ from typing import Any
 from urllib.parse import urlparse
 
 import uvicorn
-from fastapi import HTTPException
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from spanlab.errors import ConfigError
+from spanlab.guards import LOOPBACK_NAMES, HostCheck, loopback_hosts
 
 logger = logging.getLogger(__name__)
-
-# The names a server bound to loopback answers to; a bind to anything else is reachable from other machines.
-LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
+__all__ = ["LOOPBACK_NAMES", "ListenConfig", "ThreadedServer", "check_bind"]
 
 
 def check_bind(host: str, token: str | None, *, insecure_no_token: bool = False,
-               flag: str = "--insecure-no-token") -> None:
-    """Refuse to serve the store beyond loopback without a token: anyone who reaches the port could then
-    read, cancel and rewrite every rollout. ``insecure_no_token`` (``flag`` in the error) is the explicit way."""
+               flag: str = "--insecure-no-token", what: str = "the store",
+               token_hint: str = "--token or $SPANLAB_STORE_TOKEN") -> None:
+    """Refuse to serve ``what`` beyond loopback without a token: anyone who reaches the port could then read,
+    cancel and rewrite every rollout (or, for the gateway, spend the engines and write spans into any attempt).
+    ``insecure_no_token`` (``flag`` in the error) is the explicit way."""
     if host in LOOPBACK_NAMES or token:
         return
     if not insecure_no_token:
         raise ConfigError(
-            f"refusing to serve the store on {host} without a token: anyone who can reach it could read and "
-            f"change it. Set a token (--token or $SPANLAB_STORE_TOKEN), bind 127.0.0.1, or pass {flag} "
+            f"refusing to serve {what} on {host} without a token: anyone who can reach it could read and "
+            f"change it. Set a token ({token_hint}), bind 127.0.0.1, or pass {flag} "
             "if this network is trusted"
         )
-    logger.warning("serving the store on %s WITHOUT a token (--insecure-no-token): anyone who can reach it "
-                   "can read and change it", host)
-
-
-class BodyLimit:
-    """413 for bodies over the limit: a declared length is checked before anything is read, and the bytes
-    of every body are counted as they arrive, so a chunked upload (no length) is cut off at the limit too.
-
-    Plain ASGI rather than Starlette's ``BaseHTTPMiddleware``, which re-wraps every request and response
-    in memory streams.
-    """
-
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        length = dict(scope["headers"]).get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
-            detail = f"body of {length.decode(errors='replace')} bytes is over the {self.max_bytes}-byte limit"
-            await JSONResponse({"detail": detail}, 413)(scope, receive, send)
-            return
-        received = 0
-
-        async def counted() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    raise HTTPException(413, f"body over the {self.max_bytes}-byte limit")
-            return message
-
-        await self.app(scope, counted, send)
-
+    logger.warning("serving %s on %s WITHOUT a token (%s): anyone who can reach it can read and change it",
+                   what, host, flag)
 
 
 @contextlib.contextmanager
@@ -106,8 +68,12 @@ def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 
 class ThreadedServer:
+    """``app`` served on ``host:port``; bound to loopback, it answers only loopback Host names (:class:`HostCheck`:
+    DNS rebinding), whatever the app."""
+
     def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int = 0, name: str = "server") -> None:
         self.app, self.host, self.name = app, host, name
+        hosts = loopback_hosts(host)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, port))
@@ -115,7 +81,8 @@ class ThreadedServer:
         self._server = uvicorn.Server(
             # log_config=None: uvicorn's dictConfig would reset every existing logger's level in the host
             # process (httpx's INFO line per request came back in `spanlab train` that way).
-            uvicorn.Config(app, log_level="warning", log_config=None, access_log=False, lifespan="on",
+            uvicorn.Config(app if hosts is None else HostCheck(app, hosts), log_level="warning", log_config=None,
+                           access_log=False, lifespan="on",
                            timeout_graceful_shutdown=5)
         )
         self._thread = threading.Thread(

@@ -241,3 +241,31 @@ def test_token_ids_that_are_not_int32_integers_are_422(server: ServerProcess, cl
     resp = httpx.post(f"{server.url}/v1/traces", headers=AUTH, json=body)
     assert resp.status_code == 422 and "response_token_ids" in resp.json()["detail"], resp.text
     assert list(client.iter_spans(attempt_ids=[attempt[1]])) == []
+
+
+def _with_messages(request: dict, messages: str) -> dict:
+    span = request["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+    span["attributes"].append({"key": "gen_ai.input.messages", "value": {"stringValue": messages}})
+    return request
+
+
+def test_json_the_policy_refuses_gets_a_4xx_never_a_500(server: ServerProcess, client: StoreClient,
+                                                         attempt: tuple[str, str]) -> None:
+    """Issue 42, item 5: each of these answered 500 (AttributeError, RecursionError)."""
+    url, before = f"{server.url}/v1/traces", _count(client)
+    request = _json_request(attempt[1], attempt[0], "0000000000000042")
+    deep = '[{"role":"user","parts":' + "[" * 5000 + "]" * 5000 + "}]"
+    cases = [
+        (json.dumps(_with_messages(json.loads(json.dumps(request)), "[{bad")).encode(), 422,
+         "gen_ai.input.messages is not JSON"),
+        (json.dumps(_with_messages(json.loads(json.dumps(request)), "[1, 2]")).encode(), 422,
+         "gen_ai.input.messages must be a JSON list of message objects"),
+        (json.dumps(_with_messages(json.loads(json.dumps(request)), deep)).encode(), 422, "nested deeper"),
+        (b'{"resourceSpans":' + b"[" * 100_000 + b"]" * 100_000 + b"}", 422, "nested deeper"),
+        (b'{"resourceSpans":[],"x":NaN}', 422, "NaN"),
+        (b'{"resourceSpans":[],"x":"\\ud800"}', 422, "surrogate"),
+    ]
+    for body, status, says in cases:
+        resp = httpx.post(url, headers={**AUTH, "content-type": "application/json"}, content=body)
+        assert (resp.status_code, says in resp.json()["detail"]) == (status, True), resp.text[:300]
+    assert _count(client) == before

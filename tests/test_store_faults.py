@@ -117,6 +117,35 @@ def test_corrupt_file_is_reported_and_left_untouched(tmp_path: Path) -> None:
     assert good.read_bytes() == cut
 
 
+def test_a_flipped_block_is_called_corrupt_not_locked_and_left_untouched(tmp_path: Path) -> None:
+    """Issue 42, item 6: DuckDB's "checksum ... for block" read as a lock ("block" holds "lock")."""
+    path = tmp_path / "flipped.duckdb"
+    with SpanStore(path) as store:
+        store.enqueue([{"input": i} for i in range(50)])
+    data = bytearray(path.read_bytes())
+    data[12288:12288 + 64] = bytes(b ^ 0xFF for b in data[12288:12288 + 64])  # the first block after the headers
+    path.write_bytes(bytes(data))
+    with pytest.raises(StoreError, match=r"not a readable DuckDB database.*checksum") as err:
+        SpanStore(path)
+    assert not isinstance(err.value, StoreLockedError)
+    assert path.read_bytes() == bytes(data)
+
+
+def test_a_corrupt_hot_file_fails_the_open_and_leaves_both_files_as_they_were(tmp_path: Path) -> None:
+    path = tmp_path / "s.duckdb"
+    with SpanStore(path) as store:
+        store.enqueue_one({"keep": "me"})
+    hot = Path(f"{path}.hot.sqlite")
+    hot.write_bytes(b"not sqlite at all" * 1000)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(StoreError, match=r"hot file .*hot\.sqlite is not a readable SQLite database"):
+        SpanStore(path)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    hot.unlink()  # moved aside: rebuilt from DuckDB
+    with SpanStore(path) as store:
+        assert [r.input for r in store.list_rollouts()] == [{"keep": "me"}]
+
+
 def test_newer_schema_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "future.duckdb"
     SpanStore(path).close()

@@ -230,9 +230,11 @@ NO_TOOL_RESULTS = """{%- for m in messages -%}{%- if m.role != 'tool' -%}
 
 def test_a_template_that_renders_no_tool_result_is_not_usable(tmp_path: Path) -> None:
     """Skipping tool messages keeps every render a prefix, yet the model never sees what its tools answered:
-    the verdict is "not usable for tool calls" with exit 1, not "preserving" with a note."""
+    the verdict is "not preserving" and "not usable for tool calls" with exit 1 (issue 42, item 8: Phi-3.5-mini)."""
     report = check_template(NO_TOOL_RESULTS)
-    assert report.tool_append_prefix_preserving and report.renders_tool_calls and not report.renders_tool_results
+    assert report.string_level is not None and report.string_level.ok  # the renders do line up
+    assert not report.tool_append_prefix_preserving and report.renders_tool_calls
+    assert not report.renders_tool_results
     assert not report.usable_for_tools and report.exit_code == 1
     path = tmp_path / "no_results.jinja"
     path.write_text(NO_TOOL_RESULTS, encoding="utf-8")
@@ -240,6 +242,27 @@ def test_a_template_that_renders_no_tool_result_is_not_usable(tmp_path: Path) ->
     assert done.returncode == 1, done.stdout + done.stderr
     assert "not usable for tool calls (it renders no tool result)" in done.stdout
     assert "tool appends are prefix-preserving" not in done.stdout
+
+
+# Phi-3.5-mini-instruct's template (its tokenizer_config.json, MIT licence): it renders no tool turn at all.
+PHI_35_MINI = (
+    "{% for message in messages %}{% if message['role'] == 'system' and message['content'] %}{{'<|system|>\n' + "
+    "message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + "
+    "'<|end|>\n'}}{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + "
+    "'<|end|>\n'}}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}"
+    "{{ eos_token }}{% endif %}"
+)
+
+
+def test_phi_35_mini_is_not_called_prefix_preserving() -> None:
+    """Issue 42, item 8: it was, because dropping the tool message keeps the renders aligned."""
+    for special in ({"eos_token": "<|endoftext|>", "bos_token": "<s>"}, None):
+        report = check_template(PHI_35_MINI, special_tokens=special)
+        assert report.error is None
+        assert not report.tool_append_prefix_preserving and not report.renders_tool_results
+        assert report.exit_code == 1
+    assert report.string_level is not None and report.string_level.ok  # without an eos token the renders align
+    assert any("renders nothing" in n for n in report.notes), report.notes
 
 
 # --- quirks and errors on small templates ------------------------------------------------------------------

@@ -20,10 +20,11 @@ GPU (``device="gpu"``): none of the CPU-only flags or env; ``--dtype auto`` and 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Device = Literal["cpu", "gpu"]
 
@@ -40,6 +41,9 @@ def default_cpu_threads() -> int:
     """One core for vLLM's engine on small machines, leaving the rest to the trainer/API process."""
     n = os.cpu_count() or 1
     return 1 if n <= 2 else n - 1
+
+
+_HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
 
 class EngineConfig(BaseModel):
@@ -83,6 +87,17 @@ class EngineConfig(BaseModel):
     log_path: Path | None = Field(default=None, description="default: <cache>/logs/vllm-<port>.log")
     extra_args: tuple[str, ...] = ()
     extra_env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("model")
+    @classmethod
+    def _model_names_something(cls, model: str) -> str:
+        """A hub name (``org/name``) or spanlab's name is taken as it is; anything else must be a local folder,
+        so a typo in a path fails here, not after the engine has been starting for a minute."""
+        if not model.strip():
+            raise ValueError("model is empty: give spanlab's default name, a hub name (org/name) or a model folder")
+        if not _HUB_NAME.match(model) and not Path(model).expanduser().is_dir():
+            raise ValueError(f"model {model!r} is not a hub name (org/name) and no such folder exists")
+        return model
 
     @model_validator(mode="after")
     def _check_device_options(self) -> EngineConfig:

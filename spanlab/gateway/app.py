@@ -15,18 +15,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 
-from spanlab.gateway.auth import BearerTokenMiddleware
+from spanlab.gateway.auth import refusal
 from spanlab.gateway.config import GatewayConfig
 from spanlab.gateway.protocol import error_body
 from spanlab.gateway.proxy import Gateway
-from spanlab.serving import ThreadedServer
+from spanlab.guards import BodyTooLargeError, add_guards
+from spanlab.serving import ThreadedServer, check_bind
 from spanlab.store.base import StoreAPI
 
 logger = logging.getLogger(__name__)
@@ -43,14 +44,21 @@ async def _not_found(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
+async def _too_large(request: Request, exc: Exception) -> Response:
+    return Response(refusal(413, str(exc)), 413, media_type="application/json")
+
+
 def create_app(
-    store: StoreAPI, upstream_base_url: str | None = None, *, config: GatewayConfig | None = None, **overrides: Any
+    store: StoreAPI, upstream_base_url: str | None = None, *, config: GatewayConfig | None = None,
+    hosts: Collection[str] | None = None, **overrides: Any
 ) -> Starlette:
     """A gateway in front of ``upstream_base_url`` recording into ``store`` (which the caller owns).
 
     Pass a full ``config``, or the URL plus any :class:`GatewayConfig` fields as keywords. The app's
-    lifespan starts the upstream client and span writer, and on shutdown flushes every queued span. With
-    ``config.token`` every request must carry it as a bearer token (:mod:`spanlab.gateway.auth`).
+    lifespan starts the upstream client and span writer, and on shutdown flushes every queued span. The
+    guards of every surface (:mod:`spanlab.guards`) run before a route: ``hosts``, the only ``Host`` names
+    answered (None: any); ``config.token``, a bearer token every request must carry (:mod:`spanlab.gateway.auth`);
+    ``config.max_body_bytes``. Bodies follow the JSON policy (:func:`~spanlab.gateway.protocol.parse_request`).
     """
     if config is None:
         if upstream_base_url is None and not overrides.get("upstream_urls"):
@@ -71,18 +79,26 @@ def create_app(
         finally:
             await gateway.stop()
 
-    app = Starlette(routes=gateway.routes(), lifespan=lifespan, exception_handlers={404: _not_found})
-    if config.token is not None:
-        app.add_middleware(BearerTokenMiddleware, token=config.token.get_secret_value())
+    app = Starlette(routes=gateway.routes(), lifespan=lifespan,
+                    exception_handlers={404: _not_found, BodyTooLargeError: _too_large})
+    add_guards(app, hosts=hosts, token=None if config.token is None else config.token.get_secret_value(),
+               max_body_bytes=config.max_body_bytes, refusal=refusal)
     app.state.gateway = gateway
     return app
 
 
 class GatewayServer(ThreadedServer):
-    """A gateway served by uvicorn on ``host:port`` in a daemon thread (``port=0``: any free port)."""
+    """A gateway served by uvicorn on ``host:port`` in a daemon thread (``port=0``: any free port). Beyond
+    loopback it needs ``token`` (``insecure_no_token``: the explicit way not to); on loopback it answers only
+    loopback Host names (:class:`~spanlab.serving.ThreadedServer`)."""
 
     def __init__(self, store: StoreAPI, upstream_base_url: str | None = None, *, host: str = "127.0.0.1",
-                 port: int = 0, config: GatewayConfig | None = None, **overrides: Any) -> None:
+                 port: int = 0, config: GatewayConfig | None = None, insecure_no_token: bool = False,
+                 **overrides: Any) -> None:
+        token = config.token if config is not None else overrides.get("token")
+        check_bind(host, token.get_secret_value() if hasattr(token, "get_secret_value") else token,
+                   insecure_no_token=insecure_no_token, flag="insecure_no_token", what="the gateway",
+                   token_hint="gateway.token")
         super().__init__(create_app(store, upstream_base_url, config=config, **overrides), host=host, port=port,
                          name="gateway")
         self.gateway: Gateway = self.app.state.gateway

@@ -1,39 +1,23 @@
 """A bearer token on every gateway route, for a gateway that workers on other machines call.
 
 The gateway forwards generation to the engines and writes spans into the store for any rollout and attempt
-named in the path, so a gateway reachable from a network must not take calls from whoever finds the port.
+named in the path, so a gateway reachable from a network must not take calls from whoever finds the port
+(:class:`GatewayServer <spanlab.gateway.app.GatewayServer>` refuses a bind beyond loopback without one).
 Agents already send ``Authorization: Bearer <api_key>`` (the OpenAI SDK does), so the token is simply the
-``api_key`` they are given (``RolloutContext.llm_api_key``). Checked in plain ASGI, before routing, so a
-refused call costs nothing downstream; the token is the gateway's own and is not forwarded to the engine.
+``api_key`` they are given (``RolloutContext.llm_api_key``). Checked by :class:`spanlab.guards.BearerToken`
+before routing or reading the body; the token is the gateway's own and is not forwarded to the engine.
 """
 
 from __future__ import annotations
 
-import hmac
-import json
-from typing import Any
+from spanlab.gateway.protocol import dumps, error_body
 
-from spanlab.gateway.protocol import error_body
-
-_REFUSED = json.dumps(error_body("missing or wrong bearer token (the gateway's token: gateway.token)",
-                                 code="invalid_api_key", err_type="authentication_error")).encode()
+_CODES = {401: ("invalid_api_key", "authentication_error"), 413: ("body_too_large", "invalid_request_error")}
 
 
-class BearerTokenMiddleware:
-    """Answer 401 (OpenAI-shaped) to any HTTP request whose ``Authorization`` is not ``Bearer <token>``."""
-
-    def __init__(self, app: Any, token: str) -> None:
-        self.app, self._token = app, token.encode()
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or self._allowed(scope):
-            await self.app(scope, receive, send)
-            return
-        await send({"type": "http.response.start", "status": 401,
-                    "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
-        await send({"type": "http.response.body", "body": _REFUSED})
-
-    def _allowed(self, scope: dict[str, Any]) -> bool:
-        value = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-        scheme, _, credential = value.partition(b" ")
-        return scheme.lower() == b"bearer" and hmac.compare_digest(credential.strip(), self._token)
+def refusal(status: int, message: str) -> bytes:
+    """The guards' refusals (401, 413) in OpenAI's error shape, so SDKs raise their usual exception."""
+    code, err_type = _CODES.get(status, ("invalid_request", "invalid_request_error"))
+    if status == 401:
+        message += " (the gateway's token: gateway.token)"
+    return dumps(error_body(message, code=code, err_type=err_type))

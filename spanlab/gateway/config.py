@@ -53,6 +53,8 @@ class GatewayConfig(BaseModel):
                                          "TITO spans (spanlab serve/train fill it in from the engine config)")
     reasoning_parser: str | None = Field(default=None, description="the engine's --reasoning-parser, recorded")
     tito_max_sessions: int = Field(default=16_384, ge=1, description="TITO buffers kept (least recently used go)")
+    max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, description="the largest request body taken "
+                                "(413 above), counted as it arrives, chunked or not")
     token: SecretStr | None = Field(default=None, description="a bearer token every call must carry (the agents' "
                                     "api_key); the gateway's own, not forwarded to the engine")
 

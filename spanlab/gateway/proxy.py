@@ -42,6 +42,7 @@ from spanlab.gateway.protocol import (
     error_body,
     loads,
     needs_rewrite,
+    parse_request,
     prepare_upstream,
     strip_for_agent,
 )
@@ -60,6 +61,7 @@ SPAN_IDS_HEADER = "x-spanlab-span-ids"
 ROLLOUT_PREFIX = "/rollout/{rollout_id}/attempt/{attempt_id}"
 AGENT_PREFIX = ROLLOUT_PREFIX + "/agent/{agent}"
 _FORWARDED_HEADERS = ("authorization",)
+MAX_FLUSH_WAIT_S = 600.0
 # Stream failures the agent has not been told about yet (an in-stream vLLM error event already reached it).
 _GATEWAY_STREAM_ERRORS = frozenset({"upstream_timeout", "upstream_stream_broken", "upstream_stream_truncated"})
 
@@ -156,7 +158,12 @@ class Gateway:
 
     async def flush(self, request: Request) -> Response:
         """Wait until every span recorded so far is in the store (runners call it before scoring)."""
-        timeout = float(request.query_params.get("timeout", "30"))
+        try:
+            timeout = float(request.query_params.get("timeout", "30"))
+        except ValueError:
+            timeout = -1.0
+        if not 0 <= timeout <= MAX_FLUSH_WAIT_S:  # NaN included
+            return _error(400, f"timeout must be a number of seconds from 0 to {MAX_FLUSH_WAIT_S:g}", "invalid_timeout")
         done = await anyio.to_thread.run_sync(self.writer.flush, timeout)
         return JSONResponse({"flushed": done, "pending": self.writer.pending}, status_code=200 if done else 504)
 
@@ -371,15 +378,7 @@ class Gateway:
     # --- request checks --------------------------------------------------------------------------
     @staticmethod
     def _parse_body(raw: bytes) -> dict[str, Any]:
-        try:
-            body = loads(raw)
-        except ValueError as exc:
-            raise BadRequestError(f"the request body is not valid JSON: {exc}", code="invalid_json") from exc
-        if not isinstance(body, dict):
-            raise BadRequestError(
-                f"the request body must be a JSON object, not {type(body).__name__}", code="invalid_json"
-            )
-        return body
+        return parse_request(raw)
 
     def _upstream_headers(self, request: Request) -> dict[str, str]:
         headers = {"content-type": "application/json"}

@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
-from spanlab.config import AgentConfig, load_yaml, parse
+from spanlab.config import AgentConfig, load_yaml, number_out_of_range, parse
 from spanlab.engine.config import EngineConfig
 from spanlab.errors import ConfigError
 from spanlab.jobs.algorithm import Algorithm, AlgorithmConfig
@@ -237,6 +237,16 @@ class TrainConfig(_Section):
             raise ValueError(f"{name!r} must be a plain folder name (letters, digits, . _ -), not a path")
         return name
 
+    @field_validator("db", mode="before")
+    @classmethod
+    def _db_is_a_file_path(cls, db: Any) -> Any:
+        if isinstance(db, str | Path) and not str(db).strip():
+            raise ValueError("is empty: give the span store's file, e.g. runs/spanlab.duckdb")
+        if isinstance(db, str | Path) and Path(db).is_dir():
+            raise ValueError(f"{str(db)!r} is a folder: give the span store's file in it, e.g. "
+                             f"{Path(db) / 'spans.duckdb'}")
+        return db
+
     @field_validator("engine_url")
     @classmethod
     def _engine_url_is_http(cls, url: str | None) -> str | None:
@@ -312,6 +322,8 @@ def parse_train_config(data: dict[str, Any], source: str = "config", *, steps: i
     """Validate a train config (``steps``: the ``--steps`` override, validated like the YAML key it sets;
     ``launch``: torchrun's ranks, which set ``trainer.processes`` when the config leaves it out)."""
     data = with_world(data, launch)
+    if problem := number_out_of_range(data):
+        raise ConfigError(f"{source}: {problem}")
     name = data.get("algorithm", "grpo")
     if not isinstance(name, str):
         raise ConfigError(f"{source}: algorithm must be a name, got {name!r}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from importlib.metadata import EntryPoint, entry_points
 
-from spanlab.errors import ConfigError
+from spanlab.errors import ConfigError, one_line
 from spanlab.jobs.algorithm import Algorithm
 
 GROUP = "spanlab.algorithms"
@@ -30,14 +30,16 @@ def available() -> dict[str, EntryPoint]:
 
 
 def load_algorithm(name: str) -> type[Algorithm]:
-    """The class registered as ``name``; an unknown name or a broken plugin is a ConfigError naming it."""
+    """The class registered as ``name``; an unknown name or a plugin that fails in any way (an exception, a
+    SyntaxError, ``sys.exit`` at import) is a one-line ConfigError naming it."""
     known = available()
     if name not in known:
         raise ConfigError(f"algorithm: unknown algorithm {name!r}; known: {', '.join(sorted(known))}")
     try:
         cls = known[name].load()
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"algorithm: cannot load {name!r} from {known[name].value}: {exc}") from exc
+    except (Exception, SystemExit) as exc:  # a plugin's import runs its code: anything may come out of it
+        raise ConfigError(f"algorithm: plugin {name!r} ({known[name].value}) failed to load: "
+                          f"{one_line(exc)}") from exc
     if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
         raise ConfigError(f"algorithm: {known[name].value} is not a spanlab.jobs.algorithm.Algorithm subclass")
     return cls

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import zlib
 from typing import Any
 
 from spanlab.errors import SpanlabError
+from spanlab.jsonpolicy import JSONPolicyError, decode
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -92,9 +92,9 @@ def parse_traces(body: bytes, kind: str) -> Any:
             raise OtlpError(f"the body is not an OTLP ExportTraceServiceRequest (protobuf): {exc}") from exc
         return request
     try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise OtlpError(f"the body is not JSON: {exc}") from exc
+        data = decode(body, what="the body")
+    except JSONPolicyError as exc:  # not JSON: 400 as before; JSON the policy refuses: 422, as on every surface
+        raise OtlpError(str(exc), 400 if exc.syntax else 422) from None
     if not isinstance(data, dict):
         raise OtlpError("the body must be a JSON object (an OTLP ExportTraceServiceRequest)")
     try:

@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from spanlab.jsonpolicy import JSONPolicyError, decode
+
 LLM_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
 # Attributes that become first-class fields; they are not repeated in ``attributes``.
 CONSUMED = frozenset({
@@ -37,12 +39,29 @@ def consumed(key: str) -> bool:
 
 
 def _json(value: Any) -> Any:
+    """An attribute that may hold JSON text, decoded by the policy; text that is not (accepted) JSON stays text."""
     if isinstance(value, str):
         try:
-            return json.loads(value)
-        except ValueError:
+            return decode(value)
+        except JSONPolicyError:
             return value
     return value
+
+
+def _messages(attrs: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    """A semconv messages attribute (JSON text or an array of maps) as chat messages; ``ValueError`` naming
+    ``key`` for anything else (text that is not JSON, JSON nested too deep, a list of non-objects)."""
+    value = attrs.get(key)
+    if isinstance(value, str):
+        try:
+            value = decode(value, what=key)
+        except JSONPolicyError as exc:
+            raise ValueError(str(exc)) from None
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(m, dict) for m in value):
+        raise ValueError(f"{key} must be a JSON list of message objects, not {str(value)[:80]!r}")
+    return [_chat_message(m) for m in value]
 
 
 def is_llm_call(attrs: dict[str, Any]) -> bool:
@@ -134,8 +153,8 @@ def _ids(key: str, value: Any, dtype: type) -> np.ndarray | None:
 def llm_fields(attrs: dict[str, Any]) -> dict[str, Any]:
     """The ``LLMCall`` keyword arguments of a GenAI span (validated by ``LLMCall`` itself)."""
     if "gen_ai.input.messages" in attrs or "gen_ai.output.messages" in attrs:
-        request = [_chat_message(m) for m in _json(attrs.get("gen_ai.input.messages")) or ()]
-        outputs = [_chat_message(m) for m in _json(attrs.get("gen_ai.output.messages")) or ()]
+        request = _messages(attrs, "gen_ai.input.messages")
+        outputs = _messages(attrs, "gen_ai.output.messages")
     else:
         request, outputs = _flat_messages(attrs, "prompt"), _flat_messages(attrs, "completion")
     if system := _json(attrs.get("gen_ai.system_instructions")):

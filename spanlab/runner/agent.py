@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
-from spanlab.errors import ConfigError
+from spanlab.errors import ConfigError, one_line
 from spanlab.store.base import StoreAPI
 from spanlab.types import Attempt, Resource, Rollout, Span, reward_span
 
@@ -79,11 +79,11 @@ def load_agent(name: str, kwargs: dict[str, Any] | None = None) -> Agent:
     module_name, _, class_name = target.partition(":")
     try:
         cls = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"cannot load agent {target!r}: {exc}") from exc
+    except (Exception, SystemExit) as exc:  # importing runs the module's code: anything may come out of it
+        raise ConfigError(f"agent: cannot load agent {target!r}: {one_line(exc)}") from exc
     if not (isinstance(cls, type) and issubclass(cls, Agent)):
-        raise ConfigError(f"{target} is not a spanlab.runner.Agent subclass")
+        raise ConfigError(f"agent: {target} is not a spanlab.runner.Agent subclass")
     try:
         return cls(**(kwargs or {}))
-    except TypeError as exc:
-        raise ConfigError(f"agent {target}: bad kwargs {kwargs}: {exc}") from exc
+    except (Exception, SystemExit) as exc:  # the agent's own checks of its kwargs (ValueError, TypeError, ...)
+        raise ConfigError(f"agent.kwargs: bad kwargs for {target}: {one_line(exc)}") from exc

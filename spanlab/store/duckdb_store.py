@@ -53,6 +53,7 @@ class SpanStore(StoreAPI):
         self.timeout_grace_s = timeout_grace_s
         self._stale_check_interval_s = stale_check_interval_s
         self._last_stale_check = 0.0
+        hot.check_readable(self.path)  # before DuckDB is opened: a failed open must leave both files as they were
         self._conn = conn = connect(self.path)
         try:
             if not compress:
@@ -138,7 +139,8 @@ class SpanStore(StoreAPI):
     def restrict_to_store(self) -> None:
         """Turn off DuckDB's access to other files, the network and extensions (for a process that serves
         user SQL, the store server). Irreversible."""
-        settings = "; ".join(f"SET {key} = {str(value).lower()}" for key, value in SAFE_QUERY_CONFIG.items())
+        settings = "; ".join(f"SET {key} = {value!r}" if isinstance(value, str) else f"SET {key} = {str(value).lower()}"
+                             for key, value in SAFE_QUERY_CONFIG.items())
         with self._lock:
             self._conn.execute(settings)
 

@@ -135,6 +135,22 @@ class Writer:
             self._closed = True
 
 
+def check_readable(path: str) -> None:
+    """Refuse, before the DuckDB file is opened read-write, a hot store that SQLite cannot read: opening DuckDB
+    and closing it after the failure would checkpoint it, and a store whose open fails leaves its files as they
+    were. Read-only, and a read of the header and schema only (no scan), so it costs what an open does."""
+    target = Path(f"{path}.hot.sqlite")
+    if path == MEMORY or not target.exists():
+        return
+    try:
+        with contextlib.closing(sqlite3.connect(f"{target.resolve().as_uri()}?mode=ro", uri=True)) as lite:
+            lite.execute("SELECT count(*) FROM sqlite_master").fetchall()
+    except sqlite3.Error as exc:
+        raise StoreError(f"the span store's hot file {target} is not a readable SQLite database ({exc}); it and "
+                         f"{path} were left untouched. Move it aside to rebuild it from {path}, which then loses "
+                         "what only it held (writes not yet copied into DuckDB)") from exc
+
+
 @dataclass(eq=False)
 class _Job:
     fn: Callable[[sqlite3.Connection], object]

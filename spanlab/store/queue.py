@@ -19,6 +19,7 @@ from typing import Any
 import duckdb
 
 from spanlab.errors import InvalidSpanError, NotFoundError, QueryError
+from spanlab.store import quarantine
 from spanlab.store.base import Metric, RolloutSummary
 from spanlab.store.hot import IN_JSON
 from spanlab.store.schema import ATTEMPT_COLUMNS, IN_LIST, ROLLOUT_COLUMNS, dumps, fetch_dicts, loads, where
@@ -66,14 +67,24 @@ def _first(cur: Any, sql: str, params: list[Any], missing: str) -> dict[str, Any
     raise NotFoundError(missing)
 
 
+def _rollout_name(row: dict[str, Any]) -> str:
+    return f"rollout {row['rollout_id']!r}"
+
+
+def _attempt_name(row: dict[str, Any]) -> str:
+    return f"attempt {row['attempt_id']!r}"
+
+
 def get_rollout(cur: Any, rollout_id: str) -> Rollout:
     sql = f"SELECT {_ROLLOUTS} FROM rollouts WHERE rollout_id = ?"
-    return row_to_rollout(_first(cur, sql, [rollout_id], f"unknown rollout_id {rollout_id!r}"))
+    row = _first(cur, sql, [rollout_id], f"unknown rollout_id {rollout_id!r}")
+    return quarantine.one(row, row_to_rollout, _rollout_name(row))
 
 
 def get_attempt(cur: Any, attempt_id: str) -> Attempt:
     sql = f"SELECT {_ATTEMPTS} FROM attempts WHERE attempt_id = ?"
-    return row_to_attempt(_first(cur, sql, [attempt_id], f"unknown attempt_id {attempt_id!r}"))
+    row = _first(cur, sql, [attempt_id], f"unknown attempt_id {attempt_id!r}")
+    return quarantine.one(row, row_to_attempt, _attempt_name(row))
 
 
 def list_rollouts(cur: Any, equals: dict[str, Any], limit: int, offset: int,
@@ -83,7 +94,7 @@ def list_rollouts(cur: Any, equals: dict[str, Any], limit: int, offset: int,
     clause, params = where(equals, *extra)
     rows = fetch_dicts(cur.execute(f"SELECT {_ROLLOUTS} FROM rollouts {clause} ORDER BY enqueue_time, rollout_id "
                                    "LIMIT ? OFFSET ?", [*params, limit, offset]))
-    return [row_to_rollout(r) for r in rows]
+    return quarantine.kept(rows, row_to_rollout, _rollout_name)
 
 
 def enqueue(cur: sqlite3.Connection, rollouts: list[Rollout]) -> list[Rollout]:
@@ -103,9 +114,9 @@ def dequeue(cur: sqlite3.Connection, worker_id: str | None, mode: str | None,
     A rollout enqueued without ``resources_version`` takes the latest version of every resource
     (``name@version,...``) when first dequeued, and keeps them across retries.
     """
-    waiting = list_rollouts(cur, {"mode": mode or None}, 1, 0, (f"status IN {_WAITING}", []))
-    if not waiting:
-        return None
+    while not (waiting := list_rollouts(cur, {"mode": mode or None}, 1, 0, (f"status IN {_WAITING}", []))):
+        if not _fail_quarantined(cur, mode, now):
+            return None
     old = waiting[0]
     if (resources := old.resources_version) is None:
         latest = cur.execute("SELECT name, max(version) FROM resources GROUP BY name ORDER BY name").fetchall()
@@ -122,6 +133,20 @@ def dequeue(cur: sqlite3.Connection, worker_id: str | None, mode: str | None,
                 [attempt.attempt_id, attempt.rollout_id, attempt.sequence_id, attempt.worker_id, attempt.status,
                  attempt.start_time, attempt.end_time, attempt.last_heartbeat_time, dumps(attempt.metadata)])
     return rollout, attempt
+
+
+def _fail_quarantined(cur: sqlite3.Connection, mode: str | None, now: float) -> bool:
+    """Take the oldest waiting rollout out of the queue if it cannot be read (quarantined): marked ``failed``, so
+    the queue moves on. False when it can be read or none waits."""
+    clause, params = where({"mode": mode or None}, (f"status IN {_WAITING}", []))
+    rows = fetch_dicts(cur.execute(f"SELECT {_ROLLOUTS} FROM rollouts {clause} ORDER BY enqueue_time, rollout_id "
+                                   "LIMIT 1", params))
+    if not rows or quarantine.kept(rows, row_to_rollout, _rollout_name):
+        return False
+    cur.execute("UPDATE rollouts SET status = 'failed', end_time = ?, seq = stamp() WHERE rollout_id = ?",
+                [now, rows[0]["rollout_id"]])
+    logger.error("rollout %r left the queue as failed: it is quarantined", rows[0]["rollout_id"])
+    return True
 
 
 def heartbeat(cur: sqlite3.Connection, attempt_id: str, now: float) -> Attempt:
@@ -144,7 +169,7 @@ def finish(cur: sqlite3.Connection, attempt_id: str, status: FinishedAttemptStat
                  "FROM attempts a JOIN rollouts r USING (rollout_id) WHERE a.attempt_id = ?", [attempt_id],
                  f"unknown attempt_id {attempt_id!r}")  # the attempt's status and its rollout, in one statement
     attempt_status = row.pop("attempt_status")
-    rollout = row_to_rollout(row)
+    rollout = quarantine.one(row, row_to_rollout, _rollout_name(row))
     if attempt_status not in ACTIVE_ATTEMPT_STATUSES:
         return rollout
     new_status = next_rollout_status(rollout, status)
@@ -186,7 +211,7 @@ def cancel(cur: sqlite3.Connection, rollout_id: str, now: float) -> Rollout:
 def list_attempts(cur: duckdb.DuckDBPyConnection, rollout_id: str) -> list[Attempt]:
     rows = fetch_dicts(cur.execute(f"SELECT {_ATTEMPTS} FROM attempts WHERE rollout_id = ? ORDER BY sequence_id",
                                    [rollout_id]))
-    return [row_to_attempt(r) for r in rows]
+    return quarantine.kept(rows, row_to_attempt, _attempt_name)
 
 
 def last_attempts(cur: duckdb.DuckDBPyConnection, rollout_ids: Sequence[str]) -> list[tuple[Rollout, Attempt]]:
@@ -194,10 +219,11 @@ def last_attempts(cur: duckdb.DuckDBPyConnection, rollout_ids: Sequence[str]) ->
     rows = fetch_dicts(cur.execute(f"SELECT {_ATTEMPTS} FROM attempts WHERE rollout_id {IN_LIST} "
                                    "QUALIFY sequence_id = max(sequence_id) OVER (PARTITION BY rollout_id)",
                                    [list(rollout_ids)]))
-    attempts = {r["rollout_id"]: row_to_attempt(r) for r in rows}
+    attempts = {a.rollout_id: a for a in quarantine.kept(rows, row_to_attempt, _attempt_name)}
     sql = f"SELECT {_ROLLOUTS} FROM rollouts WHERE rollout_id {IN_LIST}"
-    by_id = {r["rollout_id"]: row_to_rollout(r) for r in fetch_dicts(cur.execute(sql, [list(attempts)]))}
-    return [(by_id[rid], attempts[rid]) for rid in dict.fromkeys(rollout_ids) if rid in attempts]
+    rollouts = quarantine.kept(fetch_dicts(cur.execute(sql, [list(attempts)])), row_to_rollout, _rollout_name)
+    by_id = {r.rollout_id: r for r in rollouts}
+    return [(by_id[rid], attempts[rid]) for rid in dict.fromkeys(rollout_ids) if rid in attempts and rid in by_id]
 
 
 def count_rollouts(cur: duckdb.DuckDBPyConnection, statuses: Sequence[str] | None) -> int:
@@ -227,14 +253,19 @@ def add_resource(cur: sqlite3.Connection, res: Resource) -> Resource:
 
 def get_resource(cur: duckdb.DuckDBPyConnection, name: str, version: int | None) -> Resource:
     clause, params = where({"name": name, "version": version})
-    return _resource(_first(cur, f"SELECT * FROM resources {clause} ORDER BY version DESC LIMIT 1", params,
-                            f"unknown resource {name!r}" + (f" version {version}" if version else "")))
+    row = _first(cur, f"SELECT * FROM resources {clause} ORDER BY version DESC LIMIT 1", params,
+                 f"unknown resource {name!r}" + (f" version {version}" if version else ""))
+    return quarantine.one(row, _resource, _resource_name(row))
 
 
 def list_resources(cur: duckdb.DuckDBPyConnection, name: str | None) -> list[Resource]:
     clause, params = where({"name": name})
-    return [_resource(r) for r in fetch_dicts(cur.execute(f"SELECT * FROM resources {clause} ORDER BY name, version",
-                                                          params))]
+    rows = fetch_dicts(cur.execute(f"SELECT * FROM resources {clause} ORDER BY name, version", params))
+    return quarantine.kept(rows, _resource, _resource_name)
+
+
+def _resource_name(row: dict[str, Any]) -> str:
+    return f"resource {row['name']!r} version {row['version']}"
 
 
 def _resource(row: dict[str, Any]) -> Resource:
@@ -267,5 +298,8 @@ def rollout_summaries(cur: duckdb.DuckDBPyConnection, rollout_ids: Sequence[str]
                            *(("json_extract_string(metadata, ?) = ?", [f"$.{k}", v]) for k, v in metadata.items()))
     sql = (f"SELECT {', '.join(RolloutSummary.model_fields)} FROM rollout_summary {clause} "
            "ORDER BY enqueue_time, rollout_id")
-    return [RolloutSummary(**{**r, "input": loads(r["input"]), "metadata": loads(r["metadata"]) or {}})
-            for r in fetch_dicts(cur.execute(sql, params))]
+    return quarantine.kept(fetch_dicts(cur.execute(sql, params)), _summary, _rollout_name)
+
+
+def _summary(row: dict[str, Any]) -> RolloutSummary:
+    return RolloutSummary(**{**row, "input": loads(row["input"]), "metadata": loads(row["metadata"]) or {}})

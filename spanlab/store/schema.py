@@ -20,15 +20,20 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from spanlab.errors import StoreError, StoreLockedError
+from spanlab.errors import InvalidSpanError, StoreError, StoreLockedError
+from spanlab.jsonpolicy import check_depth, decode
 
 MEMORY = ":memory:"
 
 # Settings of the user-facing query surface (`spanlab sql`, the UI, the store server's /sql): no file,
-# network or extension access, so SQL cannot read /etc/passwd or write anywhere.
+# network or extension access, so SQL cannot read /etc/passwd or write anywhere; and a memory limit, so one
+# query cannot take the machine's memory (DuckDB's default is 80% of it): past it the query fails, or spills
+# to the file's temporary folder where its operators can. It is the whole database's limit (DuckDB has no
+# per-query one), which the store's own reads fit in with room to spare. Locked last.
+USER_SQL_MEMORY_LIMIT = "512MB"
 SAFE_QUERY_CONFIG: dict[str, Any] = {
     "enable_external_access": False, "autoinstall_known_extensions": False, "autoload_known_extensions": False,
-    "allow_community_extensions": False, "lock_configuration": True,
+    "allow_community_extensions": False, "memory_limit": USER_SQL_MEMORY_LIMIT, "lock_configuration": True,
 }
 
 
@@ -49,7 +54,8 @@ def connect(path: str | Path, *, read_only: bool = False, safe: bool = False) ->
 
 def translate_open_error(path: str, exc: Exception) -> StoreError:
     msg = str(exc)
-    if "lock" in msg.lower():
+    # "Corrupt database file: ... checksum ... for block ...": "block" holds "lock", so the lock test is exact.
+    if "could not set lock" in msg.lower() or "conflicting lock" in msg.lower():
         holder = f" (PID {pid.group(1)})" if (pid := re.search(r"PID (\d+)", msg)) else ""
         return StoreLockedError(f"span store {path} is held read-write by another process{holder}. Only one process "
                                 "may open it while it is written: stop that process, or query through its store "
@@ -60,14 +66,23 @@ def translate_open_error(path: str, exc: Exception) -> StoreError:
     return StoreError(f"cannot open span store {path}: {msg}")
 
 
-def dumps(value: Any, *, allow_nan: bool = True) -> str | None:
-    """JSON for a JSON column; None stays SQL NULL. ``allow_nan=False``: NaN and Infinity (not JSON, which
-    DuckDB refuses) raise ``ValueError``."""
-    return None if value is None else json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=allow_nan)
+def dumps(value: Any, *, allow_nan: bool = False) -> str | None:
+    """JSON for a JSON column; None stays SQL NULL. What no read could answer with (the JSON policy,
+    :mod:`spanlab.jsonpolicy`: nesting past 100 levels; NaN and Infinity unless ``allow_nan``) is an
+    ``InvalidSpanError`` (a ``ValueError``) before anything is stored."""
+    if value is None:
+        return None
+    try:
+        check_depth(value, what="a JSON value")
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=allow_nan)
+    except ValueError as exc:
+        raise InvalidSpanError(f"cannot store {type(value).__name__} as JSON: {exc}; nothing was stored") from None
 
 
 def loads(value: str | None) -> Any:
-    return None if value is None else json.loads(value)
+    """A JSON column's value, read by the policy (:mod:`spanlab.jsonpolicy`); what it refuses is quarantined
+    by the caller (:mod:`spanlab.store.quarantine`)."""
+    return None if value is None else decode(value, what="a stored JSON value")
 
 
 def fetch_dicts(cur: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:

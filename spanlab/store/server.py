@@ -16,7 +16,7 @@ import asyncio
 import hmac
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -26,7 +26,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from spanlab import otel
 from spanlab.errors import InvalidSpanError, NotFoundError, QueryError, StoreError
-from spanlab.serving import BodyLimit
+from spanlab.guards import add_guards, policy_app
 from spanlab.sql_surface import SURFACE_MAX_BYTES, SURFACE_TIMEOUT_S, QueryBusyError, QueryLimits, SqlPool, rows
 from spanlab.store import wire
 from spanlab.store.base import RolloutSummary
@@ -44,13 +44,17 @@ _STATUS: dict[type[Exception], int] = {InvalidSpanError: 422, NotFoundError: 404
 
 def create_store_app(store: SpanStore, *, token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                      sql_workers: int = 2, sql_timeout_s: float = SURFACE_TIMEOUT_S,
-                     sql_max_bytes: int = SURFACE_MAX_BYTES) -> FastAPI:
-    """The FastAPI app over ``store``; the caller owns the store and closes it after the app stops."""
+                     sql_max_bytes: int = SURFACE_MAX_BYTES, hosts: Collection[str] | None = None) -> FastAPI:
+    """The FastAPI app over ``store``; the caller owns the store and closes it after the app stops.
+    ``hosts``: the only ``Host`` names answered (None: any; :class:`~spanlab.serving.ThreadedServer` checks
+    them itself for a loopback bind). The token, Host and body size are checked before a route runs or a
+    body is read (:mod:`spanlab.guards`); JSON bodies follow :mod:`spanlab.jsonpolicy`."""
     store.restrict_to_store()
     sql_pool = SqlPool(sql_workers, timeout_s=sql_timeout_s, max_bytes=sql_max_bytes)
     bearer = HTTPBearer(auto_error=False)
 
     def authorize(cred: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+        """Checked before the body by :class:`~spanlab.guards.BearerToken`; declared here for the OpenAPI."""
         if token is not None and (cred is None or not hmac.compare_digest(cred.credentials.encode(), token.encode())):
             raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
 
@@ -59,8 +63,9 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
         yield
         sql_pool.close()
 
-    app = FastAPI(title="spanlab store", version="1", dependencies=[Depends(authorize)], lifespan=lifespan)
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    app = policy_app(title="spanlab store", version="1", dependencies=[Depends(authorize)], lifespan=lifespan)
+    add_guards(app, hosts=hosts, token=token, max_body_bytes=max_body_bytes,
+               public=(app.openapi_url, app.docs_url, app.docs_url + "/oauth2-redirect"))
 
     async def error(_: Request, exc: Exception) -> JSONResponse:
         status = next(code for kind, code in _STATUS.items() if isinstance(exc, kind))

@@ -86,9 +86,9 @@ def row_to_span(row: dict[str, Any], index: int = 0) -> Span:
     for name in JSON_SPAN_COLUMNS:
         try:
             row[name] = loads(row[name])
-        except ValueError:
-            raise InvalidSpanError(f"span #{index} ({row['span_id']}): `{name}` is not valid JSON; nothing of "
-                                   "this batch was stored") from None
+        except ValueError as exc:
+            raise InvalidSpanError(f"span #{index} ({row['span_id']}): `{name}` is not valid JSON ({exc}); nothing "
+                                   "of this batch was stored") from None
     span: dict[str, Any] = {k: row[k] for k in _TOP} | {"attributes": row["attributes"] or {}}
     llm, usage = {k: row[k] for k in _LLM}, {k: row[k] for k in _USAGE}
     if row["kind"] == "llm_call" or any(v is not None for v in llm.values()) or row["prompt_tokens"] is not None:

@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from spanlab.errors import QueryError
 from spanlab.sql_surface import QueryLimits
-from spanlab.store.schema import connect
+from spanlab.store.schema import SAFE_QUERY_CONFIG, connect
 
 _BATCH_ROWS = 256  # rows per Arrow batch while counting bytes: small enough that one batch cannot blow memory
 
@@ -115,6 +115,9 @@ def fetch_user_query(conn: duckdb.DuckDBPyConnection, sql: str, max_rows: int | 
         read_only = "read only" in str(exc).lower().replace("-", " ")
         if read_only and isinstance(exc, (duckdb.InvalidInputException, duckdb.TransactionException)):
             raise QueryError(f"not allowed: SQL here is read-only. DuckDB said: {exc}") from exc
+        if isinstance(exc, duckdb.OutOfMemoryException):  # DuckDB adds a paragraph of settings to change
+            raise QueryError(f"query stopped: it needs more than the {SAFE_QUERY_CONFIG['memory_limit']} that user "
+                             f"SQL may use ({str(exc).splitlines()[0]}); add a LIMIT, filter, or aggregate") from exc
         raise QueryError(str(exc)) from exc
     finally:
         done.set()

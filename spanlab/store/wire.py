@@ -5,6 +5,7 @@ is the columns' own bytes.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +18,7 @@ from spanlab.types import MAX_INT32, Attempt, FinishedAttemptStatus, ResourceKin
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 _END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # continuation marker, then a 0-byte message
+MAX_UNPACKED_BYTES = 256 * 1024 * 1024  # one span batch, decompressed: the server's default body limit
 
 
 def table_to_bytes(tbl: pa.Table) -> bytes:
@@ -26,11 +28,71 @@ def table_to_bytes(tbl: pa.Table) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def bytes_to_table(data: bytes) -> pa.Table:
+def bytes_to_table(data: bytes, max_bytes: int = MAX_UNPACKED_BYTES) -> pa.Table:
+    """The table of an Arrow IPC stream, read batch by batch; a stream whose batches would unpack (decompress)
+    to more than ``max_bytes`` is refused before the batch that passes it is unpacked: a few KB of zstd can
+    hold gigabytes of zeros, and the body limit counts only the bytes sent."""
     try:
-        return ipc.open_stream(pa.py_buffer(data)).read_all()
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
+        reader = ipc.MessageReader.open_stream(pa.py_buffer(data))
+        schema = ipc.read_schema(reader.read_next_message())
+        batches, unpacked = [], 0
+        for message in reader:
+            if message.type != "record batch":
+                raise InvalidSpanError(f"the Arrow stream holds a {message.type} message; send plain record batches")
+            unpacked += _unpacked_size(message)
+            if unpacked > max_bytes:
+                raise InvalidSpanError(f"the Arrow stream unpacks to more than {max_bytes} bytes (compressed "
+                                       f"batches count as decompressed); send smaller batches")
+            batches.append(ipc.read_record_batch(message, schema))
+        return pa.Table.from_batches(batches, schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OSError, IndexError, ValueError, StopIteration, struct.error) as exc:
+        if isinstance(exc, InvalidSpanError):
+            raise
         raise InvalidSpanError(f"the body is not a valid Arrow IPC stream: {exc}") from exc
+
+
+def _unpacked_size(message: ipc.Message) -> int:
+    """A record batch's body size once decompressed, read from the message's own metadata (a flatbuffer:
+    ``Message.header`` -> ``RecordBatch.buffers`` and ``.compression``) and the 8-byte uncompressed length that
+    begins each compressed buffer (Arrow IPC format), without decompressing anything."""
+    meta, body = message.metadata.to_pybytes(), message.body
+    batch = _field_table(meta, _root(meta), 2)  # Message.header: the RecordBatch table
+    if batch is None or _field(meta, batch, 3) is None:  # RecordBatch.compression unset: the body as sent
+        return body.size
+    buffers = _field(meta, batch, 2)  # RecordBatch.buffers: [Buffer {offset: int64, length: int64}]
+    if buffers is None:
+        return 0
+    vector = buffers + _u32(meta, buffers)
+    total = 0
+    for i in range(_u32(meta, vector)):
+        offset, length = struct.unpack_from("<qq", meta, vector + 4 + 16 * i)
+        if length >= 8:
+            (size,) = struct.unpack_from("<q", body, offset)
+            total += length - 8 if size == -1 else size
+    return total
+
+
+def _u32(buf: bytes, at: int) -> int:
+    return struct.unpack_from("<I", buf, at)[0]
+
+
+def _root(buf: bytes) -> int:
+    return _u32(buf, 0)
+
+
+def _field(buf: bytes, table: int, index: int) -> int | None:
+    """Where field ``index`` of the flatbuffer table at ``table`` is stored (None: not set)."""
+    vtable = table - struct.unpack_from("<i", buf, table)[0]
+    entry = 4 + 2 * index
+    if entry >= struct.unpack_from("<H", buf, vtable)[0]:
+        return None
+    offset = struct.unpack_from("<H", buf, vtable + entry)[0]
+    return table + offset if offset else None
+
+
+def _field_table(buf: bytes, table: int, index: int) -> int | None:
+    at = _field(buf, table, index)
+    return None if at is None else at + _u32(buf, at)
 
 
 def reader_to_chunks(reader: pa.RecordBatchReader) -> Iterator[bytes]:

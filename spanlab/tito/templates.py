@@ -115,7 +115,9 @@ class TemplateReport(BaseModel):
     """Everything a TITO buffer needs to know about a template; ``error`` set means the check could not run.
 
     ``tool_append_prefix_preserving``: the string test passes and, when a tokenizer was given, the token
-    test too. ``renders_tool_calls`` / ``renders_tool_results``: a probe call's name and argument value, or
+    test too, and the appended tool message renders at all: a template that drops tool turns (Phi-3.5-mini)
+    keeps the prefix only because the tool's answer never reaches the prompt, which no tool agent can use.
+    ``renders_tool_calls`` / ``renders_tool_results``: a probe call's name and argument value, or
     a probe result, appear after the user's question (content ``""`` as in the test; a note says when
     only ``None`` works). ``needs_tools``: without a tools list the test raises, or gives another
     (prefix, calls, results) answer; the verdict is the with-tools one. ``stop_gap`` /
@@ -282,8 +284,12 @@ def check_template(
         notes.append("renders no tool call: the assistant's call is dropped from later prompts")
     if not primary.renders_results:
         notes.append("renders no tool result: the model would never see what its tools answered")
+        if string.ok:
+            notes.append("not prefix-preserving although the renders line up: the appended tool message renders "
+                         "nothing, so the buffer would never hold a tool turn")
     report = TemplateReport(
-        template=name, tool_append_prefix_preserving=string.ok and (token is None or token.ok),
+        template=name,
+        tool_append_prefix_preserving=string.ok and (token is None or token.ok) and primary.renders_results,
         renders_tool_calls=primary.renders_calls, renders_tool_results=primary.renders_results,
         needs_tools=needs_tools, stop_gap=stop_gap, end_of_turn=eot, variant=primary.variant,
         string_level=string, token_level=token, notes=notes,

@@ -19,7 +19,7 @@ def print_verdict(report: TemplateReport, console: Console) -> None:
     """One line: preserving, not preserving (with where), or why the check could not run."""
     if report.error is not None:
         console.print(Text.assemble(("error: ", "bold red"), report.error), soft_wrap=True)
-    elif report.tool_append_prefix_preserving and not report.renders_tool_results:
+    elif not report.renders_tool_results:  # its renders may line up: the tool turn is simply dropped
         console.print(Text.assemble((f"{report.template}: ", "bold"),
                                     ("not usable for tool calls (it renders no tool result)", "bold red")),
                       soft_wrap=True)

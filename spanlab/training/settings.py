@@ -16,11 +16,11 @@ class LoraConfig(BaseModel):
 
 
 class SFTConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     lr: float = Field(default=1e-4, gt=0)
-    epochs: int = Field(default=1, ge=1)
-    batch_size: int = Field(default=4, ge=1)
+    epochs: int = Field(default=1, ge=1, le=1000)
+    batch_size: int = Field(default=4, ge=1, le=65_536)
     max_len: int = Field(default=1024, ge=16, description="longer conversations are skipped, with a warning")
     weight_decay: float = Field(default=0.0, ge=0)
     max_grad_norm: float = Field(default=1.0, gt=0)

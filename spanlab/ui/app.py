@@ -29,17 +29,19 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
 
 from spanlab.errors import NotFoundError, QueryError, SpanlabError, StoreLockedError
+from spanlab.guards import add_guards, policy_app
 from spanlab.serving import LOOPBACK_NAMES
 from spanlab.sql_surface import SURFACE_MAX_BYTES, SURFACE_TIMEOUT_S, QueryBusyError, QueryLimits, SqlPool
 from spanlab.ui import queries
 from spanlab.ui.db import ReadOnlyStore, fetch
-from spanlab.ui.hosts import HostCheck, allowed_hosts
+from spanlab.ui.hosts import allowed_hosts
 from spanlab.ui.tokens import TokenizerLoader, TokenText
 
 logger = logging.getLogger(__name__)
 STATIC = Path(__file__).with_name("static")
 MAX_PAGE = 500
 MAX_SQL_ROWS = 5000
+MAX_BODY_BYTES = 1024 * 1024  # the one body the UI takes is a SQL query (at most 100,000 characters)
 T = TypeVar("T")
 
 
@@ -77,10 +79,9 @@ def create_app(db: str | Path, tokenizer_loader: TokenizerLoader | None = None, 
         yield
         sql_pool.close()
 
-    app = FastAPI(title="spanlab UI", docs_url="/api/docs", openapi_url="/api/openapi.json", redoc_url=None,
-                  lifespan=lifespan)
-    if hosts is not None:
-        app.add_middleware(HostCheck, hosts=hosts)
+    app = policy_app(title="spanlab UI", docs_url="/api/docs", openapi_url="/api/openapi.json", redoc_url=None,
+                     lifespan=lifespan)
+    add_guards(app, hosts=hosts, token=None, max_body_bytes=MAX_BODY_BYTES)
 
     @app.exception_handler(SpanlabError)
     async def _spanlab_error(_: Request, exc: SpanlabError) -> JSONResponse:
@@ -139,7 +140,7 @@ def create_app(db: str | Path, tokenizer_loader: TokenizerLoader | None = None, 
     async def runs() -> list[dict[str, Any]]:
         return await read(queries.runs)
 
-    @app.get("/api/runs/{run_id}/metrics")
+    @app.get("/api/runs/{run_id:path}/metrics")  # :path: a run_id may hold "/" (runs.js encodes it as %2F)
     async def run_metrics(run_id: str, names: str = "reward_mean,loss") -> dict[str, Any]:
         wanted = [n for n in names.split(",") if n][:20]
         return await read(queries.run_metrics, run_id, wanted)

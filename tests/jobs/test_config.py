@@ -6,6 +6,7 @@ Every case runs the real CLI in-process with ``--check`` (cheap: no engine, no t
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,17 @@ BAD = {
                       r"loop\.mode: algorithm 'sft' has no async loop"),
     "bad phrasings": (BASE.replace("levels: [1]", "levels: [1], kwargs: {phrasings: some}"), (),
                       r"dataset: .*phrasings must be 'original' or 'all'"),
+    # issue 42, item 7: each was a traceback, or accepted although wrong
+    "negative max_turns": (BASE.replace("max_tokens: 32", "max_turns: -3"), (), r"agent\.kwargs: .*max_turns"),
+    "infinite lr": (BASE + "grpo: {lr: .inf}\n", (), r"grpo\.lr: inf is not a finite number"),
+    "huge micro-batch": (BASE + "grpo: {micro_batch_tokens: 1.0e+20}\n", (),
+                         r"grpo\.micro_batch_tokens: 1e\+20 is out"),
+    "huge int": (BASE + "grpo: {micro_batch_tokens: 100000000000000000000}\n", (), r"grpo\.micro_batch_tokens"),
+    "a billion epochs": (BASE + "warm_start: {epochs: 1000000000}\n", (), r"warm_start\.epochs"),
+    "db is a folder": (BASE + "db: /etc\n", (), r"db: .*'/etc' is a folder"),
+    "empty db": (BASE + "db: ''\n", (), r"db: .*is empty"),
+    "empty engine.model": (BASE + "engine: {model: ''}\n", (), r"engine\.model: .*model is empty"),
+    "missing model folder": (BASE + "engine: {model: /no/such/model}\n", (), r"engine\.model: .*no such folder"),
 }
 
 
@@ -127,3 +139,57 @@ def test_dataset_train_tasks_sets_the_train_pool_rl_draws_from() -> None:
     assert (len(small["train"]), len(large["train"])) == (16, 128)
     assert len(small["rl"]) < 8 <= len(large["rl"]) and {t["level"] for t in large["rl"]} == {3}
     assert large["train"][:16] == small["train"]  # a longer list of the same tasks, so runs stay comparable
+
+
+BOMB = "a: &a [" + ", ".join(["lol"] * 9) + "]\n" + "".join(
+    f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True))  # 9^9 values
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path: Path) -> None:
+    start = time.monotonic()
+    code, output = _check(tmp_path, BASE + BOMB)
+    assert code == 2 and "aliases are expanded" in output, output
+    assert time.monotonic() - start < 30
+
+
+def test_a_huge_config_gives_a_short_error(tmp_path: Path) -> None:
+    leaves = ", ".join(f"k{i}: 1" for i in range(100_000))
+    code, output = _check(tmp_path, BASE + f"grpo: {{{leaves}}}\n")
+    assert code == 2 and "Traceback" not in output, output[:500]
+    assert len(output.splitlines()) < 30 and "more" in output, output[:2000]
+
+
+def test_a_config_path_that_is_a_folder_says_so(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["train", str(tmp_path), "--check"])
+    assert result.exit_code == 2 and "is a folder" in result.output, result.output
+
+
+# A module that fails as it is imported, in each way a plugin or an agent module can.
+BROKEN = {"raises": "raise RuntimeError('boom at import')\n", "syntax": "def f(:\n",
+          "exits": "import sys\nsys.exit(3)\n"}
+
+
+@pytest.mark.parametrize("how", list(BROKEN))
+def test_a_plugin_that_fails_to_import_is_one_config_error_naming_it(tmp_path: Path, how: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    site = tmp_path / "site"
+    (site / f"broken_{how}-0.1.dist-info").mkdir(parents=True)
+    (site / f"broken_{how}-0.1.dist-info" / "METADATA").write_text(f"Metadata-Version: 2.1\nName: broken_{how}\n"
+                                                                     "Version: 0.1\n")
+    (site / f"broken_{how}-0.1.dist-info" / "entry_points.txt").write_text(
+        f"[spanlab.algorithms]\nbroken_{how} = broken_{how}_mod:Algo\n")
+    (site / f"broken_{how}_mod.py").write_text(BROKEN[how])
+    monkeypatch.syspath_prepend(str(site))
+    code, output = _check(tmp_path, f"algorithm: broken_{how}\n")
+    assert code == 2 and "Traceback" not in output, output
+    assert re.search(rf"algorithm: plugin 'broken_{how}' .*failed to load", " ".join(output.split())), output
+
+
+@pytest.mark.parametrize("how", list(BROKEN))
+def test_an_agent_module_that_fails_to_import_is_one_config_error(tmp_path: Path, how: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / f"agent_{how}_mod.py").write_text(BROKEN[how])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, output = _check(tmp_path, BASE.replace("name: calc, kwargs: {max_tokens: 32}", f"name: 'agent_{how}_mod:A'"))
+    assert code == 2 and "Traceback" not in output, output
+    assert re.search(rf"agent: cannot load agent 'agent_{how}_mod:A'", " ".join(output.split())), output

@@ -202,3 +202,21 @@ def test_only_the_bound_host_names_are_answered(ui_store) -> None:
     public = allowed_hosts("0.0.0.0", ["spans.lab.internal"])
     assert {"localhost", "127.0.0.1", "spans.lab.internal"} <= public and "0.0.0.0" not in public
     assert allowed_hosts("10.1.2.3") == {"10.1.2.3"}
+
+
+def test_a_run_id_with_a_slash_has_its_curves(tmp_path: Path) -> None:
+    """Issue 42, item 9: such a run left the runs page as a bare "Not Found" banner."""
+    from urllib.parse import quote
+
+    from spanlab.store import SpanStore
+    from spanlab.ui import create_app
+
+    db = tmp_path / "runs.duckdb"
+    with SpanStore(db) as store:
+        for step in range(3):
+            store.add_metrics("team/grpo run", "grpo", step, {"loss": 1.0 / (step + 1)})
+    with ThreadedServer(create_app(db)) as srv, httpx.Client(base_url=srv.url) as client:
+        assert [r["run_id"] for r in client.get("/api/runs").json()] == ["team/grpo run"]
+        curves = client.get(f"/api/runs/{quote('team/grpo run', safe='')}/metrics", params={"names": "loss"})
+        assert curves.status_code == 200, curves.text
+        assert len(curves.json()["loss"]["value"]) == 3
