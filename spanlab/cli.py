@@ -18,7 +18,7 @@ from rich.table import Table
 
 from spanlab import sql_text
 from spanlab.engine.config import Device as EngineDevice
-from spanlab.errors import SpanlabError
+from spanlab.errors import ConfigError, SpanlabError
 from spanlab.sql_surface import rows as json_rows
 from spanlab.store import sql as sqlmod
 
@@ -55,16 +55,33 @@ def _fail(exc: Exception) -> None:
 def sql(
     query: Annotated[str, typer.Argument(help="SQL to run against the span store (read-only)")],
     db: DbOption = None,
+    url: Annotated[str | None, typer.Option("--url", help="query through a store server instead of a file "
+                                            "(http://HOST:8700): a store that a running process holds")] = None,
+    token: Annotated[str | None, typer.Option(envvar="SPANLAB_STORE_TOKEN", help="the store server's token "
+                                              "(--url)")] = None,
     format: Annotated[sql_text.OutputFormat, typer.Option("--format", "-f", help="table | csv | json")] = "table",
     max_rows: Annotated[int, typer.Option(help="rows shown in table format (csv/json print all)")] = 100,
-    timeout_s: Annotated[float, typer.Option(help="stop the query after this many seconds")] = 300.0,
+    timeout_s: Annotated[float, typer.Option(help="stop the query after this many seconds (a server applies "
+                                                  "its own limits)")] = 300.0,
     max_mb: Annotated[float, typer.Option(help="refuse results larger than this (Arrow size)")] = 1024.0,
 ) -> None:
-    """Query spans with SQL: views llm_calls, rewards, rollout_summary; tables rollouts, attempts, spans."""
+    """Query spans with SQL: views llm_calls, rewards, rollout_summary; tables rollouts, attempts, spans.
+
+    A file a running process holds (spanlab serve, store serve, train) is queried through its store server:
+    spanlab sql --url http://127.0.0.1:8700 [--token T] "SELECT ...".
+    """
     try:
-        path = sql_text.resolve_db(db)
-        table = sqlmod.run_query(path, query, max_rows=max_rows + 1 if format == "table" else None,
-                                 timeout_s=timeout_s, max_bytes=int(max_mb * 1024 * 1024))
+        limit = max_rows + 1 if format == "table" else None
+        if url is not None:
+            if db is not None:
+                raise ConfigError("give --db (a file) or --url (a store server), not both")
+            from spanlab.store import StoreClient
+
+            with StoreClient(url, token=token, timeout_s=timeout_s, retry_for_s=5.0) as client:
+                table = client.query(query, limit if limit is not None else 1_000_000)
+        else:
+            table = sqlmod.run_query(sql_text.resolve_db(db), query, max_rows=limit, timeout_s=timeout_s,
+                                     max_bytes=int(max_mb * 1024 * 1024))
     except SpanlabError as exc:
         _fail(exc)
         return

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from spanlab.config import parse
-from spanlab.errors import ConfigError
 from spanlab.engine.config import detect_device
+from spanlab.errors import ConfigError
 from spanlab.serve import ServeConfig, serve_command, serve_config
 from spanlab.store import SpanStore
 
