@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -106,3 +107,62 @@ def test_an_sql_snippet_runs_on_a_store(snippet: Snippet, demo_store: SpanStore)
     assert statements, snippet
     for statement in statements:
         demo_store.query(statement)  # a QueryError names the statement's problem
+
+
+def _spanlab_lines() -> Iterator[tuple[str, list[str]]]:
+    """``(where, words)`` of every ``spanlab ...`` command in a shell block (README, docs, tutorials)."""
+    paths = [*DOCS, *sorted((REPO / "tutorials").glob("*/README.md"))]
+    for path in paths:
+        text = path.read_text(encoding="utf-8")
+        for m in FENCE.finditer(text):
+            if m.group(1) not in ("bash", "sh", ""):
+                continue
+            for line in m.group(2).replace("\\\n", " ").splitlines():
+                lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+                lexer.whitespace_split, lexer.commenters = True, "#"
+                try:
+                    tokens = list(lexer)
+                except ValueError:  # not shell (a diagram, a file's text)
+                    continue
+                command: list[str] = []
+                for token in [*tokens, ";"]:
+                    if token in ("&&", "||", ";", "|", "&"):
+                        if command and command[0].endswith("spanlab"):
+                            yield f"{path.relative_to(REPO)}:{text[:m.start()].count(chr(10)) + 1}", command[1:]
+                        command = []
+                    else:
+                        command += [word] if (word := token.strip("[]")) else []  # [--opt VALUE]: optional
+
+
+def test_spanlab_commands_in_the_docs_use_subcommands_options_and_files_that_exist() -> None:
+    import typer
+
+    from spanlab.cli import app
+
+    root = typer.main.get_command(app)
+    checked = 0
+    for where, words in _spanlab_lines():
+        cmd, rest = root, list(words)
+        while getattr(cmd, "commands", None) and rest and not rest[0].startswith("-"):
+            name = rest.pop(0)
+            assert name in cmd.commands, f"{where}: spanlab {' '.join(words)}: no subcommand {name}"
+            cmd = cmd.commands[name]
+        options = {o for p in cmd.params for o in (*p.opts, *p.secondary_opts)} | {"--help"}
+        for word in rest:
+            flag = word.split("=", 1)[0]
+            if flag.startswith("-") and flag not in ("-", "--") and not flag[1:].isdigit():
+                assert flag in options, f"{where}: spanlab {' '.join(words)}: {flag} is not an option of {cmd.name}"
+            if re.fullmatch(r"tutorials/[\w/.-]+\.yaml", word):
+                assert (REPO / word).is_file(), f"{where}: {word} does not exist"
+        checked += 1
+    assert checked >= 10
+
+
+SQL_COMMANDS = [(where, next(w for w in words if re.match(r"(SELECT|WITH|FROM)\b", w, re.I)))
+                for where, words in _spanlab_lines() if words[:1] == ["sql"] and any(
+                    re.match(r"(SELECT|WITH|FROM)\b", w, re.I) for w in words)]
+
+
+@pytest.mark.parametrize(("where", "query"), SQL_COMMANDS, ids=[w for w, _ in SQL_COMMANDS])
+def test_the_queries_of_spanlab_sql_commands_in_the_docs_run(where: str, query: str, demo_store: SpanStore) -> None:
+    demo_store.query(query)
