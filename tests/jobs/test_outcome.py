@@ -8,12 +8,18 @@ The steps' metrics are GRPO's own (``skipped``, written by ``grpo_step``); the C
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from spanlab.cli import app
+from spanlab.engine.weights import WeightSyncClient
 from spanlab.jobs.outcome import (
     LEARNED_NOTHING_EXIT,
     NO_UPDATE_KEY,
@@ -89,3 +95,35 @@ def test_check_warns_when_the_warm_start_misses_the_train_levels(tmp_path: Path,
     with caplog.at_level(logging.WARNING):
         _check(tmp_path, "dataset: {name: calc, levels: [1]}\n")
     assert any("no warm_start" in r.getMessage() for r in caplog.records), caplog.text
+
+
+@pytest.fixture
+def restored_engine(vllm_server, default_model_dir: Path) -> Iterator[str]:
+    """The shared engine's URL; its weights are reloaded from the model folder when the test ends (a step
+    without an update still pushes the weights it has)."""
+    yield vllm_server.root_url
+    with WeightSyncClient(vllm_server.root_url) as client:
+        client.reload_weights(default_model_dir)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_run_whose_steps_all_skip_says_learned_nothing_and_exits_3(tmp_path: Path, restored_engine: str) -> None:
+    """A real ``spanlab train`` whose agent scores every sample 0 (no group has reward variance)."""
+    config = tmp_path / "nothing.yaml"
+    config.write_text(yaml.safe_dump({
+        "algorithm": "grpo", "run_name": "nothing", "out_dir": str(tmp_path / "runs"),
+        "db": str(tmp_path / "nothing.duckdb"), "engine_url": restored_engine,
+        "agent": {"name": "tests.jobs.marking_agent:MarkingCalcAgent",
+                  "kwargs": {"marks": str(tmp_path / "marks"), "reward": "zero", "max_tokens": 16, "max_turns": 2}},
+        "dataset": {"name": "calc", "seed": 3, "levels": [1]}, "eval": {"tasks": 1},
+        "grpo": {"group_size": 2, "steps": 2, "tasks_per_step": 1}, "rollouts": {"concurrency": 2}}))
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]),
+           "COLUMNS": "400"}
+    out = subprocess.run([sys.executable, "-m", "spanlab.cli", "train", str(config)], cwd=repo, env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == LEARNED_NOTHING_EXIT, out.stderr[-3000:]
+    assert out.stderr.count("made NO update") == 2, out.stderr[-3000:]
+    assert "LEARNED NOTHING: none of the 2 grpo steps updated the weights" in out.stdout, out.stdout
+    assert "trained model" not in out.stdout
