@@ -86,7 +86,9 @@ def serve_config(data: dict[str, Any], *, model: str | None = None, device: Devi
     by the name given here. Without a device in the config, the installed vLLM build picks it.
     """
     data = dict(data)
-    engine = dict(data.get("engine") or {})
+    if not isinstance(engine := data.get("engine") or {}, dict):
+        return parse(ServeConfig, data, source=source)  # the error names the section
+    engine = dict(engine)
     if model is not None:
         folder = Path(model).expanduser()
         if folder.is_dir():

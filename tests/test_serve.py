@@ -44,6 +44,8 @@ def test_serve_model_takes_a_trained_folder_and_this_machines_device(tmp_path: P
     assert serve_config({}, model="Qwen/Qwen3-1.7B").engine.model == "Qwen/Qwen3-1.7B"  # a hub name
     with pytest.raises(ConfigError, match="runs/calc-grpo/fnial: no such folder"):
         serve_config({}, model="runs/calc-grpo/fnial")
+    with pytest.raises(ConfigError, match="engine"):
+        serve_config({"engine": "gpu"}, model="Qwen/Qwen3-1.7B")
     assert serve_command(Path("runs/my run/final")) == "spanlab serve --model 'runs/my run/final'"
 
 
