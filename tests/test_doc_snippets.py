@@ -1,5 +1,6 @@
 """The README's and docs' code runs as written: every ``python`` block in a fresh interpreter, every ``sql`` block
-on a store that has the tables and views it names.
+on a store that has the tables and views it names, every ``yaml`` block validated as the config it is part of,
+and every ``spanlab`` command's subcommand, options and tutorial files checked against the CLI.
 
 A Python block that cannot run here (it starts an engine, or is a fragment of a larger program) says so on the
 line above its fence, ``<!-- not run: why, and what covers it -->``; every other block runs. Python blocks run in
@@ -90,6 +91,26 @@ def test_the_otel_snippet_stores_its_span_on_the_attempt(tmp_path: Path, store_s
         test_a_python_snippet_runs_as_written(otel, tmp_path, store_server)
         after = client.query("SELECT count(*) AS n FROM llm_calls WHERE attempt_id IS NOT NULL").to_pylist()
     assert after[0]["n"] == before[0]["n"] + 1
+
+
+@pytest.mark.parametrize("snippet", [s for s in snippets("yaml") if s.not_run is None], ids=str)
+def test_a_yaml_snippet_is_a_valid_config(snippet: Snippet) -> None:
+    """A block whose first line names serve.yaml or run.yaml is that file; any other is (part of) a train config,
+    every section of which is optional."""
+    import yaml
+
+    from spanlab.config import RunConfig, parse
+    from spanlab.jobs.config import parse_train_config
+    from spanlab.serve import ServeConfig
+
+    data = yaml.safe_load(snippet.code)
+    first = snippet.code.splitlines()[0]
+    if "serve.yaml" in first:
+        parse(ServeConfig, data, source=str(snippet))
+    elif "run.yaml" in first:
+        parse(RunConfig, data, source=str(snippet))
+    else:
+        parse_train_config(data, str(snippet))
 
 
 @pytest.fixture(scope="module")
