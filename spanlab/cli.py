@@ -364,8 +364,8 @@ def train(
             from spanlab.jobs.outcome import warm_start_warnings
 
             _, _, splits = check_job(cfg)
-            for warning in warm_start_warnings(cfg, splits):
-                logging.getLogger(__name__).warning("%s", warning)
+            for level, line in warm_start_warnings(cfg, splits):
+                logging.getLogger(__name__).log(level, "%s", line)
             typer.echo(yaml.safe_dump(cfg.resolved(), sort_keys=False), nl=False)
             Console(stderr=True).print(f"{config}: ok ({cfg.algorithm}); nothing started")
             return

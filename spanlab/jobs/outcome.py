@@ -55,24 +55,31 @@ def learned_nothing(report: TrainReport) -> bool:
     return bool(report.steps) and updated_steps(report.steps) == 0
 
 
-def warm_start_warnings(config: TrainConfig, splits: Mapping[str, list[dict[str, Any]]]) -> list[str]:
-    """What ``spanlab train --check`` says about a GRPO run that may learn nothing: no warm start, or one whose
-    demonstrations miss levels RL trains on (the base model then rarely earns a reward there, so a group's
-    rollouts all get 0 and the step has nothing to follow)."""
+def warm_start_warnings(config: TrainConfig, splits: Mapping[str, list[dict[str, Any]]]) -> list[tuple[int, str]]:
+    """``(logging level, text)`` lines of ``spanlab train --check`` about a GRPO run that may learn nothing.
+
+    A WARNING when RL starts from the base model on every level it trains (no warm start, or demos of none of
+    the train levels): if the base model never earns a reward, every group's rollouts all get 0 and no step
+    updates. An INFO line when only some train levels have no demos (a config may mean that: RL one level
+    beyond the demonstrations), since groups at the demonstrated levels can still have a mixed outcome."""
     if config.algorithm != "grpo":
         return []
     rl_levels = {t["level"] for t in splits.get("rl", []) if t.get("level") is not None}
     ws = config.warm_start
     if ws is None:
-        return ["no warm_start: RL starts from the base model; if it never earns a reward, no group has reward "
-                "variance and no step updates (add warm_start, as the tutorials do)"]
+        return [(logging.WARNING, "no warm_start: RL starts from the base model; if it never earns a reward, no "
+                                  "group has reward variance and no step updates (add warm_start, as the "
+                                  "tutorials do)")]
     demos = splits.get("demos", splits.get("train", []))[:ws.demos]  # what the warm start trains on
     demo_levels = {t["level"] for t in demos if t.get("level") is not None}
-    if missing := sorted(rl_levels - demo_levels):
-        return [f"warm_start: its {ws.demos} demos cover levels {sorted(demo_levels)}, not train levels {missing}: "
-                "RL there starts from the base model and may find no reward variance (raise warm_start.demos, or "
-                "check warm_start.levels and dataset.train_levels)"]
-    return []
+    if not (missing := sorted(rl_levels - demo_levels)):
+        return []
+    if rl_levels & demo_levels:
+        return [(logging.INFO, f"warm_start: train levels {missing} have no demos (demos cover "
+                               f"{sorted(demo_levels)}): RL there starts from what the other levels taught")]
+    return [(logging.WARNING, f"warm_start: its {ws.demos} demos cover levels {sorted(demo_levels)}, none of the "
+                              f"train levels {missing}: RL starts from the base model and may find no reward "
+                              "variance (check warm_start.levels, warm_start.demos and dataset.train_levels)")]
 
 
 def end_lines(report: TrainReport, run_dir: Path) -> list[tuple[str, str]]:

@@ -87,10 +87,16 @@ def test_check_warns_when_the_warm_start_misses_the_train_levels(tmp_path: Path,
         _check(tmp_path, covered)
     assert not [r for r in caplog.records if "warm_start" in r.getMessage()]
     caplog.clear()
-    # demos are the first train tasks; with one demo only one level can be covered, RL trains on two
-    with caplog.at_level(logging.WARNING):
-        _check(tmp_path, "dataset: {name: calc, levels: [1, 2]}\nwarm_start: {demos: 1}\n")
-    assert any("not train levels" in r.getMessage() for r in caplog.records), caplog.text
+    with caplog.at_level(logging.INFO):  # RL on a level beyond the demos, beside demonstrated ones: a note
+        _check(tmp_path, "dataset: {name: calc, levels: [1, 2, 3], train_levels: [2, 3]}\n"
+                         "warm_start: {demos: 8, levels: [1, 2]}\n")
+    (note,) = [r for r in caplog.records if "have no demos" in r.getMessage()]
+    assert note.levelno == logging.INFO and "[3]" in note.getMessage()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):  # demos of none of the levels RL trains on
+        _check(tmp_path, "dataset: {name: calc, levels: [1, 2], train_levels: [2]}\n"
+                         "warm_start: {demos: 8, levels: [1]}\n")
+    assert any("none of the train levels [2]" in r.getMessage() for r in caplog.records), caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         _check(tmp_path, "dataset: {name: calc, levels: [1]}\n")
