@@ -17,7 +17,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from spanlab import sql_text
-from spanlab.errors import SpanlabError
+from spanlab.engine.config import Device as EngineDevice
+from spanlab.errors import ConfigError, SpanlabError
 from spanlab.sql_surface import rows as json_rows
 from spanlab.store import sql as sqlmod
 
@@ -54,16 +55,33 @@ def _fail(exc: Exception) -> None:
 def sql(
     query: Annotated[str, typer.Argument(help="SQL to run against the span store (read-only)")],
     db: DbOption = None,
+    url: Annotated[str | None, typer.Option("--url", help="query through a store server instead of a file "
+                                            "(http://HOST:8700): a store that a running process holds")] = None,
+    token: Annotated[str | None, typer.Option(envvar="SPANLAB_STORE_TOKEN", help="the store server's token "
+                                              "(--url)")] = None,
     format: Annotated[sql_text.OutputFormat, typer.Option("--format", "-f", help="table | csv | json")] = "table",
     max_rows: Annotated[int, typer.Option(help="rows shown in table format (csv/json print all)")] = 100,
-    timeout_s: Annotated[float, typer.Option(help="stop the query after this many seconds")] = 300.0,
+    timeout_s: Annotated[float, typer.Option(help="stop the query after this many seconds (a server applies "
+                                                  "its own limits)")] = 300.0,
     max_mb: Annotated[float, typer.Option(help="refuse results larger than this (Arrow size)")] = 1024.0,
 ) -> None:
-    """Query spans with SQL: views llm_calls, rewards, rollout_summary; tables rollouts, attempts, spans."""
+    """Query spans with SQL: views llm_calls, rewards, rollout_summary; tables rollouts, attempts, spans.
+
+    A file a running process holds (spanlab serve, store serve, train) is queried through its store server:
+    spanlab sql --url http://127.0.0.1:8700 [--token T] "SELECT ...".
+    """
     try:
-        path = sql_text.resolve_db(db)
-        table = sqlmod.run_query(path, query, max_rows=max_rows + 1 if format == "table" else None,
-                                 timeout_s=timeout_s, max_bytes=int(max_mb * 1024 * 1024))
+        limit = max_rows + 1 if format == "table" else None
+        if url is not None:
+            if db is not None:
+                raise ConfigError("give --db (a file) or --url (a store server), not both")
+            from spanlab.store import StoreClient
+
+            with StoreClient(url, token=token, timeout_s=timeout_s, retry_for_s=5.0) as client:
+                table = client.query(query, limit if limit is not None else 1_000_000)
+        else:
+            table = sqlmod.run_query(sql_text.resolve_db(db), query, max_rows=limit, timeout_s=timeout_s,
+                                     max_bytes=int(max_mb * 1024 * 1024))
     except SpanlabError as exc:
         _fail(exc)
         return
@@ -241,13 +259,28 @@ def serve_cmd(
     config: Annotated[
         Path | None, typer.Option("--config", "-c", help="YAML: db, engine, gateway, store_server")
     ] = None,
+    model: Annotated[str | None, typer.Option("--model", "-m", help="serve this model: a trained run's folder "
+                                              "(runs/NAME/final), a hub name, or a local folder")] = None,
+    device: Annotated[EngineDevice | None, typer.Option(help="the engine's device (default: the config's, else "
+                                                      "the installed vLLM build's)", show_default=False)] = None,
+    db: Annotated[Path | None, typer.Option("--db", help="span store file the calls are recorded in (default: "
+                                            "the config's db, else $SPANLAB_DB, else ./spanlab.duckdb)")] = None,
+    port: Annotated[int | None, typer.Option(envvar="SPANLAB_SERVE_PORT", help="the gateway's port (default: "
+                                             "the config's gateway.port, else 8800; 0: any free port)")] = None,
 ) -> None:
-    """Start the engine (vLLM), the recording gateway and the span store; print the base URL; Ctrl-C stops all."""
-    from spanlab.config import load_yaml, parse
-    from spanlab.serve import ServeConfig, serve
+    """Start the engine (vLLM), the recording gateway and the span store; print the base URL; Ctrl-C stops all.
+
+    A trained model: spanlab serve --model runs/NAME/final (the line spanlab train prints when it ends).
+    """
+    from spanlab.config import load_yaml
+    from spanlab.serve import serve, serve_config
 
     try:
-        cfg = parse(ServeConfig, load_yaml(config), source=str(config)) if config else ServeConfig()
+        data = load_yaml(config) if config else {}
+        if db is None and "db" not in data:
+            db = sql_text.resolve_db(None)
+        cfg = serve_config(data, model=model, device=device, db=db, port=port,
+                           source=str(config) if config else "the command line")
         serve(cfg)
     except SpanlabError as exc:
         _fail(exc)
@@ -315,7 +348,8 @@ def train(
 ) -> None:
     """Train an agent's model with the algorithm the config names; prints held-out accuracy before/after.
 
-    Ctrl-C stops the run at any phase (the engine and the rollouts included) and exits 130.
+    Ctrl-C stops the run at any phase (the engine and the rollouts included) and exits 130. A run whose steps
+    all made no update (GRPO: no group had reward variance) says so and exits 3.
 
     Under torchrun (torchrun ... -m spanlab train cfg.yaml) rank 0 runs the job, the other ranks only help its update.
     """
@@ -329,7 +363,11 @@ def train(
         launch = torchrun_launch()
         cfg = load_train_config(config, steps=steps, launch=launch)
         if check:
-            check_job(cfg)
+            from spanlab.jobs.outcome import warm_start_warnings
+
+            _, _, splits = check_job(cfg)
+            for level, line in warm_start_warnings(cfg, splits):
+                logging.getLogger(__name__).log(level, "%s", line)
             typer.echo(yaml.safe_dump(cfg.resolved(), sort_keys=False), nl=False)
             Console(stderr=True).print(f"{config}: ok ({cfg.algorithm}); nothing started")
             return
@@ -346,19 +384,18 @@ def train(
     except KeyboardInterrupt:
         Console(stderr=True).print("[bold red]interrupted[/]: the engine and rollouts are stopped", markup=True)
         raise typer.Exit(130) from None
+    from spanlab.jobs.outcome import LEARNED_NOTHING_EXIT, end_lines, learned_nothing
+
     out = Console()
     out.print(report.table())
     if report.steps:
         out.print(report.curve_table())
     if report.paired_gains():
         out.print(report.gains_table())
-    out.print(f"run {report.run_id} in {report.seconds / 60:.1f} min; spans in {report.db}; "
-              f"report in {cfg.run_dir / 'report.json'}")
-    if (cfg.run_dir / "reward.png").is_file():
-        out.print(f"reward and held-out curves: {cfg.run_dir / 'reward.png'} (again: spanlab plot --db {report.db})")
-    if (cfg.run_dir / "final" / "config.json").is_file():
-        out.print(f"trained model: {cfg.run_dir / 'final'} (serve it: vllm serve {cfg.run_dir / 'final'}, "
-                  f"or engine: {{model: {cfg.run_dir / 'final'}}} in spanlab serve's config)")
+    for style, line in end_lines(report, cfg.run_dir):
+        out.print(line, style=style or None, markup=False, highlight=False, soft_wrap=True)
+    if learned_nothing(report):
+        raise typer.Exit(LEARNED_NOTHING_EXIT)
 
 
 @app.command()

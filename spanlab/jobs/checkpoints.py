@@ -54,8 +54,12 @@ def write_checkpoint(job: Job, tag: str) -> Path | None:
 
 
 def after_step(job: Job) -> None:
-    """The step-K folder when one is due (``checkpoints.every``)."""
+    """After each logged step: a warning when it changed no weight, and the step-K folder when one is due
+    (``checkpoints.every``)."""
+    from spanlab.jobs.outcome import warn_if_no_update
+
     every, step = job.config.checkpoints.every, len(job.report.steps)
+    warn_if_no_update(step - 1, job.report.steps[-1])  # the step number train_metrics gives it
     if every is not None and step % every == 0:
         write_checkpoint(job, f"step-{step}")
 

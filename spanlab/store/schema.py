@@ -59,7 +59,8 @@ def translate_open_error(path: str, exc: Exception) -> StoreError:
         holder = f" (PID {pid.group(1)})" if (pid := re.search(r"PID (\d+)", msg)) else ""
         return StoreLockedError(f"span store {path} is held read-write by another process{holder}. Only one process "
                                 "may open it while it is written: stop that process, or query through its store "
-                                f"server (spanlab store serve). DuckDB said: {msg}")
+                                "server (spanlab sql --url http://HOST:PORT, served by spanlab store serve or "
+                                f"spanlab serve's store_server). DuckDB said: {msg}")
     if any(word in msg.lower() for word in ("not a valid duckdb database", "corrupt", "invalid", "serializ")):
         return StoreError(f"span store {path} is not a readable DuckDB database (corrupt or another kind of file); "
                           f"it was left untouched. DuckDB said: {msg}")

@@ -31,6 +31,7 @@ import pyarrow as pa
 
 from spanlab.errors import QueryError
 from spanlab.sql_surface import QueryLimits
+from spanlab.store.catchup import catch_up
 from spanlab.store.schema import SAFE_QUERY_CONFIG, connect
 
 _BATCH_ROWS = 256  # rows per Arrow batch while counting bytes: small enough that one batch cannot blow memory
@@ -157,7 +158,9 @@ def _read_limited(cur: duckdb.DuckDBPyConnection, text: str, max_rows: int | Non
 
 def run_query(db: str | Path, sql: str, *, max_rows: int | None = None, timeout_s: float | None = None,
               max_bytes: int | None = None) -> pa.Table:
-    """Run one user query on the file, opened read-only; limits as in :func:`fetch_user_query`."""
+    """Run one user query on the file, opened read-only; limits as in :func:`fetch_user_query`. Writes that only
+    the store's hot file holds (its writer was killed) are copied in first (:mod:`spanlab.store.catchup`)."""
+    catch_up(db)
     conn = connect(db, read_only=True, safe=True)
     try:
         return fetch_user_query(conn, sql, max_rows, limits=QueryLimits(timeout_s, max_bytes))

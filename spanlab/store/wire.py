@@ -11,7 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from spanlab.errors import InvalidSpanError
 from spanlab.types import MAX_INT32, Attempt, FinishedAttemptStatus, ResourceKind, Rollout, RolloutMode, Span
@@ -130,7 +130,8 @@ class ResourceRequest(_Strict):
 
 
 class SqlRequest(_Strict):
-    query: str = Field(min_length=1, max_length=100_000)
+    # `sql` is what people try first (`spanlab sql`); `query` is the name the API documents
+    query: str = Field(min_length=1, max_length=100_000, validation_alias=AliasChoices("query", "sql"))
     max_rows: int = Field(default=10_000, ge=1, le=1_000_000)
 
 

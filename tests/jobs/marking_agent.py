@@ -4,7 +4,8 @@
 ``reward: sample_parity`` replaces the score by the sample's index mod 2 (0 for the first sample of a
 group, 1 for the second): the untrained model rarely earns a reward in a few tokens, and a GRPO group
 whose rewards are equal gives no gradient, so this makes every step a real update (optimizer moments,
-changed weights) while the rollouts still run the real agent, gateway and engine.
+changed weights) while the rollouts still run the real agent, gateway and engine. ``reward: zero`` is the
+opposite: every sample 0, so no group has reward variance and no step updates (a run that learns nothing).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from spanlab.runner.agent import RolloutContext
 
 
 class MarkingCalcAgent(CalcAgent):
-    def __init__(self, marks: str, reward: Literal["score", "sample_parity"] = "score", **kwargs: Any) -> None:
+    def __init__(self, marks: str, reward: Literal["score", "sample_parity", "zero"] = "score", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.marks, self.reward = Path(marks), reward
 
@@ -25,6 +26,8 @@ class MarkingCalcAgent(CalcAgent):
         score = await super().run(task, ctx)
         if self.reward == "sample_parity":
             score = float(int(ctx.rollout.metadata.get("sample", 0)) % 2)
+        elif self.reward == "zero":
+            score = 0.0
         with self.marks.open("a") as fh:
             fh.write(f"{task.get('task_id')}\n")
         return score
