@@ -93,7 +93,7 @@ def test_bad_split_settings_are_one_line_errors(tmp_path: Path, change: dict, er
                                     "out_dir": str(tmp_path / "runs")}))
     result = CliRunner().invoke(app, ["train", str(path), "--check"])
     assert result.exit_code == 2, result.output
-    assert re.search(error, result.output.replace("\n", " ")), result.output
+    assert re.search(error, " ".join(result.output.split())), result.output
     assert "Traceback" not in result.output
 
 
