@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -86,3 +86,14 @@ def running_attempts(store: StoreAPI, n: int, worker_id: str = "w") -> list[tupl
         assert got is not None
         out.append((got[0].rollout_id, got[1].attempt_id))
     return out
+
+
+def wait_until(check: Callable[[], bool], timeout_s: float = 30.0) -> bool:
+    """Poll ``check`` every 10 ms until it holds (True) or ``timeout_s`` passes (False): for work a background
+    thread finishes, where no event can be awaited."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True

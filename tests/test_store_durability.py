@@ -12,8 +12,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,6 +19,7 @@ import pytest
 from spanlab.errors import InvalidSpanError
 from spanlab.store import SpanStore
 from spanlab.types import Rollout
+from tests.stores import wait_until
 
 CHILD = textwrap.dedent(
     """
@@ -156,14 +155,6 @@ class CountedCommits:
         return getattr(self.conn, name)
 
 
-def _wait_for(check: Callable[[], bool], timeout_s: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
-
 
 def test_a_write_never_waits_for_a_copy_into_duckdb(tmp_path: Path) -> None:
     """Copies into DuckDB run on the store's copier thread: writes return while one is stuck, and a read
@@ -207,14 +198,14 @@ def test_writes_without_reads_reach_duckdb_by_size_and_by_age(tmp_path: Path) ->
             w.start()
         for w in workers:
             w.join()
-        assert _wait_for(lambda: store._synced >= 3 * duckdb_store._COPY_EVERY)  # no read asked for it
+        assert wait_until(lambda: store._synced >= 3 * duckdb_store._COPY_EVERY)  # no read asked for it
         assert 1 <= duck.copies <= 4  # at most one per _COPY_EVERY writes: none made twice
         with store._lock:  # the background copier may be copying the last writes on this connection right now
             copied = store._conn.execute("SELECT count(*) FROM train_metrics").fetchall()[0][0]
         assert copied >= 3 * duckdb_store._COPY_EVERY
     with SpanStore(tmp_path / "s.duckdb", copy_interval_s=0.05) as store:
         store.add_metrics("run", "grpo", 0, {"late": 1.0})  # one write: copied by age
-        assert _wait_for(lambda: store._synced == store._writer.last_stamp)
+        assert wait_until(lambda: store._synced == store._writer.last_stamp)
 
 
 def test_writes_that_queue_up_share_one_commit_and_fail_alone(tmp_path: Path) -> None:
@@ -236,7 +227,7 @@ def test_writes_that_queue_up_share_one_commit_and_fail_alone(tmp_path: Path) ->
             threads = [threading.Thread(target=enqueue, args=(r,)) for r in ("a", "b", "taken", "c")]
             for t in threads:
                 t.start()
-            assert _wait_for(lambda: len(writer._queue) == 4)
+            assert wait_until(lambda: len(writer._queue) == 4)
         for t in threads:
             t.join(30)
         assert lite.copies == 1  # one COMMIT for the four

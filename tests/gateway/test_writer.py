@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ from spanlab.errors import StoreError
 from spanlab.gateway.writer import SpanWriter
 from spanlab.store import SpanStore
 from spanlab.types import LLMCall, Span
+from tests.stores import wait_until
 
 
 class FlakyStore(SpanStore):
@@ -167,12 +167,12 @@ def test_calls_completed_during_a_write_are_written_together_and_fail_alone() ->
     store.gate.clear()
     first = threading.Thread(target=call, args=(0, attempt.attempt_id))
     first.start()
-    assert _until(lambda: store.batches == [[0]])  # the first call's write is under way, held at the store
+    assert wait_until(lambda: store.batches == [[0]])  # the first call's write is under way, held at the store
     others = [threading.Thread(target=call, args=(i, attempt.attempt_id if i != 3 else "no-such-attempt"))
               for i in range(1, 6)]
     for t in others:
         t.start()
-    assert _until(lambda: len(writer._calls) == 5)
+    assert wait_until(lambda: len(writer._calls) == 5)
     store.gate.set()
     for t in [first, *others]:
         t.join(30)
@@ -180,11 +180,3 @@ def test_calls_completed_during_a_write_are_written_together_and_fail_alone() ->
     assert sorted(store.batches[1]) == [1, 2, 3, 4, 5]  # one store call for the five, then one each
     assert sorted(s.attributes["i"] for s in _stored(store)) == [0, 1, 2, 4, 5]
 
-
-def _until(check: Callable[[], bool], timeout_s: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
