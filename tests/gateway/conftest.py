@@ -10,6 +10,7 @@ points these tests at a vLLM you already run; without either, the vLLM tests ski
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Iterator
 
 import httpx
@@ -38,3 +39,11 @@ def upstream(request: pytest.FixtureRequest) -> Upstream:
 def gateway(store: SpanStore, upstream: Upstream) -> Iterator[GatewayServer]:
     with GatewayServer(store, upstream.base_url) as gw:
         yield gw
+
+
+@pytest.fixture
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound once, then released): an upstream that refuses connections."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

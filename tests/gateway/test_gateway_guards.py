@@ -24,13 +24,6 @@ RESPONSES = b'{"model":"m","input":"hi"'
 
 
 @pytest.fixture
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
 def gateway(store: SpanStore, closed_port: int) -> Iterator[GatewayServer]:
     with GatewayServer(store, f"http://127.0.0.1:{closed_port}/v1", max_body_bytes=1 << 20) as gw:
         yield gw

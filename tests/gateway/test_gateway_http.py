@@ -21,13 +21,6 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_toke
 
 
 @pytest.fixture
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
 def silent_upstream() -> Iterator[str]:
     """Accepts TCP connections (the kernel's backlog does) but never reads or answers."""
     with socket.socket() as s:
