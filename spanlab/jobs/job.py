@@ -112,7 +112,7 @@ class Job:
     saves_state: bool = False  # the algorithm can resume: save the trainer state after each step
     optimizer: torch.optim.Optimizer | None = None
     resume_state: TrainState | None = None  # what --resume loaded (the optimizer's moments wait here)
-    planned_steps: int | None = None  # what :meth:`steps` was asked for (the last one is the final evaluation's)
+    planned_steps: int | None = None  # the algorithm's step count (the last step's curve point is the final evaluation)
 
     @property
     def served_name(self) -> str:
@@ -154,7 +154,6 @@ class Job:
     def steps(self, n: int, tasks_per_step: int, label: str) -> Iterator[tuple[int, Tasks]]:
         """``(step, tasks)`` for ``n`` steps, tasks from :meth:`task_draws`, with a bar."""
         bar = self.progress.add_task(label, total=n)
-        self.planned_steps = n
         done = len(self.report.steps)  # steps a resumed run already did: their draws are replayed, not yielded
         for step, tasks in zip(range(n), self.task_draws(tasks_per_step), strict=False):
             if step < done:
@@ -192,20 +191,24 @@ class Job:
         checkpoints.after_step(self)
         curve, done = self.config.eval.curve, step + 1
         if curve is not None and done % curve.every == 0 and done != self.planned_steps:
-            for key, tasks in self.splits.items():  # the final step's point is the final evaluation
-                name = self.config.eval.split if key == "eval" else key.removeprefix("eval:")
-                if key.startswith("eval") and name in curve.splits:
+            for name, tasks in self._held_out_splits():  # the final step's point is the final evaluation
+                if name in curve.splits:
                     self._evaluate(f"step-{done}", name, tasks)
 
     def held_out(self, phase: str) -> Evaluation:
         """Evaluate the current policy on every held-out split; into the report and ``train_metrics``.
 
         Returns the headline split's result (``eval.split``); the extra splits are reported beside it."""
-        headline = self._evaluate(phase, self.config.eval.split, self.splits["eval"])
-        for key, tasks in self.splits.items():
-            if key.startswith("eval:"):
-                self._evaluate(phase, key.removeprefix("eval:"), tasks)
-        return headline
+        headline, *extra = self._held_out_splits()
+        result = self._evaluate(phase, *headline)
+        for name, tasks in extra:
+            self._evaluate(phase, name, tasks)
+        return result
+
+    def _held_out_splits(self) -> list[tuple[str, Tasks]]:
+        """``(name, tasks)`` of the headline split, then of each extra split."""
+        return [(self.config.eval.split, self.splits["eval"])] + [
+            (key.removeprefix("eval:"), tasks) for key, tasks in self.splits.items() if key.startswith("eval:")]
 
     def _evaluate(self, phase: str, split: str, tasks: Tasks) -> Evaluation:
         if self.evaluator is not None:
