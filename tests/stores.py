@@ -1,8 +1,10 @@
-"""Both store implementations for tests: ``SpanStore`` in-process and ``StoreClient`` over a real server process.
+"""Both store implementations for tests: ``SpanStore`` in-process and ``StoreClient`` over real HTTP.
 
-``ServerProcess`` runs ``spanlab store serve`` on a free 127.0.0.1 port; the ``any_store`` fixture (registered
-in tests/conftest.py) gives each test a fresh store of each kind, so a test written against ``StoreAPI``
-runs on both. Use it where behaviour over HTTP matters (adapters, loops): each HTTP case starts a process.
+``ServerProcess`` runs ``spanlab store serve`` on a free 127.0.0.1 port (the CLI's own tests use it). The
+``any_store`` fixture (registered in tests/conftest.py) gives each test a fresh store of each kind, so a test
+written against ``StoreAPI`` runs on both. Its HTTP case serves a fresh DuckDB file from a
+:class:`~spanlab.serving.ThreadedServer` in the test's process, the way ``spanlab train`` serves its store to its
+workers: a loopback round trip through the real app and client, without a process start per case.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from spanlab.serving import ThreadedServer
 from spanlab.store import SpanStore, StoreAPI, StoreClient
+from spanlab.store.server import create_store_app
 
 SPANLAB = str(Path(sys.executable).with_name("spanlab"))
 TOKEN = "t0k3n"
@@ -64,17 +68,15 @@ class ServerProcess:
 
 @pytest.fixture(params=["duckdb", "http"])
 def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreAPI]:
-    """A fresh ``SpanStore(":memory:")``, then a fresh ``StoreClient`` to its own server process."""
+    """A fresh ``SpanStore(":memory:")``, then a fresh ``StoreClient`` to its own store server (a DuckDB file)."""
     if request.param == "duckdb":
         with SpanStore(":memory:") as store:
             yield store
         return
-    server = ServerProcess(tmp_path / "served.duckdb").start()
-    try:
-        with server.client(retry_for_s=5) as client:
-            yield client
-    finally:
-        server.stop()
+    with SpanStore(tmp_path / "served.duckdb") as served, \
+            ThreadedServer(create_store_app(served, token=TOKEN), name="store server") as server, \
+            StoreClient(server.url, token=TOKEN, retry_for_s=5) as client:
+        yield client
 
 
 def running_attempts(store: StoreAPI, n: int, worker_id: str = "w") -> list[tuple[str, str]]:

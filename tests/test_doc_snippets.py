@@ -74,7 +74,8 @@ def store_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPro
     server.stop()
 
 
-@pytest.mark.parametrize("snippet", [s for s in PYTHON if s.not_run is None], ids=str)
+@pytest.mark.parametrize("snippet", [s for s in PYTHON if s.not_run is None and "OTLPSpanExporter" not in s.code],
+                         ids=str)  # the OTLP snippet runs once, in the test below, which also checks what it stored
 def test_a_python_snippet_runs_as_written(snippet: Snippet, tmp_path: Path, store_server: ServerProcess) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "SPANLAB_STORE_URL": store_server.url,
            "SPANLAB_STORE_TOKEN": TOKEN}

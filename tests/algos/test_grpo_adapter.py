@@ -17,7 +17,7 @@ from tests.conftest import llm_span
 
 @pytest.fixture
 def store(any_store: StoreAPI) -> StoreAPI:
-    """Every test here runs on SpanStore and on StoreClient over a store server process (tests/stores.py)."""
+    """Every test here runs on SpanStore and on StoreClient over HTTP to a store server (tests/stores.py)."""
     return any_store
 
 

@@ -40,7 +40,7 @@ ANSWER = "The answer is 23."
 
 @pytest.fixture
 def store(any_store: StoreAPI) -> StoreAPI:
-    """Every test here runs on SpanStore and on StoreClient over a store server process (tests/stores.py)."""
+    """Every test here runs on SpanStore and on StoreClient over HTTP to a store server (tests/stores.py)."""
     return any_store
 
 
