@@ -135,7 +135,7 @@ class Job:
                                                on_finished=finished, **overrides)
         self.rig.gateway.flush()
         if self._steps_bar is not None and index is not None:
-            self._steps_bar.note(f"step {index + 1}: updating")
+            self._steps_bar.note(f"step {index + 1}/{self._steps_bar.total}: updating")
         return batch
 
     def task_draws(self, tasks_per_step: int) -> Iterator[Tasks]:
