@@ -26,7 +26,6 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from spanlab.errors import ConfigError
 from spanlab.jobs import checkpoints, resuming
@@ -38,6 +37,7 @@ from spanlab.jobs.rig import Rig, open_rig
 from spanlab.jobs.rollouts import RolloutBatch
 from spanlab.jobs.tasks import TaskSet, load_task_set
 from spanlab.jobs.tracking import Trackers, open_trackers
+from spanlab.progress import Phase, PhaseProgress, log_console
 
 if TYPE_CHECKING:
     import torch
@@ -89,11 +89,6 @@ def level_quota(weights: dict[int, float], n: int) -> dict[int, int]:
     return quota
 
 
-def progress_bar(console: Console) -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                    TimeElapsedColumn(), console=console)
-
-
 @dataclass
 class Job:
     """One run's open pieces, given to ``Algorithm.run``: rig, task splits, policy (if trained), report."""
@@ -103,7 +98,7 @@ class Job:
     task_set: TaskSet
     splits: dict[str, Tasks]
     report: TrainReport
-    progress: Progress
+    progress: PhaseProgress  # every phase's bar (or plain lines), on the console the log lines use
     stack: ExitStack  # closed when the job ends: an algorithm registers what it opens here
     policy: Policy | None = None
     evaluator: Evaluator | None = None  # how the held-out policy runs; default: the served model
@@ -113,6 +108,7 @@ class Job:
     optimizer: torch.optim.Optimizer | None = None
     resume_state: TrainState | None = None  # what --resume loaded (the optimizer's moments wait here)
     planned_steps: int | None = None  # the algorithm's step count (the last step's curve point is the final evaluation)
+    _steps_bar: Phase | None = None  # the open step loop's bar: a step's collection tells it the update follows
 
     @property
     def served_name(self) -> str:
@@ -125,10 +121,21 @@ class Job:
         overrides = {} if temperature is None else {"temperature": temperature}
         step = metadata.get("step")
         done = resuming.finished_rollouts(self, step) if self.resume_state is not None and step is not None else None
-        batch = self.rig.collector.collect(tasks, mode="train", group_size=group_size, model=self.served_name,
-                                           metadata={"run_id": self.report.run_id, **metadata}, done=done,
-                                           **overrides)
+        index = step if step is not None else metadata.get("round")  # SFT rounds are the steps of their loop
+        label = "rollouts" if index is None else f"step {index + 1} rollouts"
+        with self.progress.phase(label, len(tasks) * group_size, done=len(done or ())) as bar:
+            rewards: list[float] = []
+
+            def finished(reward: float | None) -> None:
+                rewards.append(reward or 0.0)
+                bar.advance(note=f"reward {sum(rewards) / len(rewards):.2f}")
+
+            batch = self.rig.collector.collect(tasks, mode="train", group_size=group_size, model=self.served_name,
+                                               metadata={"run_id": self.report.run_id, **metadata}, done=done,
+                                               on_finished=finished, **overrides)
         self.rig.gateway.flush()
+        if self._steps_bar is not None and index is not None:
+            self._steps_bar.note(f"step {index + 1}/{self._steps_bar.total}: updating")
         return batch
 
     def task_draws(self, tasks_per_step: int) -> Iterator[Tasks]:
@@ -152,17 +159,21 @@ class Job:
         return [t for lv, k in quota.items() for t in rng.sample(by_level[lv], min(k, len(by_level[lv])))]
 
     def steps(self, n: int, tasks_per_step: int, label: str) -> Iterator[tuple[int, Tasks]]:
-        """``(step, tasks)`` for ``n`` steps, tasks from :meth:`task_draws`, with a bar."""
-        bar = self.progress.add_task(label, total=n)
-        done = len(self.report.steps)  # steps a resumed run already did: their draws are replayed, not yielded
-        for step, tasks in zip(range(n), self.task_draws(tasks_per_step), strict=False):
-            if step < done:
-                self.progress.update(bar, advance=1)
-                continue
-            yield step, tasks
-            reward = self.report.steps[-1].get("reward_mean") if self.report.steps else None
-            text = label if reward is None else f"{label} reward {reward:.2f}"
-            self.progress.update(bar, advance=1, description=text)
+        """``(step, tasks)`` for ``n`` steps, tasks from :meth:`task_draws`, with a bar that starts at the steps a
+        resumed run already did (their draws are replayed, not yielded)."""
+        done = min(len(self.report.steps), n)
+        with self.progress.phase(label, n, done=done) as bar:
+            self._steps_bar = bar
+            try:
+                for step, tasks in zip(range(n), self.task_draws(tasks_per_step), strict=False):
+                    if step < done:
+                        continue
+                    bar.note(f"step {step + 1}/{n}: rollouts")
+                    yield step, tasks
+                    reward = self.report.steps[-1].get("reward_mean") if self.report.steps else None
+                    bar.advance(note="" if reward is None else f"reward {reward:.2f}")
+            finally:
+                self._steps_bar = None
 
     def attach_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """The algorithm's optimizer, saved with each step's state (and given its saved moments on --resume)."""
@@ -215,8 +226,15 @@ class Job:
             batch = self.evaluator(tasks, phase, split)
         else:
             metadata = {"phase": phase, "split": split, "run_id": self.report.run_id}
-            batch = self.rig.collector.collect(tasks, mode="test", metadata=metadata,
-                                               temperature=self.config.eval.temperature, model=self.served_name)
+            with self.progress.phase(f"{phase} eval {split}", len(tasks)) as bar:
+                rewards: list[float] = []
+
+                def finished(reward: float | None) -> None:
+                    rewards.append(reward or 0.0)
+                    bar.advance(note=f"accuracy {100 * sum(rewards) / len(rewards):.1f}%")
+
+                batch = self.rig.collector.collect(tasks, mode="test", metadata=metadata, on_finished=finished,
+                                                   temperature=self.config.eval.temperature, model=self.served_name)
         by_level: dict[str, list[float]] = {}
         for task, reward in zip(tasks, batch.rewards, strict=True):
             by_level.setdefault(str(task.get("level", "all")), []).append(reward)
@@ -332,7 +350,7 @@ def _load_resume_state(algorithm: Algorithm, config: TrainConfig) -> TrainState 
 def run_job(config: TrainConfig, *, console: Console | None = None, resume: bool = False) -> TrainReport:
     """Run the whole job ``config`` describes (``resume``: continue it from its saved state); returns (and
     writes) its report."""
-    console = console or Console(stderr=True)
+    console = console or log_console()
     algorithm, task_set, splits = check_job(config)
     state = _load_resume_state(algorithm, config) if resume else None
     report = (TrainReport.model_validate(state.info["report"]) if state is not None else
@@ -341,7 +359,8 @@ def run_job(config: TrainConfig, *, console: Console | None = None, resume: bool
     earlier_s = report.seconds
     with interrupts_stop_the_job(), ExitStack() as stack:
         rig = open_rig(stack, config, console)
-        job = Job(config, rig, task_set, splits, report, progress_bar(console), stack,
+        progress = stack.enter_context(PhaseProgress(console))
+        job = Job(config, rig, task_set, splits, report, progress, stack,
                   saves_state=algorithm.resumable and algorithm.trains_weights and config.checkpoints.resume_state
                   and config.trainer.processes == 1)
         if algorithm.steps_key is not None:  # the last step's curve point is the final evaluation
@@ -364,17 +383,15 @@ def run_job(config: TrainConfig, *, console: Console | None = None, resume: bool
         algorithm.prepare(job)
         if state is not None:
             resuming.resume(job, state)
-            stack.enter_context(job.progress)
         else:
             if config.eval.base:
                 job.held_out("base")
-            stack.enter_context(job.progress)
             job.warm_start()
             job.save_state()
         algorithm.run(job)
         if report.steps:
             job.held_out("final")
-        job.progress.stop()
+        job.progress.close()
         algorithm.summarize(job)
         if config.checkpoints.final:
             checkpoints.write_checkpoint(job, "final")

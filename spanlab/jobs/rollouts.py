@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from spanlab.jobs.background import BackgroundRollouts, serve_locally
 from spanlab.runner.agent import load_agent
-from spanlab.runner.worker import Worker, run_then_close
+from spanlab.runner.worker import RolloutDone, Worker, run_then_close
 from spanlab.store.base import StoreAPI
 from spanlab.types import Rollout, RolloutConfig, RolloutMode
 
@@ -68,19 +68,21 @@ class RolloutCollector:
         group_size: int = 1,
         metadata: dict[str, Any] | None = None,
         done: dict[tuple[str, int], str] | None = None,
+        on_finished: RolloutDone | None = None,
         **agent_overrides: Any,
     ) -> RolloutBatch:
         """Queue ``group_size`` rollouts per task, run them all, return their rewards in queue order.
 
         ``done`` maps ``(group_id, sample)`` to a finished rollout already in the store (a resumed run's
         interrupted step): those are not run again, only counted in the batch at their place.
+        ``on_finished`` hears of each rollout run here as it ends (its reward), for a progress bar.
         """
         rollouts = self.rollouts_for(tasks, mode=mode, group_size=group_size, metadata=metadata)
         if not done:
-            return self.run(rollouts, **agent_overrides)
+            return self.run(rollouts, on_finished=on_finished, **agent_overrides)
         key = lambda r: (r.metadata["group_id"], r.metadata["sample"])  # noqa: E731
         todo = [r for r in rollouts if key(r) not in done]
-        ran = self.run(todo, **agent_overrides) if todo else RolloutBatch([], [], 0.0, 0)
+        ran = self.run(todo, on_finished=on_finished, **agent_overrides) if todo else RolloutBatch([], [], 0.0, 0)
         new = iter(ran.rollout_ids)
         ids = [done[key(r)] if key(r) in done else next(new) for r in rollouts]
         rewards = final_rewards(self.store, ids)
@@ -114,7 +116,8 @@ class RolloutCollector:
                             gateway_token=self.gateway_token)
         return BackgroundRollouts(serve, join_timeout_s=self.timeout_s)
 
-    def run(self, rollouts: Sequence[Rollout], **agent_overrides: Any) -> RolloutBatch:
+    def run(self, rollouts: Sequence[Rollout], *, on_finished: RolloutDone | None = None,
+            **agent_overrides: Any) -> RolloutBatch:
         """Queue these rollouts, run the agent on them, return their rewards in order.
 
         Workers take only rollouts of the batch's mode; a batch of several modes (APO runs its held-out and
@@ -126,12 +129,13 @@ class RolloutCollector:
         mode = modes.pop() if len(modes) == 1 else None
         if self.remote is not None:
             self.remote.run(ids, agent_name=self.agent_name, agent_kwargs=kwargs, gateway_url=self.gateway_url,
-                            mode=mode, concurrency=self.worker_concurrency, gateway_token=self.gateway_token)
+                            mode=mode, concurrency=self.worker_concurrency, gateway_token=self.gateway_token,
+                            on_ended=on_finished)
             failed = sum(a.status in ("failed", "timeout") for _, a in self.store.last_attempts(ids))
         else:
             agent = load_agent(self.agent_name, kwargs)
             worker = Worker(self.store, agent, gateway_url=self.gateway_url, concurrency=self.concurrency, mode=mode,
-                            gateway_token=self.gateway_token)
+                            gateway_token=self.gateway_token, on_finished=on_finished)
             stats = asyncio.run(run_then_close(worker, agent, len(ids)))
             failed = stats.failed + stats.timeout
         rewards = final_rewards(self.store, ids)

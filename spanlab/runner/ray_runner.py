@@ -25,7 +25,7 @@ from typing import Any
 from spanlab.errors import ConfigError
 from spanlab.runner.agent import load_agent
 from spanlab.runner.config import RAY_EXTRA_HINT, RolloutRunnerConfig, split_address
-from spanlab.runner.worker import Worker, run_then_close
+from spanlab.runner.worker import RolloutDone, Worker, run_then_close
 from spanlab.store.base import StoreAPI
 from spanlab.types import RolloutMode
 
@@ -156,15 +156,18 @@ class RayRunner:
     # --- rollouts -------------------------------------------------------------------------------------
     def run(self, rollout_ids: Sequence[str], *, agent_name: str, agent_kwargs: dict[str, Any],
             gateway_url: str | None, mode: RolloutMode | None, concurrency: int,
-            gateway_token: str | None = None) -> None:
-        """Have every actor work on the queue, and return once each of ``rollout_ids`` has ended in the store."""
+            gateway_token: str | None = None, on_ended: RolloutDone | None = None) -> None:
+        """Have every actor work on the queue, and return once each of ``rollout_ids`` has ended in the store
+        (``on_ended`` gets each one's reward as the polling sees it end)."""
         if not rollout_ids:
             return
         pending = set(rollout_ids)
 
         def ended() -> bool:
-            pending.difference_update(s.rollout_id for s in self.store.rollout_summaries(list(pending),
-                                                                                          statuses=TERMINAL))
+            for summary in self.store.rollout_summaries(list(pending), statuses=TERMINAL):
+                pending.discard(summary.rollout_id)
+                if on_ended is not None:
+                    on_ended(summary.final_reward)
             return not pending
 
         self._keep_working((agent_name, agent_kwargs, gateway_url, mode, concurrency, gateway_token), until=ended)

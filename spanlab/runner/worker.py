@@ -15,6 +15,7 @@ import os
 import socket
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,7 @@ from spanlab.types import ACTIVE_ATTEMPT_STATUSES, Attempt, FinishedAttemptStatu
 
 logger = logging.getLogger(__name__)
 PENDING = ("queuing", "requeuing", "preparing", "running")
+RolloutDone = Callable[[float | None], None]  # a finished attempt's reward (None: it recorded none), for progress
 
 
 @dataclass
@@ -56,12 +58,14 @@ def resolve_resources(store: StoreAPI, version: str | None) -> dict[str, Resourc
 class Worker:
     def __init__(self, store: StoreAPI, agent: Agent, *, worker_id: str | None = None, gateway_url: str | None = None,
                  concurrency: int = 4, heartbeat_s: float = 2.0, poll_s: float = 0.2, mode: str | None = None,
-                 exit_when_idle: bool = True, gateway_token: str | None = None) -> None:
+                 exit_when_idle: bool = True, gateway_token: str | None = None,
+                 on_finished: RolloutDone | None = None) -> None:
         self.store, self.agent = store, agent
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.gateway_url, self.gateway_token = gateway_url, gateway_token
         self.concurrency, self.heartbeat_s, self.poll_s = concurrency, heartbeat_s, poll_s
         self.mode, self.exit_when_idle = mode, exit_when_idle
+        self.on_finished = on_finished
         self.stats = WorkerStats()
         self._stopping = False
 
@@ -138,6 +142,8 @@ class Worker:
             beats.cancel()
         await asyncio.to_thread(self.store.finish_attempt, attempt.attempt_id, status, spans)
         setattr(self.stats, status, getattr(self.stats, status) + 1)
+        if self.on_finished is not None:
+            self.on_finished(float(reward) if status == "succeeded" and reward is not None else None)
 
     async def _heartbeat(self, attempt_id: str, agent_task: asyncio.Task) -> None:
         while True:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -28,6 +28,9 @@ from spanlab.store.base import StoreAPI
 from spanlab.training.model import apply_lora
 from spanlab.training.settings import LoraConfig, SFTConfig
 from spanlab.training.supervised import sft_train
+
+if TYPE_CHECKING:
+    from spanlab.progress import PhaseProgress
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +148,8 @@ def open_policy(stack: ExitStack, *, model_name: str, root_url: str | Sequence[s
 
 
 def warm_start(policy: Policy, demonstration: Callable[[dict[str, Any]], dict[str, Any]] | None,
-               tasks: list[dict[str, Any]], config: SFTConfig, *, demos: int, progress: Any) -> dict[str, float]:
+               tasks: list[dict[str, Any]], config: SFTConfig, *, demos: int,
+               progress: PhaseProgress | None) -> dict[str, float]:
     """SFT on generated demonstrations of the first ``demos`` tasks, then pushed (a model that never earns a
     reward gives RL and reward filtering nothing to keep)."""
     if demonstration is None:

@@ -10,12 +10,13 @@ rendering the conversation's prefixes (the template must be prefix-preserving, w
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import random
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,6 +25,9 @@ from spanlab.adapters.grpo import Sample, collate
 from spanlab.errors import ConfigError
 from spanlab.training.logprobs import token_logprobs
 from spanlab.training.settings import SFTConfig
+
+if TYPE_CHECKING:
+    from spanlab.progress import PhaseProgress
 
 __all__ = ["SFTConfig", "encode_conversation", "sft_sample", "sft_train"]
 
@@ -36,7 +40,7 @@ def sft_train(
     config: SFTConfig,
     *,
     pad_id: int,
-    progress: Any = None,
+    progress: PhaseProgress | None = None,
     weights: Sequence[float] | None = None,
     label: str = "warm start (SFT)",
 ) -> dict[str, float]:
@@ -57,15 +61,11 @@ def sft_train(
     optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
     rng = random.Random(config.seed)
     steps = config.epochs * math.ceil(len(kept) / config.batch_size)
-    task = progress.add_task(label, total=steps) if progress is not None else None
     model.train()
     losses: list[float] = []
     tokens, started = 0, time.perf_counter()
-    for _epoch in range(config.epochs):
-        order = list(kept)
-        rng.shuffle(order)
-        for i in range(0, len(order), config.batch_size):
-            chunk = order[i : i + config.batch_size]
+    with progress.phase(label, steps) if progress is not None else contextlib.nullcontext() as bar:
+        for chunk in _batches(kept, config, rng):
             batch = collate(chunk, torch.zeros(len(chunk)), pad_id).to(device)
             w_B = torch.tensor([weight_of.get(id(s), 1.0) for s in chunk], dtype=torch.float32, device=device)
             logprobs = token_logprobs(model, batch.input_ids, batch.attention_mask, positions_mask=batch.loss_mask)
@@ -76,9 +76,18 @@ def sft_train(
             optimizer.step()
             losses.append(loss.item())
             tokens += int(batch.attention_mask.sum())
-            if task is not None:
-                progress.update(task, advance=1, description=f"{label} loss {loss.item():.3f}")
+            if bar is not None:
+                bar.advance(note=f"loss {loss.item():.3f}")
     model.eval()
     seconds = time.perf_counter() - started
     return {"sft_steps": len(losses), "sft_loss_first": losses[0], "sft_loss_last": losses[-1],
             "sft_examples": len(kept), "sft_seconds": seconds, "sft_tokens_per_s": tokens / max(seconds, 1e-9)}
+
+
+def _batches(samples: list[Sample], config: SFTConfig, rng: random.Random) -> Iterator[list[Sample]]:
+    """``config.epochs`` passes over ``samples``, each shuffled by ``rng``, in mini-batches of ``batch_size``."""
+    for _epoch in range(config.epochs):
+        order = list(samples)
+        rng.shuffle(order)
+        for i in range(0, len(order), config.batch_size):
+            yield order[i : i + config.batch_size]

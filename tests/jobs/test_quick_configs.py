@@ -7,22 +7,27 @@ What the run measures is not checked (a few held-out tasks are noise), only that
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
+from spanlab.agents.calc.agent import default_template
 from spanlab.config import load_yaml
 from spanlab.engine.weights import WeightSyncClient
 from spanlab.jobs.config import parse_train_config
-from spanlab.jobs.job import run_job
+from spanlab.jobs.job import build_algorithm, run_job
+from spanlab.jobs.prompt import check_prompt
 
 TUTORIALS = Path(__file__).resolve().parents[2] / "tutorials"
 QUICK = sorted(TUTORIALS.glob("*/quick.yaml"))
 
 
 def test_the_tutorials_have_quick_configs() -> None:
-    assert {"sql", "rooms"} <= {p.parent.name for p in QUICK}
+    assert {"sql", "rooms", "calc", "drift"} <= {p.parent.name for p in QUICK}
     for path in QUICK:  # the tutorial tells its readers about it
         assert "quick.yaml" in (path.parent / "README.md").read_text(encoding="utf-8"), path
 
@@ -38,13 +43,55 @@ def restored_engine(vllm_server, default_model_dir: Path) -> Iterator[str]:
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.parametrize("path", QUICK, ids=lambda p: p.parent.name)
-def test_a_quick_config_runs_the_whole_loop(path: Path, tmp_path: Path, restored_engine: str) -> None:
+def test_a_quick_config_runs_the_whole_loop(path: Path, tmp_path: Path, restored_engine: str,
+                                           caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(TUTORIALS.parent)  # relative paths in a config (a template) are the repo root's, as documented
     data = load_yaml(path) | {"engine_url": restored_engine, "out_dir": str(tmp_path / "runs"),
                               "db": str(tmp_path / "run.duckdb")}
     config = parse_train_config(data, str(path))
-    report = run_job(config)
+    caplog.set_level(logging.INFO, logger="spanlab.progress")
+    report = run_job(config)  # output is not a terminal here: the phases log plain progress lines
     phases = [e.phase for e in report.evaluations if e.split == config.eval.split]
     expected = [*(["base"] if config.eval.base else []), *(["warm_start"] if config.warm_start else []), "final"]
     assert phases == expected, phases
     assert report.steps and all(e.n == config.eval.tasks and e.failed < e.n for e in report.evaluations)
     assert (config.run_dir / "report.json").is_file()
+    progress = [r.getMessage() for r in caplog.records if r.name == "spanlab.progress"]
+    evaluated = [line for line in progress if line.startswith(f"final eval {config.eval.split}: ")]
+    assert evaluated and evaluated[-1].startswith(f"final eval {config.eval.split}: {config.eval.tasks}/"
+                                                  f"{config.eval.tasks} (100%) accuracy "), progress
+    assert all(" elapsed, ETA " in line for line in progress)
+    if config.algorithm in ("grpo", "sft"):  # the step loop's bar, to its end
+        assert any(line.startswith(("GRPO: ", "SFT rounds: ")) and "(100%)" in line for line in progress), progress
+    if config.retokenize_template is not None:  # the drift tutorial: a mismatched template drifts in every step
+        assert all(step["drift_sample_frac"] > 0 for step in report.steps), report.steps
+
+
+def _compare_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("compare_run", TUTORIALS / "compare" / "run.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_quick_comparison_stages_are_valid_configs(tmp_path: Path, default_model_dir: Path) -> None:
+    """``tutorials/compare/run.py --quick``: every stage's config, built on calc's quick.yaml at the quick sizes,
+    passes the checks ``spanlab train`` runs before an engine starts, and the budget sets each arm's size."""
+    run = _compare_script()
+    (tmp_path / "start").mkdir()
+    (tmp_path / "start" / "final").symlink_to(default_model_dir)  # what the start stage leaves for the arms
+    (tmp_path / "apo").mkdir()  # ... and the APO stage for the last arm: here the agent's own prompt
+    (tmp_path / "apo" / "winner.poml").write_text(default_template())
+    base = load_yaml(run.QUICK_BASE)
+    sizes = {}
+    for name in run.STAGES:
+        data = run.stage_config(name, base, tmp_path, run.QUICK["budget"], run.QUICK["eval_tasks"])
+        config = parse_train_config(data, f"{name}.yaml")
+        build_algorithm(config)
+        check_prompt(config)
+        assert config.eval.tasks == run.QUICK["eval_tasks"] and config.eval.base == (name in ("start", "apo"))
+        section = data.get(config.algorithm, {})
+        sizes[name] = {k: section.get(k) for k in ("steps", "rounds", "max_rollouts")}
+    assert sizes["start"]["steps"] == 0 and sizes["grpo"]["steps"] == 2 and sizes["sft"]["rounds"] == 1
+    assert sizes["apo"]["max_rollouts"] == run.QUICK["budget"]

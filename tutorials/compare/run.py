@@ -4,6 +4,7 @@ Run from the repo root (tutorials/compare/README.md has the measured run, --budg
 --start-eval-tasks 60, and its times; the defaults below are larger and not timed):
 
     PYTHONPATH=. .venv/bin/python tutorials/compare/run.py [--out DIR] [--budget 128] [--eval-tasks 60]
+    PYTHONPATH=. .venv/bin/python tutorials/compare/run.py --quick   # every stage at its smallest: a try, not a result
 
 Stages, each a normal ``spanlab train`` config written to ``OUT/configs/NAME.yaml`` (the base
 ``tutorials/calc/grpo.yaml`` deep-merged with ``tutorials/compare/arms/NAME.yaml``) and run as
@@ -47,6 +48,9 @@ logger = logging.getLogger("compare")
 
 HERE = Path(__file__).resolve().parent
 BASE = ROOT / "tutorials" / "calc" / "grpo.yaml"
+QUICK_BASE = ROOT / "tutorials" / "calc" / "quick.yaml"
+QUICK = {"out": Path("runs/compare-quick"), "budget": 32, "eval_tasks": 6}  # 32: one SFT round of the sft arm
+DEFAULTS = {"out": Path("runs/compare"), "budget": 128, "eval_tasks": 60}
 STAGES = ("start", "grpo", "sft", "apo", "apo-grpo")
 ALGORITHMS = ("grpo", "sft", "apo")
 SPLITS = ("test", "family")
@@ -99,8 +103,8 @@ def stage_config(name: str, base: dict[str, Any], out: Path, budget: int, eval_t
     config["dataset"] = {**config.get("dataset", {}), "train_tasks": 2 * int(config["warm_start"]["demos"])}
     config.pop("warm_start", None)
     config["engine"] = {**config.get("engine", {}), "model": str(out / "start" / "final")}
-    if config["algorithm"] != "apo":  # APO evaluates its own start (its paired difference needs it)
-        config["eval"]["base"] = False
+    config["eval"]["base"] = config["algorithm"] == "apo"  # APO evaluates its own start (its paired difference
+    # needs it); the others are paired with the start's evaluation
     set_budget(config, budget)
     if name == "apo-grpo":
         config["prompt"] = str(out / "apo" / "winner.poml")
@@ -151,18 +155,27 @@ def arms(out: Path, walls: dict[str, float]) -> list[Arm]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("runs/compare"), help="stores, runs, configs, table.md")
-    parser.add_argument("--budget", type=int, default=128, help="training rollouts per arm")
-    parser.add_argument("--eval-tasks", type=int, default=60, help="held-out tasks per split")
+    parser.add_argument("--out", type=Path, default=None, help="stores, runs, configs, table.md (default: "
+                        "runs/compare, with --quick runs/compare-quick)")
+    parser.add_argument("--budget", type=int, default=None, help="training rollouts per arm (default: 128, with "
+                        "--quick 32)")
+    parser.add_argument("--eval-tasks", type=int, default=None, help="held-out tasks per split (default: 60, with "
+                        "--quick 6)")
+    parser.add_argument("--quick", action="store_true", help="the base tutorials/calc/quick.yaml (a 32-demo warm "
+                        "start) instead of grpo.yaml, with the sizes above: the whole comparison in a few minutes "
+                        "per stage; its table is noise")
     parser.add_argument("--start-eval-tasks", type=int, default=None, help="held-out tasks per split for the "
                         "start (default: --eval-tasks); the arms are paired with it on their own tasks, a prefix")
     parser.add_argument("--table-only", action="store_true", help="rebuild the table from the stores in --out")
     parser.add_argument("--stages", default=",".join(STAGES), help="run only these stages (comma-separated), "
                         "e.g. start; a later run of all stages reuses them")
     args = parser.parse_args(argv)
+    for key, value in (QUICK if args.quick else DEFAULTS).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     out = args.out.resolve()
-    base = load_yaml(BASE)
+    base = load_yaml(QUICK_BASE if args.quick else BASE)
     walls: dict[str, float] = {}
     chosen = args.stages.split(",")
     if unknown := sorted(set(chosen) - set(STAGES)):

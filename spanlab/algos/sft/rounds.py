@@ -35,6 +35,7 @@ from spanlab.adapters.sft import IGNORE_INDEX, build_sft_dataset, rows_from_tabl
 from spanlab.algos.sft.config import SFTRoundsConfig
 from spanlab.errors import ConfigError
 from spanlab.jobs.job import Job
+from spanlab.progress import PhaseProgress
 from spanlab.training.model import MissingDependencyError, apply_lora
 from spanlab.training.supervised import sft_sample, sft_train
 
@@ -137,7 +138,7 @@ def samples_from_table(table: pa.Table) -> tuple[list[Sample], list[float]]:
 
 
 def _torch_round(model: torch.nn.Module, samples: list[Sample], weights: list[float], rounds: SFTRoundsConfig, *,
-                 pad_id: int, progress: Any, label: str) -> tuple[torch.nn.Module, dict[str, float]]:
+                 pad_id: int, progress: PhaseProgress, label: str) -> tuple[torch.nn.Module, dict[str, float]]:
     """One round of the plain trainer. A LoRA config wraps the model first; ``save: merged`` folds the adapter
     back in after the round (the engine reloads full weights, the next round starts a fresh adapter),
     ``save: adapter`` keeps training the same adapter and the engine hot-loads it."""
