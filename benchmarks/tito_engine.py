@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from spanlab.engine.config import EngineConfig
 from spanlab.engine.server import VLLMServer
 from spanlab.gateway import GatewayServer
-from spanlab.gateway.tito_engine import check_engine_template
+from spanlab.gateway.tito.primitives import check_engine_template
 from spanlab.store import SpanStore
 from spanlab.tito.readiness import TitoUnavailableError, prepare_template
 from tests.tiny_families import FAMILIES, TEMPLATES, _tokenizer, build_family_model

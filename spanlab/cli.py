@@ -20,7 +20,7 @@ from spanlab import sql_text
 from spanlab.engine.config import Device as EngineDevice
 from spanlab.errors import ConfigError, SpanlabError
 from spanlab.sql_surface import rows as json_rows
-from spanlab.store import sql as sqlmod
+from spanlab.store import file_query
 
 app = typer.Typer(
     name="spanlab",
@@ -80,8 +80,8 @@ def sql(
             with StoreClient(url, token=token, timeout_s=timeout_s, retry_for_s=5.0) as client:
                 table = client.query(query, limit if limit is not None else 1_000_000)
         else:
-            table = sqlmod.run_query(sql_text.resolve_db(db), query, max_rows=limit, timeout_s=timeout_s,
-                                     max_bytes=int(max_mb * 1024 * 1024))
+            table = file_query.run_query(sql_text.resolve_db(db), query, max_rows=limit, timeout_s=timeout_s,
+                                         max_bytes=int(max_mb * 1024 * 1024))
     except SpanlabError as exc:
         _fail(exc)
         return
@@ -224,7 +224,8 @@ def drift(
     examples: Annotated[int, typer.Option(help="examples kept per check and cause")] = 3,
 ) -> None:
     """Retokenization drift of recorded calls: re-encoded responses, and re-rendered next prompts vs the buffer."""
-    from spanlab.tito.drift import drift_report, load_calls, plot_report
+    from spanlab.adapters.recorded_calls import load_calls
+    from spanlab.tito.drift import drift_report, plot_report
     from spanlab.tito.templates import load_tokenizer
 
     try:

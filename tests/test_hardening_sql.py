@@ -21,8 +21,9 @@ from fastapi.testclient import TestClient
 from spanlab.errors import QueryError
 from spanlab.serving import ThreadedServer
 from spanlab.store import SpanStore
+from spanlab.store.file_query import run_query
 from spanlab.store.server import create_store_app
-from spanlab.store.sql import fetch_user_query, run_query
+from spanlab.store.sql import fetch_user_query
 from spanlab.types import Rollout
 from spanlab.ui import create_app
 

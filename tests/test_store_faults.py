@@ -14,7 +14,7 @@ import pytest
 
 from spanlab.errors import StoreError, StoreLockedError
 from spanlab.store import SpanStore
-from spanlab.store.sql import run_query
+from spanlab.store.file_query import run_query
 
 WRITER = textwrap.dedent(
     """

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from spanlab.engine.template import render_ids
-from spanlab.gateway.tito_engine import generate_body
-from spanlab.gateway.tito_protocol import completion_body, per_call_reason
-from spanlab.gateway.tito_sessions import TitoSessions
+from spanlab.gateway.tito.primitives import generate_body
+from spanlab.gateway.tito.protocol import completion_body, per_call_reason
+from spanlab.gateway.tito.sessions import TitoSessions
 from spanlab.store import SpanStore
 from spanlab.tito.drift import RecordedCall, drift_report
 from spanlab.tito.hermes import parse_hermes

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from spanlab.adapters.grpo import Sample
+from spanlab.adapters.samples import Sample
 from spanlab.errors import ConfigError
 
 

@@ -32,16 +32,15 @@ import logging
 from collections.abc import Generator, Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import jinja2
 import numpy as np
 
+from spanlab.adapters.conversation import encode_conversation
+from spanlab.adapters.samples import Sample
 from spanlab.errors import ConfigError
 from spanlab.store.base import StoreAPI
-
-if TYPE_CHECKING:
-    from spanlab.adapters.grpo import Sample
 
 __all__ = ["Retokenizer", "TokenSource", "align_logprobs", "drift_stats", "retokenize_samples"]
 
@@ -82,8 +81,6 @@ class Retokenizer:
     def rebuild(self, exact: Sample, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                 response: dict[str, Any]) -> Sample:
         """The sample a text-only trainer would build for ``exact``'s conversation (see the module docstring)."""
-        from spanlab.adapters.conversation import encode_conversation  # it imports adapters.grpo, which imports us
-
         conv = encode_conversation(self.tokenizer, [*messages, response], tools)
         mask = _last_runs(conv.loss_mask, _n_runs(exact.loss_mask))
         end = int(np.flatnonzero(mask)[-1]) + 1 if mask.any() else 0  # the template's tail after the last turn

@@ -34,6 +34,7 @@ from starlette.routing import BaseRoute, Route
 
 from spanlab.gateway.attribution import AttemptChecker, requested_agent, requested_attribution
 from spanlab.gateway.config import GatewayConfig
+from spanlab.gateway.outcomes import SPAN_IDS_HEADER, CallOutcomes, error_response
 from spanlab.gateway.protocol import (
     ENDPOINT_PATHS,
     BadRequestError,
@@ -46,7 +47,7 @@ from spanlab.gateway.protocol import (
     prepare_upstream,
     strip_for_agent,
 )
-from spanlab.gateway.recording import CallContext, RouteInfo, error_span, spans_from_record
+from spanlab.gateway.recording import CallContext, RouteInfo, spans_from_record
 from spanlab.gateway.records import StreamAccumulator, record_from_response
 from spanlab.gateway.responses import ResponsesRoute
 from spanlab.gateway.routing import Router
@@ -57,17 +58,12 @@ from spanlab.store.base import StoreAPI
 
 logger = logging.getLogger(__name__)
 
-SPAN_IDS_HEADER = "x-spanlab-span-ids"
 ROLLOUT_PREFIX = "/rollout/{rollout_id}/attempt/{attempt_id}"
 AGENT_PREFIX = ROLLOUT_PREFIX + "/agent/{agent}"
 _FORWARDED_HEADERS = ("authorization",)
 MAX_FLUSH_WAIT_S = 600.0
 # Stream failures the agent has not been told about yet (an in-stream vLLM error event already reached it).
 _GATEWAY_STREAM_ERRORS = frozenset({"upstream_timeout", "upstream_stream_broken", "upstream_stream_truncated"})
-
-
-def _error(status: int, message: str, code: str, err_type: str = "invalid_request_error") -> Response:
-    return Response(dumps(error_body(message, code=code, err_type=err_type)), status, media_type="application/json")
 
 
 class Gateway:
@@ -82,6 +78,7 @@ class Gateway:
             max_batch=config.max_batch_spans,
             fallback_path=config.fallback_path,
         )
+        self.outcomes = CallOutcomes(self.writer, config.close_timeout_s)
         self.router = Router([UpstreamClient(config, url) for url in config.upstreams],
                              max_pins=config.attempt_cache_size)
         self.upstream = self.router.clients[0]  # the first engine (``/v1/models`` and TITO checks ask it)
@@ -126,7 +123,7 @@ class Gateway:
             for prefix in (AGENT_PREFIX, ROLLOUT_PREFIX, "")
             for endpoint, path in ENDPOINT_PATHS.items()
         ]
-        responses = ResponsesRoute(self)
+        responses = ResponsesRoute(self.forward, self._span_id)
         routes += [Route(prefix + "/v1/responses", responses.create, methods=["POST"])
                    for prefix in (AGENT_PREFIX, ROLLOUT_PREFIX, "")]
         routes += [Route(prefix + "/v1/models", self.models, methods=["GET"])
@@ -163,7 +160,8 @@ class Gateway:
         except ValueError:
             timeout = -1.0
         if not 0 <= timeout <= MAX_FLUSH_WAIT_S:  # NaN included
-            return _error(400, f"timeout must be a number of seconds from 0 to {MAX_FLUSH_WAIT_S:g}", "invalid_timeout")
+            return error_response(400, f"timeout must be a number of seconds from 0 to {MAX_FLUSH_WAIT_S:g}",
+                                  "invalid_timeout")
         done = await anyio.to_thread.run_sync(self.writer.flush, timeout)
         return JSONResponse({"flushed": done, "pending": self.writer.pending}, status_code=200 if done else 504)
 
@@ -173,7 +171,7 @@ class Gateway:
             resp = await client.send("GET", "/v1/models", headers=self._upstream_headers(request))
             content = await client.read(resp)
         except UpstreamError as exc:
-            return _error(exc.status_code, str(exc), exc.code, "upstream_error")
+            return error_response(exc.status_code, str(exc), exc.code, "upstream_error")
         return Response(content, resp.status, media_type=resp.headers.get("content-type"))
 
     # --- generation ------------------------------------------------------------------------------
@@ -183,7 +181,7 @@ class Gateway:
             body = self._parse_body(await request.body())
         except BadRequestError as exc:
             logger.warning("rejected %s %s: %s", request.method, request.url.path, exc)
-            return _error(exc.status_code, str(exc), exc.code)
+            return error_response(exc.status_code, str(exc), exc.code)
         return await self.forward(endpoint, body, request, start)
 
     async def forward(self, endpoint: Endpoint, body: dict[str, Any], request: Request, start: float,
@@ -198,7 +196,7 @@ class Gateway:
                 await self.attempts.check(rollout_id, attempt_id)
         except BadRequestError as exc:
             logger.warning("rejected %s %s: %s", request.method, request.url.path, exc)
-            return _error(exc.status_code, str(exc), exc.code)
+            return error_response(exc.status_code, str(exc), exc.code)
         ctx = CallContext(
             endpoint=endpoint,
             rollout_id=rollout_id,
@@ -215,10 +213,10 @@ class Gateway:
             ctx.upstream = self.router.pick(None if attempt_id is None else f"{rollout_id}/{attempt_id}")
         except UpstreamError as exc:
             ctx.upstream = self.router.pinned(f"{rollout_id}/{attempt_id}")
-            return self._fail(ctx, exc.status_code, exc.code, str(exc))
+            return self.outcomes.fail(ctx, exc.status_code, exc.code, str(exc))
         ctx.policy_version = self.router.versions[ctx.upstream.base_url]
         if self.tito is not None and endpoint == "chat":
-            served = await self.tito.serve(self, ctx, headers)
+            served = await self.tito.serve(self.outcomes, ctx, headers)
             if served is not None:
                 return served
         content = dumps(upstream_body)
@@ -227,7 +225,7 @@ class Gateway:
         try:
             upstream = await client.send("POST", path, body=content, headers=headers)
             if upstream.status >= 300:
-                return self._upstream_error(ctx, upstream, await client.read(upstream))
+                return self.outcomes.upstream_error(ctx, upstream, await client.read(upstream))
             if asked.stream:
                 return StreamingResponse(
                     self._relay(ctx, upstream),
@@ -236,16 +234,8 @@ class Gateway:
                 )
             raw = await client.read(upstream)
         except UpstreamError as exc:
-            return self._fail(ctx, exc.status_code, exc.code, str(exc))
+            return self.outcomes.fail(ctx, exc.status_code, exc.code, str(exc))
         return await self._unary(ctx, upstream.status, raw)
-
-    async def record_call(self, job: SpanJob) -> Response | None:
-        """Store a completed call's spans before the agent sees the answer (see :mod:`.writer`); None once
-        stored, else the 503 to answer instead."""
-        if await anyio.to_thread.run_sync(self.writer.write, job, self.config.close_timeout_s):
-            return None
-        return _error(503, "the span store could not take this call's spans; the call is not recorded",
-                      "store_unavailable", "store_error")
 
     async def _unary(self, ctx: CallContext, status: int, raw: bytes) -> Response:
         end = time.time()
@@ -254,9 +244,10 @@ class Gateway:
         except ValueError:
             data = None
         if not isinstance(data, dict):
-            return self._fail(ctx, 502, "upstream_bad_response", "upstream sent a body that is not a JSON object")
+            return self.outcomes.fail(ctx, 502, "upstream_bad_response",
+                                      "upstream sent a body that is not a JSON object")
         record = record_from_response(ctx.endpoint, data)  # before stripping: it keeps the IDs
-        if (refused := await self.record_call(lambda: spans_from_record(ctx, record, end_time=end))) is not None:
+        if (refused := await self.outcomes.record(lambda: spans_from_record(ctx, record, end_time=end))) is not None:
             return refused
         content = dumps(strip_for_agent(data, ctx.endpoint, ctx.asked)) if needs_rewrite(ctx.asked) else raw
         return Response(
@@ -290,7 +281,7 @@ class Gateway:
                     job, stream_error = self._stream_spans(ctx, acc, None)
                     if stream_error is not None:
                         self.writer.submit(job)
-                    elif await self.record_call(job) is not None:
+                    elif await self.outcomes.record(job) is not None:
                         failed = error_body("the span store could not take this call's spans; the call is not "
                                             "recorded", code="store_unavailable", err_type="store_error")
                         out[out.index(b"[DONE]")] = dumps(failed)
@@ -340,40 +331,6 @@ class Gateway:
             logger.warning("upstream sent an SSE event that is not a JSON object; passed on unrecorded: %.200r", data)
             return None
         return chunk
-
-    def _upstream_error(self, ctx: CallContext, upstream: aiohttp.ClientResponse, content: bytes) -> Response:
-        """Pass the engine's 4xx/5xx through unchanged, and record it."""
-        try:
-            body: Any = loads(content)
-        except ValueError:
-            body = content[:4096].decode("utf-8", "replace")
-        message = (
-            body.get("error", {}).get("message")
-            if isinstance(body, dict) and isinstance(body.get("error"), dict)
-            else None
-        )
-        error = {
-            "type": "upstream_http_error",
-            "status_code": upstream.status,
-            "message": message or str(body)[:500],
-            "body": body,
-        }
-        end = time.time()
-        self.writer.submit(lambda: [error_span(ctx, end_time=end, upstream_status=upstream.status, error=error)])
-        return Response(
-            content,
-            upstream.status,
-            media_type=upstream.headers.get("content-type"),
-            headers={SPAN_IDS_HEADER: ctx.span_ids[0]},
-        )
-
-    def _fail(self, ctx: CallContext, status: int, code: str, message: str) -> Response:
-        """No usable answer from the engine: record an error span, tell the agent ``status``."""
-        logger.error("call %s failed: %s", ctx.span_ids[0], message)
-        error = {"type": code, "status_code": status, "message": message}
-        end = time.time()
-        self.writer.submit(lambda: [error_span(ctx, end_time=end, upstream_status=None, error=error)])
-        return _error(status, message, code, "upstream_error")
 
     # --- request checks --------------------------------------------------------------------------
     @staticmethod

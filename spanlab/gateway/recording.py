@@ -52,6 +52,12 @@ class CallContext:
     upstream: UpstreamClient | None = None  # the engine this call went to (:mod:`.routing`)
     policy_version: str | None = None  # the weights version that engine served when the call was sent
 
+    def engine(self) -> UpstreamClient:
+        """The engine the proxy picked for this call; it picks one before any handler sends the call on."""
+        if self.upstream is None:
+            raise RuntimeError(f"call {self.span_ids[0]}: no engine picked before it was sent on")
+        return self.upstream
+
 
 def base_attributes(ctx: CallContext, upstream_status: int | None) -> dict[str, Any]:
     attrs: dict[str, Any] = {

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # config and job import this module at run time; these types only point back
     from spanlab.jobs.config import TrainConfig
     from spanlab.jobs.job import Job
     from spanlab.training.settings import LoraConfig

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from spanlab.errors import ConfigError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # job imports this module at run time; the Job type only points back
     from spanlab.jobs.job import Job
 
 logger = logging.getLogger(__name__)

@@ -61,6 +61,15 @@ def current_policy_version(store: StoreAPI, name: str = POLICY_RESOURCE) -> int:
         return 0
 
 
+def policy_recorder(store: StoreAPI, name: str = POLICY_RESOURCE) -> Callable[[dict[str, Any]], None]:
+    """What each weight push records (:class:`~spanlab.training.policy.PolicySync`'s ``record``): a versioned
+    ``model_checkpoint`` resource, so every rollout queued afterwards carries the version it was sampled from."""
+    def record(payload: dict[str, Any]) -> None:
+        store.add_resource(name, payload, kind="model_checkpoint")
+
+    return record
+
+
 @dataclass
 class Group:
     serial: int  # the order it was queued in

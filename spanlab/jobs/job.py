@@ -370,11 +370,13 @@ def run_job(config: TrainConfig, *, console: Console | None = None, resume: bool
         stack.push(lambda kind, *_: job.tracker.close(ok=kind is None))
         job.tracker.log_params(config.resolved())
         if algorithm.trains_weights:
+            from spanlab.jobs.groups import policy_recorder
             from spanlab.training.policy import open_policy
 
             job.policy = open_policy(stack, model_name=config.engine.model, root_url=rig.root_urls or rig.root_url,
                                      on_served=rig.gateway.set_served_version, served=rig.served,
-                                     store=rig.store, run_dir=config.run_dir, lora=algorithm.policy_lora(),
+                                     record=policy_recorder(rig.store), run_dir=config.run_dir,
+                                     lora=algorithm.policy_lora(),
                                      torch_threads=config.torch_threads, device=config.trainer.policy_device)
         from spanlab.jobs.prompt import check_prompt, store_prompt
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from spanlab.serve import serve_command
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # config reaches this module at run time (through checkpoints); the types only point back
     from spanlab.jobs.config import TrainConfig
     from spanlab.jobs.report import TrainReport
 

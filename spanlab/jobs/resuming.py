@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from spanlab.errors import ConfigError
 from spanlab.jobs.config import TrainConfig
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # job imports this module at run time; the Job type only points back
     from spanlab.jobs.job import Job
     from spanlab.training.resume import TrainState
 

@@ -9,7 +9,8 @@ runs the insert in a SQLite transaction of its own, COMMITted with an fsync befo
 read first copies what DuckDB lacks, so it sees every write that returned). Arrow input (the server's wire
 format, ``wire.py``) is validated row by row as ``Span`` models in ``spans.py`` too: one set of span rules.
 The queue, resources and metrics are ``queue.py``; DuckDB's tables, views and opening the file ``schema.py``;
-user SQL ``sql.py``; ``StoreClient`` (``client.py``) is the same interface over the store server's HTTP.
+user SQL ``sql.py`` (on a file: ``file_query.py``); ``StoreClient`` (``client.py``) is the same interface over the
+store server's HTTP.
 """
 
 from spanlab.store.base import StoreAPI

@@ -23,7 +23,6 @@ import json
 import math
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -31,8 +30,7 @@ import pyarrow as pa
 
 from spanlab.errors import QueryError
 from spanlab.sql_surface import QueryLimits
-from spanlab.store.catchup import catch_up
-from spanlab.store.schema import SAFE_QUERY_CONFIG, connect
+from spanlab.store.schema import SAFE_QUERY_CONFIG
 
 _BATCH_ROWS = 256  # rows per Arrow batch while counting bytes: small enough that one batch cannot blow memory
 
@@ -154,15 +152,3 @@ def _read_limited(cur: duckdb.DuckDBPyConnection, text: str, max_rows: int | Non
             )
         batches.append(batch)
     return pa.Table.from_batches(batches, schema=reader.schema)
-
-
-def run_query(db: str | Path, sql: str, *, max_rows: int | None = None, timeout_s: float | None = None,
-              max_bytes: int | None = None) -> pa.Table:
-    """Run one user query on the file, opened read-only; limits as in :func:`fetch_user_query`. Writes that only
-    the store's hot file holds (its writer was killed) are copied in first (:mod:`spanlab.store.catchup`)."""
-    catch_up(db)
-    conn = connect(db, read_only=True, safe=True)
-    try:
-        return fetch_user_query(conn, sql, max_rows, limits=QueryLimits(timeout_s, max_bytes))
-    finally:
-        conn.close()

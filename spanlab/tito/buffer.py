@@ -11,7 +11,7 @@ segment is its own on-policy sequence. A turn that did not end on its end-of-tur
 ``max_tokens``, or stopped by a stop string) keeps its cut IDs; ``extend(close_ids=...)`` then closes it with
 the template's end-of-turn token and stop gap as prompt (mask 0), so the model reads what the template would
 show it; without ``close_ids`` such a turn ends the segment. Templates that are not prefix-preserving for an
-append make ``extend`` return None. The gateway (``spanlab/gateway/tito.py``) drives it. REFERENCE §1.
+append make ``extend`` return None. The gateway (``spanlab/gateway/tito/``) drives it. REFERENCE §1.
 """
 
 from __future__ import annotations

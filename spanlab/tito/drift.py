@@ -15,6 +15,8 @@ report measures it on recorded spans, per cause:
   other text difference, or prompt tokens that are not where the buffer has them).
 
 Pairs whose second call does not extend the first (history rewritten) are counted, not compared.
+The report takes the calls given to it (:class:`RecordedCall`, or an Arrow table through :func:`recorded_calls`);
+no storage here: :func:`spanlab.adapters.recorded_calls.load_calls` reads them from a store file.
 Run: ``spanlab drift [--db PATH] [--json] [--plot FILE.png] [--tokenizer DIR]``; API: :func:`drift_report`.
 """
 
@@ -24,7 +26,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -36,17 +38,12 @@ from spanlab.tito.readiness import close_ids
 from spanlab.tito.render import render_ids
 from spanlab.tito.templates import check_template
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
 DriftCause = Literal["non_canonical_bpe", "tool_call_reserialization", "template"]
 CAUSES: tuple[DriftCause, ...] = ("non_canonical_bpe", "tool_call_reserialization", "template")
 _SNIPPET = 80
-
-_CALLS_SQL = """
-SELECT span_id, attempt_id, sequence_id, request_messages, request_tools, response_message, finish_reason,
-       prompt_token_ids, response_token_ids, loss_mask, attributes->>'$.tito.mode' AS tito_mode, agent
-FROM llm_calls WHERE status = 'ok' AND len(response_token_ids) > 0
-ORDER BY attempt_id NULLS LAST, agent NULLS FIRST, sequence_id
-"""
-
 
 @dataclass(frozen=True)
 class RecordedCall:
@@ -211,11 +208,13 @@ def _json(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str) else value
 
 
-def load_calls(db: str | Path) -> list[RecordedCall]:
-    """The successful ``llm_call`` spans of a store file with sampled IDs, by attempt and call order."""
-    from spanlab.store.sql import run_query
+def recorded_calls(table: pa.Table) -> list[RecordedCall]:
+    """The report's calls from an Arrow table of ``llm_call`` rows, in the table's order.
 
-    rows = run_query(db, _CALLS_SQL).to_pylist()
+    Columns: ``span_id``, ``attempt_id``, ``agent``, ``request_messages``, ``request_tools``, ``response_message``
+    (JSON text or values), ``prompt_token_ids``, ``response_token_ids``, ``loss_mask``, ``tito_mode``
+    (``attributes.tito.mode``). Reading them from a store is the caller's: :mod:`spanlab.adapters.recorded_calls`.
+    """
     return [
         RecordedCall(
             span_id=r["span_id"], attempt_id=r["attempt_id"], request_messages=_json(r["request_messages"]) or [],
@@ -223,7 +222,7 @@ def load_calls(db: str | Path) -> list[RecordedCall]:
             prompt_token_ids=list(r["prompt_token_ids"] or []), response_token_ids=list(r["response_token_ids"]),
             loss_mask=r["loss_mask"], tito=r["tito_mode"] == "tito", agent=r["agent"],
         )
-        for r in rows
+        for r in table.to_pylist()
     ]
 
 

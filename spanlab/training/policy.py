@@ -4,8 +4,9 @@ After every update the engine must serve the new weights, or the next rollouts a
 stale policy and the importance weights drift away from 1. Full fine-tuning writes one safetensors
 file and asks vLLM to reload it in place (about 1.5 s for SmolLM2-135M on CPU, docs/engine.md); a
 LoRA policy (a peft model) writes only its adapter and hot-loads it under its own served name.
-Each push is also recorded as a versioned ``model_checkpoint`` resource, so every rollout queued
-afterwards carries the version it was sampled from (``rollouts.resources_version``). With several
+Each push is also recorded (``record``; the job's records a versioned ``model_checkpoint`` resource in the store,
+:func:`spanlab.jobs.groups.policy_recorder`), so every rollout queued afterwards carries the version it was
+sampled from (``rollouts.resources_version``). Nothing here reads or writes the store itself. With several
 engines (``engine: {replicas: N}`` or ``engine_urls``) every push reaches every one, the resource records the
 version each serves, and the gateway is told, so each call's span names the version its engine served.
 """
@@ -24,7 +25,6 @@ import torch
 from spanlab.adapters.conversation import encode_conversation
 from spanlab.engine.weights import ReplicaWeightSync, SyncTiming, save_weights
 from spanlab.errors import ConfigError
-from spanlab.store.base import StoreAPI
 from spanlab.training.model import apply_lora
 from spanlab.training.settings import LoraConfig, SFTConfig
 from spanlab.training.supervised import sft_train
@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from spanlab.progress import PhaseProgress
 
 logger = logging.getLogger(__name__)
+
+VersionRecord = Callable[[dict[str, Any]], None]  # takes each push's version, path, method and replicas
 
 
 def load_policy(model_dir: str | Path) -> tuple[torch.nn.Module, Any]:
@@ -55,10 +57,10 @@ def pad_token_id(tokenizer: Any) -> int:
 
 @dataclass
 class PolicySync:
-    """Pushes the trainer's weights to the running vLLM servers and records each version in the store."""
+    """Pushes the trainer's weights to the running vLLM servers and hands each version to ``record``."""
 
     client: ReplicaWeightSync
-    store: StoreAPI
+    record: VersionRecord
     out_dir: Path
     base_served_name: str
     version: int = 0
@@ -108,8 +110,8 @@ class PolicySync:
 
     def _record(self, tag: str, path: Path, timing: SyncTiming) -> SyncTiming:
         self.timings.append(timing)
-        self.store.add_resource("policy", {"version": self.version, "path": str(path), "method": timing.method,
-                                           "replicas": dict(self.client.versions)}, kind="model_checkpoint")
+        self.record({"version": self.version, "path": str(path), "method": timing.method,
+                     "replicas": dict(self.client.versions)})
         logger.info("engine serves %s (%s, %.2fs)", tag, timing.method, timing.total_s)
         return timing
 
@@ -128,12 +130,13 @@ class Policy:
         return self.sync.push(self.model).total_s
 
 
-def open_policy(stack: ExitStack, *, model_name: str, root_url: str | Sequence[str], served: str, store: StoreAPI,
-                run_dir: Path, lora: LoraConfig | None, torch_threads: int | None,
+def open_policy(stack: ExitStack, *, model_name: str, root_url: str | Sequence[str], served: str,
+                record: VersionRecord, run_dir: Path, lora: LoraConfig | None, torch_threads: int | None,
                 on_served: Callable[[str, str | None], None] | None = None, device: str = "cpu") -> Policy:
     """Load the served model for training (wrapped in LoRA when given: the engine then hot-loads the adapter).
 
-    ``root_url``: the engine, or every replica's; ``on_served(url, version)`` after each replica's push;
+    ``root_url``: the engine, or every replica's; ``on_served(url, version)`` after each replica's push; ``record``:
+    each pushed version (:class:`PolicySync`);
     ``device``: where the model trains (``cuda`` for ``trainer: {device: gpu}`` in one process)."""
     from spanlab.engine.model import resolve_model
 
@@ -144,7 +147,7 @@ def open_policy(stack: ExitStack, *, model_name: str, root_url: str | Sequence[s
     if lora is not None:
         model = apply_lora(model, lora)
     model.to(device)
-    return Policy(model, tokenizer, pad_token_id(tokenizer), PolicySync(client, store, run_dir, served))
+    return Policy(model, tokenizer, pad_token_id(tokenizer), PolicySync(client, record, run_dir, served))
 
 
 def warm_start(policy: Policy, demonstration: Callable[[dict[str, Any]], dict[str, Any]] | None,

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from spanlab.adapters.conversation import encode_conversation, sft_sample
-from spanlab.adapters.grpo import Sample, collate
+from spanlab.adapters.samples import Sample, collate
 from spanlab.errors import ConfigError
 from spanlab.training.logprobs import token_logprobs
 from spanlab.training.settings import SFTConfig

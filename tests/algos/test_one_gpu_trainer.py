@@ -19,6 +19,7 @@ import torch
 from spanlab.adapters.grpo import Sample
 from spanlab.algos.grpo.update import GRPOConfig, grpo_step
 from spanlab.engine.weights import save_weights
+from spanlab.jobs.groups import policy_recorder
 from spanlab.store import SpanStore
 from spanlab.training.data_parallel import load_trainable_model
 from spanlab.training.policy import open_policy
@@ -61,8 +62,9 @@ def test_the_policy_trains_on_the_gpu_as_on_the_cpu(tmp_path: Path) -> None:
     path = _model_dir(tmp_path / "model")
     cpu = load_trainable_model(path)
     with ExitStack() as stack, SpanStore(":memory:") as store:
-        policy = open_policy(stack, model_name=str(path), root_url="http://127.0.0.1:9", served="m", store=store,
-                             run_dir=tmp_path / "run", lora=None, torch_threads=None, device="cuda")
+        policy = open_policy(stack, model_name=str(path), root_url="http://127.0.0.1:9", served="m",
+                             record=policy_recorder(store), run_dir=tmp_path / "run", lora=None, torch_threads=None,
+                             device="cuda")
         gpu = policy.model
         assert {p.device.type for p in gpu.parameters()} == {"cuda"}
 

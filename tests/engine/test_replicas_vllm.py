@@ -22,6 +22,7 @@ from spanlab.engine.replicas import EngineReplicas
 from spanlab.engine.weights import ReplicaWeightSync
 from spanlab.gateway import GatewayServer
 from spanlab.gateway.routing import rendezvous
+from spanlab.jobs.groups import policy_recorder
 from spanlab.store import SpanStore
 from spanlab.training.policy import PolicySync
 from tests.stores import running_attempts
@@ -76,7 +77,7 @@ def test_attempts_spread_stay_on_their_replica_and_a_push_reaches_both(replicas:
         assert set().union(*on.values()) == set(urls)
 
         with ReplicaWeightSync(urls, on_served=gw.set_served_version) as sync:
-            sync_policy = PolicySync(sync, store, tmp_path, replicas.model)
+            sync_policy = PolicySync(sync, policy_recorder(store), tmp_path, replicas.model)
             timing = sync_policy.push_dir(default_model_dir)  # the same weights, reloaded in place on both
             assert timing.method == "full_reload"
             assert sync.weight_version() == {url: "policy-v1" for url in urls}  # what each engine reports

@@ -8,9 +8,9 @@ import pytest
 from openai.types.responses import Response
 
 from spanlab.gateway.protocol import BadRequestError
-from spanlab.gateway.responses_protocol import to_chat, to_response
-from spanlab.gateway.responses_stream import ResponsesStream
-from spanlab.gateway.tito_protocol import sse_events as tito_sse_events
+from spanlab.gateway.responses.protocol import to_chat, to_response
+from spanlab.gateway.responses.stream import ResponsesStream
+from spanlab.gateway.tito.protocol import sse_events as tito_sse_events
 
 TOOL = {"type": "function", "name": "add", "description": "add", "parameters": {"type": "object"}, "strict": False}
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from spanlab.serving import ThreadedServer
-from spanlab.store.sql import run_query
+from spanlab.store.file_query import run_query
 from tests.ui.conftest import UiStore, load_test_tokenizer
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from spanlab.serving import ThreadedServer
-from spanlab.store.sql import run_query
+from spanlab.store.file_query import run_query
 from spanlab.ui.browser import browser_unavailable, chromium, open_view
 from tests.ui.conftest import UiStore
 

@@ -26,7 +26,7 @@ import logging
 from collections.abc import Callable, Iterable
 
 from spanlab.algos.grpo.config import GRPOSection
-from spanlab.algos.grpo.loop import StepParts
+from spanlab.algos.grpo.step_parts import StepParts
 from spanlab.engine.errors import WeightSyncError
 from spanlab.engine.weights import ReplicaWeightSync
 from spanlab.errors import ConfigError

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import logging
 import random
-import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -24,23 +22,13 @@ import torch
 
 from spanlab.adapters.grpo import Sample, iter_samples
 from spanlab.algos.grpo.config import GRPOSection
+from spanlab.algos.grpo.step_parts import StepParts
 from spanlab.algos.grpo.update import grpo_step
 from spanlab.jobs.job import Job
 from spanlab.jobs.rollouts import RolloutBatch
 from spanlab.training.data_parallel import DataParallel, load_trainable_model
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class StepParts:
-    """What a GRPO loop does with rollouts, whichever loop runs: the update of given rollouts, the weight push
-    (its seconds), the metrics sink. The job wires the real ones; tests and benchmarks wire a tiny trainer."""
-
-    update: Callable[[list[str]], dict[str, float]]  # rollout IDs -> the update's metrics
-    push: Callable[[], float]
-    log_step: Callable[[dict[str, float]], None]
-    clock: Callable[[], float] = field(default=time.monotonic)
 
 
 def train_grpo(job: Job, settings: GRPOSection) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from spanlab.jobs.tracking import MLflowConfig, TensorBoardConfig, Tracker, WandbConfig, flatten
+from spanlab.jobs.tracking.tracker import MLflowConfig, TensorBoardConfig, Tracker, WandbConfig, flatten
 
 MLFLOW_RUN_TAG = "spanlab.run_id"
 _MLFLOW_PARAM_MAX = 6000  # MLflow's limit on a param value's length

@@ -17,7 +17,7 @@ from typing import Any
 
 from spanlab.gateway.protocol import dumps
 from spanlab.gateway.records import StreamAccumulator
-from spanlab.gateway.responses_protocol import base_id, to_response
+from spanlab.gateway.responses.protocol import base_id, to_response
 
 
 class ResponsesStream:

@@ -26,15 +26,15 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.responses import Response, StreamingResponse
 
+from spanlab.gateway.outcomes import CallOutcomes
 from spanlab.gateway.protocol import dumps, loads
 from spanlab.gateway.recording import CallContext
-from spanlab.gateway.tito_engine import DERENDER, GENERATE, ended_on_stop_token, generate_body
+from spanlab.gateway.tito.primitives import DERENDER, GENERATE, EngineCallError, ended_on_stop_token, generate_body
 from spanlab.gateway.upstream import UpstreamError
 
-if TYPE_CHECKING:
-    from spanlab.gateway.proxy import Gateway
-    from spanlab.gateway.tito_engine_path import EnginePath
-    from spanlab.gateway.tito_sessions import Session, TitoTurn
+if TYPE_CHECKING:  # engine_path imports this module to run a stream; only the types point back
+    from spanlab.gateway.tito.engine_path import EnginePath
+    from spanlab.gateway.tito.sessions import Session, TitoTurn
 
 Message = dict[str, Any]
 
@@ -114,10 +114,11 @@ def _sse(event: dict[str, Any]) -> bytes:
 class EngineStream:
     """One streamed call: open generate's stream, relay each derendered chunk, settle the turn at the end."""
 
-    def __init__(self, path: EnginePath, gw: Gateway, ctx: CallContext, session: Session, turn: TitoTurn,
+    def __init__(self, path: EnginePath, outcomes: CallOutcomes, ctx: CallContext, session: Session, turn: TitoTurn,
                  headers: dict[str, str], call_id: Callable[[int, str], str], prep_s: float) -> None:
-        self.path, self.gw, self.ctx, self.session, self.turn, self.headers = path, gw, ctx, session, turn, headers
-        self.client = ctx.upstream or gw.upstream
+        self.path, self.outcomes, self.ctx, self.session, self.turn = path, outcomes, ctx, session, turn
+        self.headers = headers
+        self.client = ctx.engine()
         self.acc = StreamedTurn()
         self.ids: dict[int, str] = {}  # tool-call index -> the ID the agent was given
         self._call_id = call_id
@@ -125,8 +126,6 @@ class EngineStream:
 
     async def open(self, rendered: dict[str, Any]) -> Response:
         """Start generate's stream; an error status is raised before the agent gets any event."""
-        from spanlab.gateway.tito_engine_path import EngineCallError
-
         body = generate_body(rendered, self.turn.prompt_ids, max_model_len=self.path.max_model_len)
         body.update(stream=True, stream_options={"include_usage": True})
         upstream = await self.client.send("POST", GENERATE, body=dumps(body), headers=self.headers)
@@ -204,7 +203,7 @@ class EngineStream:
             if self.acc.finish_reason is None:
                 raise ValueError("the engine's generate stream ended before the turn finished")
             settled = True
-            if (refused := await self.path.settle(self.gw, self.ctx, self.turn, self.session,
+            if (refused := await self.path.settle(self.outcomes, self.ctx, self.turn, self.session,
                                                   self.acc.generate_response(), self.acc.message(),
                                                   self.own_s)) is not None:
                 yield _sse(json.loads(refused.body))
@@ -214,10 +213,11 @@ class EngineStream:
             if not settled:
                 self.path.sessions.abort(self.turn, self.session)
                 if not isinstance(exc, Exception):  # cancelled: the agent went away; record it, then re-raise
-                    self.gw._fail(self.ctx, 499, "client_disconnected", "the agent closed the stream before it ended")
+                    self.outcomes.fail(self.ctx, 499, "client_disconnected",
+                                       "the agent closed the stream before it ended")
                     raise
                 code = exc.code if isinstance(exc, UpstreamError) else "upstream_stream_broken"
-                failed = self.gw._fail(self.ctx, 502, code, f"TITO stream: {exc}")
+                failed = self.outcomes.fail(self.ctx, 502, code, f"TITO stream: {exc}")
                 yield _sse(json.loads(failed.body))
                 return
             raise

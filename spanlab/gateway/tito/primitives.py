@@ -18,7 +18,7 @@ engine renders, the buffer keeps the sampled IDs and appends only the delta of t
 
 :func:`detect_routes` asks once per upstream at startup (an empty body: 422 = the route is there, 404 = no
 such route, 403 = vLLM without ``--enable-scale-out``). Without all three the gateway falls back to its own
-renderer and hermes parser (see :mod:`spanlab.gateway.tito`).
+renderer and hermes parser (see :mod:`.mode`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from starlette.responses import Response
 
+from spanlab.gateway.outcomes import CallOutcomes
+from spanlab.gateway.recording import CallContext
 from spanlab.tito.prefix import first_mismatch
 from spanlab.tito.readiness import TitoUnavailableError
 
@@ -39,6 +42,23 @@ RENDER, GENERATE, DERENDER = "/v1/chat/completions/render", "/inference/v1/gener
 ROUTES = (RENDER, GENERATE, DERENDER)
 RENDER_OMITTED_MAX_TOKENS = 16  # vllm.SamplingParams' default, which its omit_defaults JSON leaves out
 Message = dict[str, Any]
+
+
+class EngineCallError(Exception):
+    """An engine primitive gave no usable answer; :meth:`.EnginePath.serve` records it once and
+    answers the agent.
+
+    ``upstream``/``content``: the engine's error response, passed through; else ``message``: a bad answer (502).
+    """
+
+    def __init__(self, route: str, upstream: Any = None, content: bytes = b"", message: str = "") -> None:
+        super().__init__(message or f"{route} failed")
+        self.upstream, self.content, self.message = upstream, content, message or f"the engine's {route} sent no JSON"
+
+    def response(self, outcomes: CallOutcomes, ctx: CallContext) -> Response:
+        if self.upstream is not None:
+            return outcomes.upstream_error(ctx, self.upstream, self.content)
+        return outcomes.fail(ctx, 502, "upstream_bad_response", self.message)
 
 
 def detect_routes(base_url: str, timeout_s: float) -> bool:

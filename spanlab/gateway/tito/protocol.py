@@ -5,7 +5,7 @@ In TITO mode the gateway builds the prompt itself (the session buffer) and sends
 request's sampling parameters onto a completions body, and the completion back onto a chat.completion
 (or its SSE chunks: on this fallback path a streamed TITO call is generated unstreamed, then sent as
 synthesized events, since the tool-call parse needs the whole text; the engine path streams token by token,
-:mod:`.tito_engine_stream`). Requests TITO cannot serve faithfully get a reason from
+:mod:`.stream`). Requests TITO cannot serve faithfully get a reason from
 :func:`per_call_reason` and go the per-call way (forwarded to the chat route, recorded as before).
 """
 
@@ -16,6 +16,7 @@ from typing import Any
 
 from starlette.responses import Response
 
+from spanlab.gateway.outcomes import SPAN_IDS_HEADER, CallOutcomes
 from spanlab.gateway.protocol import AgentAsked, dumps
 from spanlab.gateway.recording import CallContext, spans_from_record
 from spanlab.gateway.records import ResponseRecord
@@ -154,22 +155,23 @@ def sse_events(response: dict[str, Any], include_usage: bool) -> bytes:
     return b"".join(events)
 
 
-async def record_span(gw: Any, ctx: CallContext, record: ResponseRecord, attrs: dict[str, Any]) -> Response | None:
+async def record_span(outcomes: CallOutcomes, ctx: CallContext, record: ResponseRecord,
+                      attrs: dict[str, Any]) -> Response | None:
     """Store the call's span with its ``tito`` attributes; None once stored, else the refusal to send instead."""
     ctx.extra_attributes = {"tito": attrs}
     end = time.time()
-    return await gw.record_call(lambda: spans_from_record(ctx, record, end_time=end))
+    return await outcomes.record(lambda: spans_from_record(ctx, record, end_time=end))
 
 
-async def record_and_answer(gw: Any, ctx: CallContext, record: ResponseRecord, reply: dict[str, Any],
+async def record_and_answer(outcomes: CallOutcomes, ctx: CallContext, record: ResponseRecord, reply: dict[str, Any],
                             attrs: dict[str, Any]) -> Response:
     """Store the call's span (a refusal if it could not be), then answer the agent: JSON, or SSE if it streamed.
 
     Both TITO paths (the fallback's and the engine's) end here, so the span is durable before the agent hears;
     a streamed engine-path call stores it through :func:`record_span` before its ``[DONE]``."""
-    if (refused := await record_span(gw, ctx, record, attrs)) is not None:
+    if (refused := await record_span(outcomes, ctx, record, attrs)) is not None:
         return refused
-    headers = {"x-spanlab-span-ids": ctx.span_ids[0]}
+    headers = {SPAN_IDS_HEADER: ctx.span_ids[0]}
     if ctx.asked.stream:
         usage = bool((ctx.body.get("stream_options") or {}).get("include_usage"))
         return Response(sse_events(reply, usage), 200, media_type="text/event-stream", headers=headers)

@@ -1,7 +1,7 @@
 """TITO mode of the gateway: attributed chat calls served from one token buffer per attempt.
 
 Two paths. When the engine serves vLLM's render / generate / derender (``--enable-scale-out``), every render,
-the sampling and the parse of the answer are the engine's own (:mod:`.tito_engine_path`). The rest of this
+the sampling and the parse of the answer are the engine's own (:mod:`.engine_path`). The rest of this
 module is the **fallback** for an upstream without those routes, described below: our renderer, our hermes
 parser, vLLM's ``/v1/completions`` with token IDs.
 
@@ -27,35 +27,33 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import httpx
 from starlette.responses import Response
 
 from spanlab.gateway.config import GatewayConfig
+from spanlab.gateway.outcomes import CallOutcomes
 from spanlab.gateway.protocol import dumps, loads
 from spanlab.gateway.recording import CallContext
 from spanlab.gateway.records import ChoiceRecord, ResponseRecord, clean_message, sampled_logprobs
-from spanlab.gateway.tito_engine import check_engine_template, detect_routes
-from spanlab.gateway.tito_engine_path import EnginePath
-from spanlab.gateway.tito_protocol import (
+from spanlab.gateway.tito.engine_path import EnginePath
+from spanlab.gateway.tito.primitives import check_engine_template, detect_routes
+from spanlab.gateway.tito.protocol import (
     chat_response,
     completion_body,
     parses_tools,
     per_call_reason,
     record_and_answer,
 )
-from spanlab.gateway.tito_sessions import Session, TitoSessions, TitoTurn
+from spanlab.gateway.tito.sessions import Session, TitoSessions, TitoTurn
 from spanlab.gateway.upstream import UpstreamError
 from spanlab.tito.hermes import ParsedTurn, parse_hermes
 from spanlab.tito.messages import engine_form
 from spanlab.tito.readiness import TitoUnavailableError, prepare_template
 from spanlab.tito.render import TemplateError, render_ids
 from spanlab.tito.templates import load_tokenizer
-
-if TYPE_CHECKING:
-    from spanlab.gateway.proxy import Gateway
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +104,7 @@ def _check_engine_render(config: GatewayConfig, model: str, tokenizer: Any, temp
 
 
 class TitoMode:
-    """The TITO request path; the :class:`~spanlab.gateway.proxy.Gateway` hands it every chat call."""
+    """The TITO request path; the :class:`~spanlab.gateway.proxy.Gateway` hands it every chat call (``serve``)."""
 
     def __init__(self, sessions: TitoSessions, engine: EnginePath | None = None) -> None:
         self.sessions = sessions
@@ -162,7 +160,7 @@ class TitoMode:
         self._call_ids += 1
         return f"chatcmpl-tool-{time.time_ns() & 0xFFFFFFFFFF:010x}{self._call_ids & 0xFFFFFF:06x}"
 
-    async def serve(self, gw: Gateway, ctx: CallContext, headers: dict[str, str]) -> Response | None:
+    async def serve(self, outcomes: CallOutcomes, ctx: CallContext, headers: dict[str, str]) -> Response | None:
         """Answer the call from the attempt's buffer; None: serve it per call (``ctx`` says why)."""
         reason = "unattributed" if ctx.rollout_id is None else per_call_reason(ctx.body)
         session = None
@@ -175,13 +173,13 @@ class TitoMode:
             return None
         t0 = time.perf_counter()
         if self.engine is not None:
-            return await self.engine.serve(gw, ctx, session, headers, t0)
+            return await self.engine.serve(outcomes, ctx, session, headers, t0)
         turn: TitoTurn | None = None
         messages, tools = ctx.body["messages"], ctx.body.get("tools") or None
         try:
             turn = await anyio.to_thread.run_sync(self.sessions.plan, session, messages, tools, limiter=self._limiter)
             if not turn.prompt_ids:
-                rendered = await self._engine_render(gw, ctx, headers, turn)
+                rendered = await self._engine_render(outcomes, ctx, headers, turn)
                 if isinstance(rendered, Response):
                     self.sessions.abort(turn, session)
                     return rendered
@@ -189,41 +187,41 @@ class TitoMode:
             prep_s = time.perf_counter() - t0
             ctx.extra_attributes = {"tito": turn.attributes()}
             body = dumps(completion_body(ctx.body, turn.prompt_ids))
-            client = ctx.upstream or gw.upstream
+            client = ctx.engine()
             upstream = await client.send("POST", "/v1/completions", body=body, headers=headers)
             if upstream.status >= 300:
                 self.sessions.abort(turn, session)
-                return gw._upstream_error(ctx, upstream, await client.read(upstream))
+                return outcomes.upstream_error(ctx, upstream, await client.read(upstream))
             raw = await client.read(upstream)
         except UpstreamError as exc:
             self.sessions.abort(turn, session)
-            return gw._fail(ctx, exc.status_code, exc.code, str(exc))
+            return outcomes.fail(ctx, exc.status_code, exc.code, str(exc))
         except BaseException:
             self.sessions.abort(turn, session)
             raise
-        return await self._answer(gw, ctx, turn, session, raw, prep_s)
+        return await self._answer(outcomes, ctx, turn, session, raw, prep_s)
 
-    async def _engine_render(self, gw: Gateway, ctx: CallContext, headers: dict[str, str],
+    async def _engine_render(self, outcomes: CallOutcomes, ctx: CallContext, headers: dict[str, str],
                              turn: TitoTurn) -> list[int] | Response:
         """The engine's own render of the request (a new segment's prompt), or the error response."""
         ctx.extra_attributes = {"tito": turn.attributes()}
         body = {"model": ctx.body.get("model"), "messages": ctx.body["messages"], "add_generation_prompt": True}
         if ctx.body.get("tools"):
             body["tools"] = ctx.body["tools"]
-        client = ctx.upstream or gw.upstream
+        client = ctx.engine()
         upstream = await client.send("POST", "/tokenize", body=dumps(body), headers=headers)
         content = await client.read(upstream)
         if upstream.status >= 300:
-            return gw._upstream_error(ctx, upstream, content)
+            return outcomes.upstream_error(ctx, upstream, content)
         try:
             tokens = loads(content).get("tokens")
         except (ValueError, AttributeError):
             tokens = None
         if not isinstance(tokens, list) or not tokens:
-            return gw._fail(ctx, 502, "upstream_bad_response", "the engine's /tokenize returned no tokens")
+            return outcomes.fail(ctx, 502, "upstream_bad_response", "the engine's /tokenize returned no tokens")
         return [int(t) for t in tokens]
 
-    async def _answer(self, gw: Gateway, ctx: CallContext, turn: TitoTurn, session: Session, raw: bytes,
+    async def _answer(self, outcomes: CallOutcomes, ctx: CallContext, turn: TitoTurn, session: Session, raw: bytes,
                       prep_s: float) -> Response:
         """Commit the sampled turn, store the span, answer the agent as the chat route would have."""
         t1 = time.perf_counter()
@@ -233,7 +231,8 @@ class TitoMode:
             token_ids = [int(t) for t in choice["token_ids"]]
         except (ValueError, KeyError, IndexError, TypeError):
             self.sessions.abort(turn, session)
-            return gw._fail(ctx, 502, "upstream_bad_response", "the engine's completion has no choice with token_ids")
+            return outcomes.fail(ctx, 502, "upstream_bad_response",
+                                 "the engine's completion has no choice with token_ids")
         text = choice.get("text") or ""
         parsed = parse_hermes(text, self._new_call_id) if parses_tools(ctx.body) else ParsedTurn(text)
         message = {"role": "assistant", "content": parsed.content, **_NULL_MESSAGE_FIELDS,
@@ -254,5 +253,5 @@ class TitoMode:
         )
         reply = chat_response(data, message, finish, ctx.asked)
         attrs["gateway_ms"] = round((prep_s + time.perf_counter() - t1) * 1000, 3)
-        return await record_and_answer(gw, ctx, record, reply, attrs)
+        return await record_and_answer(outcomes, ctx, record, reply, attrs)
 

@@ -1,4 +1,4 @@
-"""One TITO call served through vLLM's render / generate / derender (see :mod:`spanlab.gateway.tito_engine`).
+"""One TITO call served through vLLM's render / generate / derender (see :mod:`.primitives`).
 
 Per call, against the engine the attempt is pinned to:
 
@@ -12,7 +12,7 @@ Per call, against the engine the attempt is pinned to:
    their logprobs and the weight version spans;
 3. **derender**: the sampled IDs + the agent's chat request -> the chat.completion the agent gets (tool calls
    and reasoning through the server's own parsers). A call with ``stream: true`` streams generate and derenders
-   chunk by chunk instead (:mod:`.tito_engine_stream`).
+   chunk by chunk instead (:mod:`.stream`).
 """
 
 from __future__ import annotations
@@ -23,48 +23,31 @@ import secrets
 import string
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.responses import Response
 
+from spanlab.gateway.outcomes import CallOutcomes
 from spanlab.gateway.protocol import dumps, loads
 from spanlab.gateway.recording import CallContext
 from spanlab.gateway.records import ChoiceRecord, ResponseRecord, clean_message
-from spanlab.gateway.tito_engine import (
+from spanlab.gateway.tito.primitives import (
     DERENDER,
     GENERATE,
     RENDER,
+    EngineCallError,
     derender_body,
     ended_on_stop_token,
     generate_body,
     render_body,
 )
-from spanlab.gateway.tito_engine_stream import EngineStream
-from spanlab.gateway.tito_protocol import record_and_answer, record_span
-from spanlab.gateway.tito_sessions import Session, TitoSessions, TitoTurn
+from spanlab.gateway.tito.protocol import record_and_answer, record_span
+from spanlab.gateway.tito.sessions import Session, TitoSessions, TitoTurn
+from spanlab.gateway.tito.stream import EngineStream
 from spanlab.gateway.upstream import UpstreamClient, UpstreamError
-
-if TYPE_CHECKING:
-    from spanlab.gateway.proxy import Gateway
 
 logger = logging.getLogger(__name__)
 Message = dict[str, Any]
-
-
-class EngineCallError(Exception):
-    """An engine primitive gave no usable answer; :meth:`EnginePath.serve` records it once and answers the agent.
-
-    ``upstream``/``content``: the engine's error response, passed through; else ``message``: a bad answer (502).
-    """
-
-    def __init__(self, route: str, upstream: Any = None, content: bytes = b"", message: str = "") -> None:
-        super().__init__(message or f"{route} failed")
-        self.upstream, self.content, self.message = upstream, content, message or f"the engine's {route} sent no JSON"
-
-    def response(self, gw: Gateway, ctx: CallContext) -> Response:
-        if self.upstream is not None:
-            return gw._upstream_error(ctx, self.upstream, self.content)
-        return gw._fail(ctx, 502, "upstream_bad_response", self.message)
 
 
 def call_id_maker(tool_call_parser: str | None) -> Callable[[int, str], str]:
@@ -103,10 +86,10 @@ class EnginePath:
             raise EngineCallError(route)
         return data
 
-    async def prompt(self, gw: Gateway, ctx: CallContext, session: Session, headers: dict[str, str]
+    async def prompt(self, outcomes: CallOutcomes, ctx: CallContext, session: Session, headers: dict[str, str]
                      ) -> tuple[TitoTurn, dict[str, Any]]:
         """Plan the call's prompt (buffer extended, or a new segment); returns the turn and the ``full`` render."""
-        client = ctx.upstream or gw.upstream
+        client = ctx.engine()
         messages, tools = ctx.body["messages"], ctx.body.get("tools") or None
         turn = self.sessions.begin(session)
         buf = session.buffer
@@ -134,17 +117,18 @@ class EnginePath:
         turn.rendered = list(full_render["token_ids"])
         return turn, full_render
 
-    async def serve(self, gw: Gateway, ctx: CallContext, session: Session, headers: dict[str, str],
+    async def serve(self, outcomes: CallOutcomes, ctx: CallContext, session: Session, headers: dict[str, str],
                     t0: float) -> Response:
         """Prompt, generate, derender, commit, record; errors roll the buffer back and are recorded."""
-        client = ctx.upstream or gw.upstream
+        client = ctx.engine()
         turn: TitoTurn | None = None
         try:
-            turn, rendered = await self.prompt(gw, ctx, session, headers)
+            turn, rendered = await self.prompt(outcomes, ctx, session, headers)
             ctx.extra_attributes = {"tito": turn.attributes()}
             prep_s = time.perf_counter() - t0
             if ctx.asked.stream:
-                return await EngineStream(self, gw, ctx, session, turn, headers, self._call_id, prep_s).open(rendered)
+                stream = EngineStream(self, outcomes, ctx, session, turn, headers, self._call_id, prep_s)
+                return await stream.open(rendered)
             gen = await self.post(client, GENERATE,
                                    generate_body(rendered, turn.prompt_ids, max_model_len=self.max_model_len), headers)
             t1 = time.perf_counter()
@@ -154,20 +138,20 @@ class EnginePath:
             t2 = time.perf_counter()
         except EngineCallError as exc:
             self.sessions.abort(turn, session)
-            return exc.response(gw, ctx)
+            return exc.response(outcomes, ctx)
         except UpstreamError as exc:
             self.sessions.abort(turn, session)
-            return gw._fail(ctx, exc.status_code, exc.code, str(exc))
+            return outcomes.fail(ctx, exc.status_code, exc.code, str(exc))
         except (KeyError, IndexError, TypeError, ValueError):
             self.sessions.abort(turn, session)
-            return gw._fail(ctx, 502, "upstream_bad_response", "the engine answered without token_ids")
+            return outcomes.fail(ctx, 502, "upstream_bad_response", "the engine answered without token_ids")
         except BaseException:
             self.sessions.abort(turn, session)
             raise
-        return await self._answer(gw, ctx, turn, session, gen, chat, sampled, prep_s + (t2 - t1))
+        return await self._answer(outcomes, ctx, turn, session, gen, chat, sampled, prep_s + (t2 - t1))
 
-    async def _answer(self, gw: Gateway, ctx: CallContext, turn: TitoTurn, session: Session, gen: dict[str, Any],
-                      chat: dict[str, Any], sampled: list[int], own_s: float) -> Response:
+    async def _answer(self, outcomes: CallOutcomes, ctx: CallContext, turn: TitoTurn, session: Session,
+                      gen: dict[str, Any], chat: dict[str, Any], sampled: list[int], own_s: float) -> Response:
         t3 = time.perf_counter()
         out = chat["choices"][0]
         message = dict(out.get("message") or {"role": "assistant", "content": ""})
@@ -177,17 +161,17 @@ class EnginePath:
         record, attrs, finish = self._commit(ctx, turn, session, gen, message)
         reply = _reply(chat, out, message, finish, gen.get("usage"), ctx, turn.prompt_ids, sampled)
         attrs["gateway_ms"] = round((own_s + time.perf_counter() - t3) * 1000, 3)
-        return await record_and_answer(gw, ctx, record, reply, attrs)
+        return await record_and_answer(outcomes, ctx, record, reply, attrs)
 
-    async def settle(self, gw: Gateway, ctx: CallContext, turn: TitoTurn, session: Session, gen: dict[str, Any],
-                     message: Message, own_s: float) -> Response | None:
+    async def settle(self, outcomes: CallOutcomes, ctx: CallContext, turn: TitoTurn, session: Session,
+                     gen: dict[str, Any], message: Message, own_s: float) -> Response | None:
         """Commit a streamed turn and store its span (before the agent gets ``[DONE]``); None once stored,
         else the refusal to send instead."""
         t3 = time.perf_counter()
         record, attrs, _ = self._commit(ctx, turn, session, gen, message)
         attrs["gateway_ms"] = round((own_s + time.perf_counter() - t3) * 1000, 3)
         attrs["streamed"] = True
-        return await record_span(gw, ctx, record, attrs)
+        return await record_span(outcomes, ctx, record, attrs)
 
     def _commit(self, ctx: CallContext, turn: TitoTurn, session: Session, gen: dict[str, Any],
                 message: Message) -> tuple[ResponseRecord, dict[str, Any], str | None]:
