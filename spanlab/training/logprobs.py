@@ -135,9 +135,9 @@ def _token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: t
     if can_pack(model) and right_padded and bool((lengths_B > 0).all()):
         ids = input_ids.cpu().numpy()
         packed = pack_rows([ids[b, :n] for b, n in enumerate(lengths_B.tolist())], input_ids.shape[1],
-                           share=share_prefix)
-        hidden_P_H = _packed_hidden_states(model, packed, input_ids.device)
-        source_N = packed.index_B_T.to(input_ids.device)[rows_N, cols_N - 1]
+                           share=share_prefix).to(input_ids.device)
+        hidden_P_H = _packed_hidden_states(model, packed)
+        source_N = packed.index_B_T[rows_N, cols_N - 1]
     else:
         hidden_P_H = _hidden_states(model, input_ids, attention_mask, share_prefix, agree).flatten(0, 1)
         source_N = rows_N * input_ids.shape[1] + cols_N - 1
@@ -153,10 +153,9 @@ def _token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: t
     return out_B_T.index_put((rows_N, cols_N), logprobs_U[which_N])
 
 
-def _packed_hidden_states(model: nn.Module, packed: PackedRows, device: torch.device) -> torch.Tensor:
+def _packed_hidden_states(model: nn.Module, packed: PackedRows) -> torch.Tensor:
     """``[P, H]`` last hidden states of the packed row: the decoder once, with the packed attention."""
     with packed_attention_on(model):
-        out = model.get_decoder()(input_ids=packed.input_ids.to(device)[None],
-                                  position_ids=packed.position_ids.to(device)[None], use_cache=False,
-                                  spanlab_packed=packed)
+        out = model.get_decoder()(input_ids=packed.input_ids[None], position_ids=packed.position_ids[None],
+                                  use_cache=False, spanlab_packed=packed)
     return out.last_hidden_state[0]

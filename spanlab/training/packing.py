@@ -53,6 +53,14 @@ class PackedRows:
     def size(self) -> int:
         return int(self.input_ids.shape[0])
 
+    def to(self, device: torch.device) -> PackedRows:
+        """The same layout on ``device``, so the attention does not copy its indices there once per layer."""
+        if device.type == "cpu":
+            return self
+        nodes = tuple(_Node(n.start, n.end, None if n.keys is None else n.keys.to(device),
+                            None if n.mask is None else n.mask.to(device)) for n in self.nodes)
+        return PackedRows(self.input_ids.to(device), self.position_ids.to(device), self.index_B_T.to(device), nodes)
+
 
 def _lcp(a: np.ndarray, b: np.ndarray) -> int:
     n = min(len(a), len(b))
@@ -180,10 +188,8 @@ def packed_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, 
             k, v = key[:, :, node.start:node.end], value[:, :, node.start:node.end]
             o = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=scaling)
         else:
-            keys = node.keys.to(key.device)
-            k, v = key.index_select(2, keys), value.index_select(2, keys)
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=node.mask.to(q.device), dropout_p=dropout,
-                                               scale=scaling)
+            k, v = key.index_select(2, node.keys), value.index_select(2, node.keys)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=node.mask, dropout_p=dropout, scale=scaling)
         outs.append(o)
     return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
 
