@@ -24,8 +24,9 @@ collation and packing).
 
 Each side runs in its own subprocess (peak RSS is its own: VmHWM), 1 torch thread, one warm-up step then
 --steps timed steps; --reps subprocess pairs in alternating order (A B, B A, ...); the ratio is the median of the
-reps' ratios. Tokens/s counts every non-padding token of the batch (prompt + response), the same count for both,
-whatever each side runs on.
+reps' ratios. On a loaded machine wall time swings several-fold between processes; the CPU seconds of
+the step (``time.process_time``) are printed beside it and are the steadier figure. Tokens/s counts every
+non-padding token of the batch (prompt + response), the same count for both, whatever each side runs on.
 
 Run: .venv/bin/python benchmarks/vs_trl_grpo.py [--reps 3] [--steps 1] [--samples 16] [--prompt 300]
                                                 [--response 40] [--group-prompts] [--hidden 256] [--layers 4]
@@ -99,8 +100,10 @@ def run_spanlab(args: argparse.Namespace) -> dict[str, Any]:
     steps = []
     for step in range(args.steps + 1):
         samples = samples_for(args, step)
+        c0 = time.process_time()
         m = grpo_step(model, optimizer, samples, config, pad_id=0)
-        steps.append({"step_s": m["step_s"], "tokens": m["tokens"], "loss": m["loss"]})
+        steps.append({"step_s": m["step_s"], "cpu_s": time.process_time() - c0, "tokens": m["tokens"],
+                      "loss": m["loss"]})
     return {"rss_loaded_mb": rss_loaded, "steps": steps[1:]}
 
 
@@ -236,14 +239,15 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
         steps = []
         for step in range(args.steps + 1):
             samples = samples_for(args, step)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             inputs = trl_inputs(samples, tokenizer.pad_token_id or 0)
             loss = trainer.training_step(model, inputs, inputs["num_items_in_batch"])
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
             trainer.optimizer.step()
             trainer.lr_scheduler.step()
             model.zero_grad(set_to_none=True)
-            steps.append({"step_s": time.perf_counter() - t0, "tokens": float(sum(len(s) for s in samples)),
+            steps.append({"step_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
+                          "tokens": float(sum(len(s) for s in samples)),
                           "loss": float(loss)})
     return {"rss_loaded_mb": rss_loaded, "steps": steps[1:]}
 
@@ -300,7 +304,9 @@ def main() -> None:
             results[name].append(r)
             step_s = statistics.median(s["step_s"] for s in r["steps"])
             tokens = statistics.median(s["tokens"] for s in r["steps"])
-            print(f"  rep {rep}: {name:8} step {step_s:6.2f} s  {tokens / step_s:7.0f} tok/s  RSS after load "
+            cpu_s = statistics.median(s["cpu_s"] for s in r["steps"])
+            print(f"  rep {rep}: {name:8} step {step_s:6.2f} s ({cpu_s:5.2f} CPU s)  {tokens / step_s:7.0f} tok/s "
+                  f"({tokens / cpu_s:5.0f} per CPU s)  RSS after load "
                   f"{r['rss_loaded_mb']:5.0f} MB  peak {r['peak_rss_mb']:5.0f} MB  losses "
                   f"{[round(s['loss'], 4) for s in r['steps']]}", flush=True)
 
@@ -324,11 +330,16 @@ def main() -> None:
     tok_ratios = [statistics.median(sp["tokens"] / sp["step_s"] for sp in a["steps"])
                   / statistics.median(tr["tokens"] / tr["step_s"] for tr in b["steps"])
                   for a, b in zip(results["spanlab"], results["trl"], strict=True)]
+    cpu_ratios = [statistics.median(tr["cpu_s"] for tr in b["steps"])
+                  / statistics.median(sp["cpu_s"] for sp in a["steps"])
+                  for a, b in zip(results["spanlab"], results["trl"], strict=True)]
     rss_ratios = [a["peak_rss_mb"] / b["peak_rss_mb"] for a, b in zip(results["spanlab"], results["trl"], strict=True)]
     print(f"ratios spanlab / TRL, median of the {args.reps} reps (each rep: one TRL and one spanlab subprocess side by "
           f"side): tokens/s {statistics.median(tok_ratios):.2f}x (goal >= 1.5x; per rep "
-          f"{', '.join(f'{r:.2f}' for r in tok_ratios)}), peak RSS {statistics.median(rss_ratios):.2f}x (goal <= "
-          f"0.67x; per rep {', '.join(f'{r:.2f}' for r in rss_ratios)}), peak RSS above the loaded model "
+          f"{', '.join(f'{r:.2f}' for r in tok_ratios)}), tokens per CPU second "
+          f"{statistics.median(cpu_ratios):.2f}x (per rep {', '.join(f'{r:.2f}' for r in cpu_ratios)}), peak RSS "
+          f"{statistics.median(rss_ratios):.2f}x (goal <= 0.67x; per rep {', '.join(f'{r:.2f}' for r in rss_ratios)}), "
+          f"peak RSS above the loaded model "
           f"{(s['peak'] - s['rss_loaded']) / max(t['peak'] - t['rss_loaded'], 1e-9):.2f}x")
 
 if __name__ == "__main__":
