@@ -1,28 +1,35 @@
-"""Side by side: one GRPO update step, TRL's GRPOTrainer vs spanlab's ``grpo_step`` (issue #10).
+"""Side by side: one GRPO update step, TRL's GRPOTrainer vs spanlab's ``grpo_step``, on the same work (issue #43).
 
-The same work for both: the same tiny random Llama (built in memory, fp32, seed 0), the same --samples sequences
-(4 tasks x 4 samples, random token IDs, ~--prompt prompt + ~--response sampled tokens, lengths jittered +-10%,
-0/1 rewards with signal in every group; ``benchmarks/grpo_step.py``'s ``make_samples``), the same update: full
-fine-tuning with AdamW (lr 1e-5, no weight decay), no KL, clipped surrogate with clip 0.2 below / 0.28 above,
-token-mean aggregation over the batch, gradient-norm clip 1.0, one update per batch (so the "old" log-probs
-are the current ones, detached, on both sides), no engine importance-sampling correction. Mapped onto TRL 1.15:
-``GRPOConfig(loss_type="dapo", beta=0, epsilon=0.2, epsilon_high=0.28, num_iterations=1)``; onto spanlab:
-``GRPOConfig(clip_low=0.2, clip_high=0.28, aggregation="token_mean", kl_beta=0, tis_cap=None)``.
+The same work for both: the same tiny random Llama (built in memory, fp32 on both sides, seed 0), the same batch of
+--samples sequences (4 tasks x 4 samples, random token IDs, ~--prompt prompt + ~--response sampled tokens, lengths
+jittered +-10%, 0/1 rewards with signal in every group; ``benchmarks/grpo_step.py``'s ``make_samples``; with
+--group-prompts the 4 samples of a task share its prompt, as GRPO's samples of one prompt do) run as one
+forward/backward on both sides (TRL: one padded batch; spanlab: one packed micro-batch, --micro-batch-tokens
+large enough), the same update: full fine-tuning with AdamW (lr 1e-5, no weight decay), no KL, clipped surrogate
+with clip 0.2 below / 0.28 above, token-mean aggregation over the batch, gradient-norm clip 1.0, one update per
+batch (the "old" log-probs are the current ones, detached, on both sides), no engine importance-sampling
+correction, and no entropy on either side. Mapped onto TRL 1.15: ``GRPOConfig(loss_type="dapo", beta=0,
+epsilon=0.2, epsilon_high=0.28, num_iterations=1)``; onto spanlab: ``GRPOConfig(clip_low=0.2, clip_high=0.28,
+aggregation="token_mean", kl_beta=0, tis_cap=None)``.
 
 Only the update is timed, not generation. TRL: a real ``GRPOTrainer`` (dummy reward function and dataset; it
 never generates here) whose ``_prepare_inputs`` is bypassed so ``training_step`` gets a prepared batch
 (prompt_ids/prompt_mask left-padded, completion_ids/completion_mask right-padded, advantages,
-num_items_in_batch), then gradient clipping and ``optimizer.step()`` as its training loop does. spanlab:
-``grpo_step`` on the samples (its time includes advantages and collation). TRL always computes per-token
-entropies as well (for its metrics); spanlab computes logits only at sampled positions; those are the two
-implementations' own choices and part of what is compared.
+num_items_in_batch), then gradient clipping and ``optimizer.step()`` as its training loop does. Its fused LM head
+(``trl.kernels.ChunkedLogProbFunction``) is a Triton kernel that needs a GPU; on a CPU it is replaced by
+:class:`_TorchChunkedLogProbs`, a plain-torch port of the same algorithm (4,096-position x 32,768-vocabulary
+tiles, online log-sum-exp, tiles recomputed in the backward), asked for log-probs only: its entropy output is
+zeros, so neither side computes entropy. spanlab: ``grpo_step`` on the samples (its time includes advantages,
+collation and packing).
 
 Each side runs in its own subprocess (peak RSS is its own: VmHWM), 1 torch thread, one warm-up step then
---steps timed steps; --reps subprocess pairs in alternating order. Tokens/s counts every non-padding token
-the forward/backward runs on (prompt + response), the same count for both.
+--steps timed steps; --reps subprocess pairs in alternating order (A B, B A, ...); the ratio is the median of the
+reps' ratios. On a loaded machine wall time swings several-fold between processes; the CPU seconds of
+the step (``time.process_time``) are printed beside it and are the steadier figure. Tokens/s counts every
+non-padding token of the batch (prompt + response), the same count for both, whatever each side runs on.
 
 Run: .venv/bin/python benchmarks/vs_trl_grpo.py [--reps 3] [--steps 1] [--samples 16] [--prompt 300]
-                                                [--response 40] [--shared-prefix 0] [--hidden 256] [--layers 4]
+                                                [--response 40] [--group-prompts] [--hidden 256] [--layers 4]
 """
 
 from __future__ import annotations
@@ -37,6 +44,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -55,9 +64,20 @@ def build_model(args: argparse.Namespace):
 
 
 def samples_for(args: argparse.Namespace, step: int) -> list:
+    """The step's batch; with --group-prompts each sample takes its group's first prompt (responses unchanged)."""
+    import numpy as np
     from grpo_step import make_samples  # benchmarks/grpo_step.py
 
-    return make_samples(args.samples, args.prompt, args.response, seed=100 + step, shared=args.shared_prefix)
+    samples = make_samples(args.samples, args.prompt, args.response, seed=100 + step, shared=args.shared_prefix)
+    if args.group_prompts:
+        for i, s in enumerate(samples):
+            lead = samples[i - i % 4]
+            prompt, response = lead.input_ids[lead.loss_mask == 0], s.input_ids[s.loss_mask == 1]
+            engine = s.engine_logprobs[s.loss_mask == 1]
+            s.input_ids = np.r_[prompt, response].astype(np.int32)
+            s.loss_mask = np.r_[np.zeros(len(prompt), np.uint8), np.ones(len(response), np.uint8)]
+            s.engine_logprobs = np.r_[np.zeros(len(prompt), np.float32), engine].astype(np.float32)
+    return samples
 
 
 def rss_mb() -> float:
@@ -80,8 +100,10 @@ def run_spanlab(args: argparse.Namespace) -> dict[str, Any]:
     steps = []
     for step in range(args.steps + 1):
         samples = samples_for(args, step)
+        c0 = time.process_time()
         m = grpo_step(model, optimizer, samples, config, pad_id=0)
-        steps.append({"step_s": m["step_s"], "tokens": m["tokens"], "loss": m["loss"]})
+        steps.append({"step_s": m["step_s"], "cpu_s": time.process_time() - c0, "tokens": m["tokens"],
+                      "loss": m["loss"]})
     return {"rss_loaded_mb": rss_loaded, "steps": steps[1:]}
 
 
@@ -111,27 +133,73 @@ def trl_inputs(samples: list, pad_id: int) -> dict[str, Any]:
             "num_items_in_batch": completion_mask.sum().float()}
 
 
-class _TorchLogProbs:
-    """A plain-torch stand-in for TRL's fused LM-head kernel (``trl.kernels.ChunkedLogProbFunction``), which is a
-    Triton kernel: on a machine without a GPU, GRPOTrainer's update fails in it ("0 active drivers"). Same inputs,
-    same outputs (per-token log-probs of the targets and entropies, at the same completion positions); the
-    logits of those positions are materialized at once (N x vocab, fp32), as spanlab does at its sampled ones."""
+class _TorchChunkedLogProbs(torch.autograd.Function):
+    """A plain-torch port of TRL's fused LM head (``trl.kernels.ChunkedLogProbFunction``, a Triton kernel: on a
+    machine without a GPU, GRPOTrainer's update fails in it with "0 active drivers"). The same algorithm: tiles of
+    4,096 positions x ``chunk_size`` (TRL passes 32,768) vocabulary entries, folded into an online log-sum-exp in
+    the forward, recomputed in the backward and turned into the logits' gradient there; fp32 accumulation.
+    Log-probs only: the entropy it returns is zeros (spanlab computes none either)."""
 
     @staticmethod
-    def apply(hidden, weight, bias, targets, temperature, chunk_size, final_logit_softcapping=None,
-              logit_scale=1.0, outputs=("entropy",)):
-        import torch
+    def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size, final_logit_softcapping=None,
+                logit_scale=1.0, outputs=("entropy",)):
+        if final_logit_softcapping is not None or logit_scale != 1.0:
+            raise NotImplementedError("the CPU port covers plain LM heads only")
+        ctx.set_materialize_grads(False)
+        n_pos, vocab = hidden.shape[0], weight.shape[0]
+        running_max = torch.full((n_pos,), float("-inf"))
+        sum_exp = torch.zeros(n_pos)
+        target_logit = torch.zeros(n_pos)
+        for t0 in range(0, n_pos, _TOKEN_CHUNK):
+            h = hidden[t0:t0 + _TOKEN_CHUNK]
+            for v0 in range(0, vocab, chunk_size):
+                tile = _tile(h, weight, bias, v0, chunk_size, temperature)
+                m_old = running_max[t0:t0 + _TOKEN_CHUNK]
+                m_new = torch.maximum(m_old, tile.max(1).values)
+                sum_exp[t0:t0 + _TOKEN_CHUNK] = (sum_exp[t0:t0 + _TOKEN_CHUNK] * torch.exp(m_old - m_new)
+                                                 + torch.exp(tile - m_new[:, None]).sum(1))
+                running_max[t0:t0 + _TOKEN_CHUNK] = m_new
+                local = targets[t0:t0 + _TOKEN_CHUNK] - v0
+                inside = (local >= 0) & (local < tile.shape[1])
+                picked = tile.gather(1, local.clamp(0, tile.shape[1] - 1)[:, None])[:, 0]
+                target_logit[t0:t0 + _TOKEN_CHUNK] += torch.where(inside, picked, 0.0)
+        log_z = running_max + torch.log(sum_exp)
+        ctx.save_for_backward(hidden, weight, bias, targets, log_z)
+        ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        return target_logit - log_z, torch.zeros(n_pos), None, None, None
 
-        logits = hidden @ weight.t()
-        if bias is not None:
-            logits = logits + bias
-        logits = logits.float() * logit_scale
-        if final_logit_softcapping is not None:
-            logits = torch.tanh(logits / final_logit_softcapping) * final_logit_softcapping
-        logp = torch.log_softmax(logits / temperature, dim=-1)
-        log_probs = logp.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)
-        entropy = -(logp.exp() * logp).sum(-1) if "entropy" in outputs else None
-        return log_probs, entropy, None, None, None
+    @staticmethod
+    def backward(ctx, grad_logprobs, *_):
+        hidden, weight, bias, targets, log_z = ctx.saved_tensors
+        grad_hidden, grad_weight = torch.zeros_like(hidden), torch.zeros_like(weight)
+        grad_bias = torch.zeros_like(bias) if bias is not None else None
+        if grad_logprobs is None:
+            return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None
+        for t0 in range(0, hidden.shape[0], _TOKEN_CHUNK):
+            h, g = hidden[t0:t0 + _TOKEN_CHUNK], grad_logprobs[t0:t0 + _TOKEN_CHUNK].float()
+            for v0 in range(0, weight.shape[0], ctx.chunk_size):
+                tile = _tile(h, weight, bias, v0, ctx.chunk_size, ctx.temperature)
+                tile = tile.sub_(log_z[t0:t0 + _TOKEN_CHUNK, None]).exp_().mul_(-g[:, None])
+                local = targets[t0:t0 + _TOKEN_CHUNK] - v0
+                inside = (local >= 0) & (local < tile.shape[1])
+                tile.scatter_add_(1, local.clamp(0, tile.shape[1] - 1)[:, None], torch.where(inside, g, 0.0)[:, None])
+                tile.div_(ctx.temperature)
+                w = weight[v0:v0 + ctx.chunk_size]
+                grad_hidden[t0:t0 + _TOKEN_CHUNK].addmm_(tile, w)
+                grad_weight[v0:v0 + ctx.chunk_size].addmm_(tile.t(), h)
+                if grad_bias is not None:
+                    grad_bias[v0:v0 + ctx.chunk_size] += tile.sum(0)
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None
+
+
+_TOKEN_CHUNK = 4096  # TRL's TOKEN_CHUNK_SIZE
+
+
+def _tile(h, weight, bias, v0, chunk_size, temperature):
+    tile = h @ weight[v0:v0 + chunk_size].t()
+    if bias is not None:
+        tile = tile + bias[v0:v0 + chunk_size]
+    return tile.float() / temperature
 
 
 def run_trl(args: argparse.Namespace) -> dict[str, Any]:
@@ -145,7 +213,7 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
     if not torch.cuda.is_available():
         import trl.trainer.utils as trl_utils
 
-        trl_utils._ChunkedLogProbFunction = _TorchLogProbs
+        trl_utils._ChunkedLogProbFunction = _TorchChunkedLogProbs
     tokenizer = AutoTokenizer.from_pretrained(ensure_default_model())
     assert len(tokenizer) <= VOCAB, len(tokenizer)
     model = build_model(args)
@@ -171,14 +239,15 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
         steps = []
         for step in range(args.steps + 1):
             samples = samples_for(args, step)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             inputs = trl_inputs(samples, tokenizer.pad_token_id or 0)
             loss = trainer.training_step(model, inputs, inputs["num_items_in_batch"])
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
             trainer.optimizer.step()
             trainer.lr_scheduler.step()
             model.zero_grad(set_to_none=True)
-            steps.append({"step_s": time.perf_counter() - t0, "tokens": float(sum(len(s) for s in samples)),
+            steps.append({"step_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
+                          "tokens": float(sum(len(s) for s in samples)),
                           "loss": float(loss)})
     return {"rss_loaded_mb": rss_loaded, "steps": steps[1:]}
 
@@ -205,7 +274,10 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--micro-batch-tokens", type=int, default=4096, help="spanlab's micro-batch (its default)")
+    ap.add_argument("--group-prompts", action="store_true",
+                    help="the 4 samples of a task share its prompt (GRPO's samples of one prompt)")
+    ap.add_argument("--micro-batch-tokens", type=int, default=1 << 20,
+                    help="spanlab's micro-batch, packed tokens; the default holds the whole batch, as TRL's one batch")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -213,7 +285,8 @@ def main() -> None:
         return
 
     argv = sys.argv[1:]
-    print(f"# {args.samples} samples x ~{args.prompt}+{args.response} tokens ({args.shared_prefix} shared), tiny "
+    print(f"# {args.samples} samples x ~{args.prompt}+{args.response} tokens ({args.shared_prefix} shared by all, "
+          f"prompts {'shared by each group' if args.group_prompts else 'distinct'}), tiny "
           f"random Llama (hidden {args.hidden}, {args.layers} layers, vocab {VOCAB}), fp32, {args.threads} torch "
           f"thread(s); per subprocess 1 warm-up + {args.steps} timed steps; {args.reps} reps alternating; load "
           f"average {' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
@@ -231,7 +304,9 @@ def main() -> None:
             results[name].append(r)
             step_s = statistics.median(s["step_s"] for s in r["steps"])
             tokens = statistics.median(s["tokens"] for s in r["steps"])
-            print(f"  rep {rep}: {name:8} step {step_s:6.2f} s  {tokens / step_s:7.0f} tok/s  RSS after load "
+            cpu_s = statistics.median(s["cpu_s"] for s in r["steps"])
+            print(f"  rep {rep}: {name:8} step {step_s:6.2f} s ({cpu_s:5.2f} CPU s)  {tokens / step_s:7.0f} tok/s "
+                  f"({tokens / cpu_s:5.0f} per CPU s)  RSS after load "
                   f"{r['rss_loaded_mb']:5.0f} MB  peak {r['peak_rss_mb']:5.0f} MB  losses "
                   f"{[round(s['loss'], 4) for s in r['steps']]}", flush=True)
 
@@ -252,10 +327,20 @@ def main() -> None:
     print(f"{'system':8} {'step s':>7} {'tokens/s':>9} {'RSS after load':>15} {'peak RSS':>9}")
     for name, x in (("trl", t), ("spanlab", s)):
         print(f"{name:8} {x['step_s']:7.2f} {x['tok_s']:9.0f} {x['rss_loaded']:13.0f}MB {x['peak']:7.0f}MB")
-    print(f"ratios spanlab / TRL: tokens/s {s['tok_s'] / t['tok_s']:.2f}x (goal >= 1.0), peak RSS "
-          f"{s['peak'] / t['peak']:.2f}x (goal <= 1.0), peak RSS above the loaded model "
+    tok_ratios = [statistics.median(sp["tokens"] / sp["step_s"] for sp in a["steps"])
+                  / statistics.median(tr["tokens"] / tr["step_s"] for tr in b["steps"])
+                  for a, b in zip(results["spanlab"], results["trl"], strict=True)]
+    cpu_ratios = [statistics.median(tr["cpu_s"] for tr in b["steps"])
+                  / statistics.median(sp["cpu_s"] for sp in a["steps"])
+                  for a, b in zip(results["spanlab"], results["trl"], strict=True)]
+    rss_ratios = [a["peak_rss_mb"] / b["peak_rss_mb"] for a, b in zip(results["spanlab"], results["trl"], strict=True)]
+    print(f"ratios spanlab / TRL, median of the {args.reps} reps (each rep: one TRL and one spanlab subprocess side by "
+          f"side): tokens/s {statistics.median(tok_ratios):.2f}x (goal >= 1.5x; per rep "
+          f"{', '.join(f'{r:.2f}' for r in tok_ratios)}), tokens per CPU second "
+          f"{statistics.median(cpu_ratios):.2f}x (per rep {', '.join(f'{r:.2f}' for r in cpu_ratios)}), peak RSS "
+          f"{statistics.median(rss_ratios):.2f}x (goal <= 0.67x; per rep {', '.join(f'{r:.2f}' for r in rss_ratios)}), "
+          f"peak RSS above the loaded model "
           f"{(s['peak'] - s['rss_loaded']) / max(t['peak'] - t['rss_loaded'], 1e-9):.2f}x")
-
 
 if __name__ == "__main__":
     main()

@@ -1,17 +1,25 @@
 """Per-token log-probabilities of a causal LM, computed only where the loss needs them.
 
 Why: the vocabulary is 49k and prompts are long while responses are short, so full ``[B, T, V]`` logits
-cost far more memory (and time in the LM head) than the ``[N, V]`` logits of the N positions that are
-trained on. The decoder runs on every token; the LM head and log-softmax only on the selected positions.
+cost far more memory (and time in the LM head) than the logits of the N positions that are trained on. The
+decoder runs on every distinct token once: the rows are packed into one row without padding, each prefix
+that several rows share run once (:mod:`spanlab.training.packing`); the LM head and log-softmax run only on
+the selected positions, a chunk at a time (:mod:`spanlab.training.lm_head`), and once per distinct
+(position, target) pair.
+
+Models the packed attention cannot compute exactly (sliding windows, attention soft-capping) and rows with
+holes in their attention mask take the padded path: the decoder on ``[B, T]``, a prefix that all rows share
+run once through the KV cache.
 
 A model sharded with FSDP2 is wrapped in :class:`TokenLogprobs`, whose ``forward`` is this computation:
 FSDP gathers the parameters outside the decoder layers (embeddings, final norm, LM head) in its root
 module's forward hook, which the direct calls to the decoder and the head would skip. Every call of a
-sharded layer is a collective, so all ranks must call the decoder as often: they agree on one prefix
-length per forward (the shortest any rank's rows share; none when one rank has no shared prefix).
+sharded layer is a collective, so all ranks must call the decoder as often: the packed path calls it once
+per forward; on the padded path ranks agree on one prefix length per forward (the shortest any rank's rows
+share; none when one rank has no shared prefix).
 
 Left out: models that post-process logits (Gemma's soft-capping, Cohere's logit scale) are refused
-rather than silently computed wrong; the selected logits are not chunked.
+rather than silently computed wrong.
 """
 
 from __future__ import annotations
@@ -20,10 +28,11 @@ from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from spanlab.errors import ConfigError
+from spanlab.training.lm_head import target_logprobs
+from spanlab.training.packing import PackedRows, can_pack, pack_rows, packed_attention_on
 
 __all__ = ["TokenLogprobs", "shared_prefix_len", "token_logprobs"]
 
@@ -119,11 +128,34 @@ def _token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: t
     need_B_T = attention_mask.bool() if positions_mask is None else positions_mask.bool() & attention_mask.bool()
     need_B_T = need_B_T.clone()
     need_B_T[:, 0] = False
-    hidden_B_T_H = _hidden_states(model, input_ids, attention_mask, share_prefix, agree)
     rows_N, cols_N = need_B_T.nonzero(as_tuple=True)
-    logits_N_V = model.get_output_embeddings()(hidden_B_T_H[rows_N, cols_N - 1]).float()
-    if temperature != 1.0:
-        logits_N_V = logits_N_V / temperature
-    logprobs_N = -F.cross_entropy(logits_N_V, input_ids[rows_N, cols_N], reduction="none")
-    out_B_T = torch.zeros(input_ids.shape, dtype=logprobs_N.dtype, device=logprobs_N.device)
-    return out_B_T.index_put((rows_N, cols_N), logprobs_N)
+    lengths_B = attention_mask.bool().sum(1)
+    right_padded = bool((attention_mask.bool() == (torch.arange(input_ids.shape[1], device=input_ids.device)
+                                                   < lengths_B[:, None])).all())
+    if can_pack(model) and right_padded and bool((lengths_B > 0).all()):
+        ids = input_ids.cpu().numpy()
+        packed = pack_rows([ids[b, :n] for b, n in enumerate(lengths_B.tolist())], input_ids.shape[1],
+                           share=share_prefix).to(input_ids.device)
+        hidden_P_H = _packed_hidden_states(model, packed)
+        source_N = packed.index_B_T[rows_N, cols_N - 1]
+    else:
+        hidden_P_H = _hidden_states(model, input_ids, attention_mask, share_prefix, agree).flatten(0, 1)
+        source_N = rows_N * input_ids.shape[1] + cols_N - 1
+    targets_N = input_ids[rows_N, cols_N]
+    # a position whose hidden state and target two rows share (a shared prefix trained in both) is computed once
+    pair_N = source_N * (int(targets_N.max()) + 1 if len(targets_N) else 1) + targets_N
+    pairs_U, which_N = torch.unique(pair_N, return_inverse=True)
+    first_U = torch.full(pairs_U.shape, len(pair_N), dtype=torch.long, device=pair_N.device)
+    first_U = first_U.scatter_reduce(0, which_N, torch.arange(len(pair_N), device=pair_N.device), reduce="amin")
+    logprobs_U = target_logprobs(hidden_P_H[source_N[first_U]], model.get_output_embeddings(), targets_N[first_U],
+                                 temperature=temperature)
+    out_B_T = torch.zeros(input_ids.shape, dtype=logprobs_U.dtype, device=logprobs_U.device)
+    return out_B_T.index_put((rows_N, cols_N), logprobs_U[which_N])
+
+
+def _packed_hidden_states(model: nn.Module, packed: PackedRows) -> torch.Tensor:
+    """``[P, H]`` last hidden states of the packed row: the decoder once, with the packed attention."""
+    with packed_attention_on(model):
+        out = model.get_decoder()(input_ids=packed.input_ids[None], position_ids=packed.position_ids[None],
+                                  use_cache=False, spanlab_packed=packed)
+    return out.last_hidden_state[0]

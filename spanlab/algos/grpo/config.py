@@ -27,7 +27,8 @@ class GRPOConfig(BaseModel):
     tis_cap: float | None = Field(default=2.0, gt=0, description="truncated importance sampling cap; None = off")
     epochs_per_batch: int = Field(default=1, ge=1)
     micro_batch_tokens: int = Field(default=4096, ge=1, description=(
-        "padded tokens per forward/backward; sized for a CPU, a GPU wants 16384-65536 (docs/gpu.md)"))
+        "packed tokens per forward/backward (a prefix rows share counts once); sized for a CPU, a GPU wants "
+        "16384-65536 (docs/gpu.md)"))
     max_grad_norm: float = Field(default=1.0, gt=0)
     lora: LoraConfig | None = Field(default=None, description="None = full fine-tuning")
     weight_decay: float = Field(default=0.0, ge=0)

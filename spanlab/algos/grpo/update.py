@@ -4,7 +4,9 @@ One ``grpo_step`` is one batch of samples (already rolled out and rewarded, see 
 advantages per group of samples of one task, then ``epochs_per_batch`` optimizer steps, each over all
 micro-batches with gradient accumulation so the loss is aggregated exactly over the whole batch. The
 engine's sampling logprobs correct the trainer/engine mismatch with truncated importance sampling
-(verl/TRL "TIS"). REFERENCE.md §6 has the formulas. Drift metrics (issue #7): ``drift_*_frac`` compare the
+(verl/TRL "TIS"). Micro-batches hold up to ``micro_batch_tokens`` packed tokens: rows in token order, so
+the samples that share a prompt share a micro-batch, where it runs once (``spanlab.training.packing``).
+REFERENCE.md §6 has the formulas. Drift metrics (issue #7): ``drift_*_frac`` compare the
 trained tokens with the sampled ones (``spanlab.adapters.retokenize.drift_stats``); ``drift_logp_abs_diff`` is
 the mean |trainer - engine| logprob at the step's start over trained tokens aligned with a sampled token
 (samples of groups with reward variance only: the others get no forward pass).
@@ -28,11 +30,12 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from spanlab.adapters.grpo import Batch, Sample, collate, micro_batches
+from spanlab.adapters.grpo import Batch, Sample, collate
 from spanlab.adapters.retokenize import drift_stats
 from spanlab.algos.grpo.config import Aggregation, GRPOConfig
 from spanlab.training.logprobs import token_logprobs
 from spanlab.training.model import apply_lora, peak_rss_mb
+from spanlab.training.packing import packed_micro_batches
 from spanlab.training.ranks import Ranks, gather
 from spanlab.training.settings import LoraConfig
 
@@ -241,10 +244,10 @@ def grpo_step(
     adv_by_sample = dict(zip(keep, adv_N[keep], strict=True))
     mine = keep if ranks is None else ranks.shard(keep)  # keep is sorted by length: shards hold similar tokens
     device = next(model.parameters()).device
-    batches, pos = [], 0
-    for chunk in micro_batches([samples[i] for i in mine], config.micro_batch_tokens):
-        batches.append(collate(chunk, [adv_by_sample[i] for i in mine[pos:pos + len(chunk)]], pad_id).to(device))
-        pos += len(chunk)
+    batches = []  # rows that share a prefix go in one micro-batch, where the prefix runs once (packing.py)
+    for chunk in packed_micro_batches([samples[i].input_ids for i in mine], config.micro_batch_tokens):
+        rows = [mine[k] for k in chunk]
+        batches.append(collate([samples[i] for i in rows], [adv_by_sample[i] for i in rows], pad_id).to(device))
     n_real = len(batches)
     if ranks is not None and (n_pad := ranks.lockstep(n_real) - n_real):
         filler = batches[-1] if batches else collate(kept[:1], [0.0], pad_id).to(device)
