@@ -222,8 +222,10 @@ class Job:
             (key.removeprefix("eval:"), tasks) for key, tasks in self.splits.items() if key.startswith("eval:")]
 
     def _evaluate(self, phase: str, split: str, tasks: Tasks) -> Evaluation:
-        if self.evaluator is not None:
-            batch = self.evaluator(tasks, phase, split)
+        if self.evaluator is not None:  # APO's cached runner: one count when its batch ends, not one per rollout
+            with self.progress.phase(f"{phase} eval {split}", len(tasks)) as bar:
+                batch = self.evaluator(tasks, phase, split)
+                bar.advance(len(tasks), note=f"accuracy {100 * batch.mean_reward:.1f}%")
         else:
             metadata = {"phase": phase, "split": split, "run_id": self.report.run_id}
             with self.progress.phase(f"{phase} eval {split}", len(tasks)) as bar:
