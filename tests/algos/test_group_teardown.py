@@ -19,7 +19,7 @@ from tests.algos.test_grpo_parallel import toy_model_dir  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = """
-import os, sys
+import os, sys, time
 import torch.distributed as dist
 from spanlab.training.data_parallel import load_trainable_model  # what a helper rank imports before joining
 
@@ -28,6 +28,9 @@ def gloo_threads():
     return [n for n in names if n.startswith(("pt_gloo", "gloo"))]
 
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+deadline = time.monotonic() + 30  # gloo names its threads as they start: on a loaded machine that can lag
+while not gloo_threads() and time.monotonic() < deadline:
+    time.sleep(0.05)
 assert gloo_threads(), "no gloo threads while the group is alive: this check would prove nothing"
 model = load_trainable_model(sys.argv[1])  # after joining, as serve_torchrun_rank does
 dist.destroy_process_group()
