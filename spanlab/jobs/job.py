@@ -38,6 +38,7 @@ from spanlab.jobs.rollouts import RolloutBatch
 from spanlab.jobs.tasks import TaskSet, load_task_set
 from spanlab.jobs.tracking import Trackers, open_trackers
 from spanlab.progress import Phase, PhaseProgress, log_console
+from spanlab.runner.worker import RolloutDone
 
 if TYPE_CHECKING:
     import torch
@@ -89,6 +90,17 @@ def level_quota(weights: dict[int, float], n: int) -> dict[int, int]:
     return quota
 
 
+def _running_mean(bar: Phase, note: str) -> RolloutDone:
+    """A rollout-ended callback that advances ``bar`` and shows the mean reward so far, formatted by ``note``."""
+    rewards: list[float] = []
+
+    def finished(reward: float | None) -> None:
+        rewards.append(reward or 0.0)
+        bar.advance(note=note.format(sum(rewards) / len(rewards)))
+
+    return finished
+
+
 @dataclass
 class Job:
     """One run's open pieces, given to ``Algorithm.run``: rig, task splits, policy (if trained), report."""
@@ -124,15 +136,9 @@ class Job:
         index = step if step is not None else metadata.get("round")  # SFT rounds are the steps of their loop
         label = "rollouts" if index is None else f"step {index + 1} rollouts"
         with self.progress.phase(label, len(tasks) * group_size, done=len(done or ())) as bar:
-            rewards: list[float] = []
-
-            def finished(reward: float | None) -> None:
-                rewards.append(reward or 0.0)
-                bar.advance(note=f"reward {sum(rewards) / len(rewards):.2f}")
-
             batch = self.rig.collector.collect(tasks, mode="train", group_size=group_size, model=self.served_name,
                                                metadata={"run_id": self.report.run_id, **metadata}, done=done,
-                                               on_finished=finished, **overrides)
+                                               on_finished=_running_mean(bar, "reward {:.2f}"), **overrides)
         self.rig.gateway.flush()
         if self._steps_bar is not None and index is not None:
             self._steps_bar.note(f"step {index + 1}/{self._steps_bar.total}: updating")
@@ -222,20 +228,14 @@ class Job:
             (key.removeprefix("eval:"), tasks) for key, tasks in self.splits.items() if key.startswith("eval:")]
 
     def _evaluate(self, phase: str, split: str, tasks: Tasks) -> Evaluation:
-        if self.evaluator is not None:  # APO's cached runner: one count when its batch ends, not one per rollout
-            with self.progress.phase(f"{phase} eval {split}", len(tasks)) as bar:
+        with self.progress.phase(f"{phase} eval {split}", len(tasks)) as bar:
+            if self.evaluator is not None:  # APO's cached runner: one count when its batch ends, not one per rollout
                 batch = self.evaluator(tasks, phase, split)
-                bar.advance(len(tasks), note=f"accuracy {100 * batch.mean_reward:.1f}%")
-        else:
-            metadata = {"phase": phase, "split": split, "run_id": self.report.run_id}
-            with self.progress.phase(f"{phase} eval {split}", len(tasks)) as bar:
-                rewards: list[float] = []
-
-                def finished(reward: float | None) -> None:
-                    rewards.append(reward or 0.0)
-                    bar.advance(note=f"accuracy {100 * sum(rewards) / len(rewards):.1f}%")
-
-                batch = self.rig.collector.collect(tasks, mode="test", metadata=metadata, on_finished=finished,
+                bar.advance(len(tasks), note=f"accuracy {batch.mean_reward:.1%}")
+            else:
+                metadata = {"phase": phase, "split": split, "run_id": self.report.run_id}
+                batch = self.rig.collector.collect(tasks, mode="test", metadata=metadata,
+                                                   on_finished=_running_mean(bar, "accuracy {:.1%}"),
                                                    temperature=self.config.eval.temperature, model=self.served_name)
         by_level: dict[str, list[float]] = {}
         for task, reward in zip(tasks, batch.rewards, strict=True):
