@@ -172,7 +172,7 @@ def test_user_sql_has_a_memory_limit(tmp_path: Path) -> None:
         r = httpx.post(srv.url + "/sql", json={"query": query}, timeout=60)
         grown = me.memory_info().rss - before
         assert r.status_code == 400 and "Memory" in r.json()["detail"] and "\n" not in r.json()["detail"], r.text
-        assert grown < 768 * 2**20, f"grew {grown / 2**20:.0f} MiB"
+        assert grown < 256 * 2**20, f"grew {grown / 2**20:.0f} MiB"
         assert httpx.post(srv.url + "/sql", json={"query": "SELECT 42 AS x"}).json() == [{"x": 42}]
 
 

@@ -30,7 +30,7 @@ MEMORY = ":memory:"
 # query cannot take the machine's memory (DuckDB's default is 80% of it): past it the query fails, or spills
 # to the file's temporary folder where its operators can. It is the whole database's limit (DuckDB has no
 # per-query one), which the store's own reads fit in with room to spare. Locked last.
-USER_SQL_MEMORY_LIMIT = "512MB"
+USER_SQL_MEMORY_LIMIT = "192MB"
 SAFE_QUERY_CONFIG: dict[str, Any] = {
     "enable_external_access": False, "autoinstall_known_extensions": False, "autoload_known_extensions": False,
     "allow_community_extensions": False, "memory_limit": USER_SQL_MEMORY_LIMIT, "lock_configuration": True,
