@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -74,6 +74,15 @@ class Phase:
         """What the phase is doing now, without a count (``step 2/3: updating``)."""
         self.board.update(self, 0, text)
 
+    def skip(self, n: int, *, note: str | None = None) -> None:
+        """``n`` items that were already done (cached results): counted, but not in the rate the ETA goes by."""
+        self.start_done += n
+        self.board.update(self, n, note)
+
+    def extend(self, n: int) -> None:
+        """``n`` more items than the phase opened with (work found on the way, e.g. rollouts run in the same batch)."""
+        self.board.extend(self, n)
+
     def eta_s(self, now: float) -> float | None:
         """Seconds left at the average rate since the phase opened, counted down since the count last moved;
         None before the first item is done."""
@@ -91,6 +100,18 @@ class Phase:
         left = "?" if eta is None else duration(eta)
         return f"{self.label}: {self.done}/{self.total} ({pct}%){note} | {duration(now - self.started)} elapsed, " \
                f"ETA {left}"
+
+
+def running_mean(bar: Phase, note: str, done: Sequence[float] = ()) -> Callable[[float | None], None]:
+    """A rollout-ended callback that advances ``bar`` and shows the mean reward so far, formatted by ``note``
+    (counting the rewards of items ``done`` before, such as cached ones)."""
+    rewards: list[float] = list(done)
+
+    def finished(reward: float | None) -> None:
+        rewards.append(reward or 0.0)
+        bar.advance(note=note.format(sum(rewards) / len(rewards)))
+
+    return finished
 
 
 class EtaColumn(ProgressColumn):
@@ -158,6 +179,13 @@ class PhaseProgress:
             if n and tenth > phase.last_tenth:
                 phase.last_tenth = tenth
                 self._say(phase, now)
+
+    def extend(self, phase: Phase, n: int) -> None:
+        with self._lock:
+            phase.total += max(n, 0)
+            phase.last_tenth = 10 * phase.done // max(phase.total, 1)
+            if phase.task_id is not None and self._bars is not None:
+                self._bars.update(phase.task_id, total=phase.total)
 
     def close(self) -> None:
         """Stop the bars and the ticker (the job's end; phases still open are dropped)."""

@@ -128,3 +128,45 @@ def test_a_resumed_bar_on_a_terminal_shows_the_done_steps() -> None:
         assert bars is not None and [t.completed for t in bars.tasks] == [1]
         bar.advance()
         assert [t.completed for t in bars.tasks] == [2]
+
+
+def test_a_phase_extended_on_the_way_counts_to_its_new_total(caplog: pytest.LogCaptureFixture) -> None:
+    """APO's held-out evaluation also runs the search's first rollouts in its batch: the bar grows to count them."""
+    clock = ManualClock()
+    caplog.set_level(logging.INFO, logger="spanlab.progress")
+    with PhaseProgress(Console(file=io.StringIO()), every_s=3600.0, clock=clock) as progress, \
+            progress.phase("base eval test", 10) as bar:
+        bar.extend(10)
+        bar.skip(5)  # cached pairs: counted at once, not in the rate
+        assert (bar.done, bar.total) == (5, 20)
+        for _ in range(15):
+            clock.now += 1.0
+            bar.advance()
+    lines = progress_lines(caplog)
+    assert lines[:3] == ["base eval test: 5/20 (25%) | 0s elapsed, ETA ?",  # tenths of the new total
+                         "base eval test: 6/20 (30%) | 1s elapsed, ETA 14s",  # 1 s per item actually run
+                         "base eval test: 8/20 (40%) | 3s elapsed, ETA 12s"], lines
+    assert lines[-1].startswith("base eval test: 20/20 (100%)"), lines
+    console = Console(file=io.StringIO(), force_terminal=True, width=140)
+    with PhaseProgress(console) as progress, progress.phase("eval", 2) as bar:
+        bar.extend(3)
+        assert progress._bars is not None and [t.total for t in progress._bars.tasks] == [5]
+
+
+def test_a_step_note_names_the_open_step(caplog: pytest.LogCaptureFixture) -> None:
+    """The async loop's take says how many groups are ready, on the step bar: ``step 2/3: 1/4 groups ready``."""
+    config = parse_train_config(load_yaml(QUICK), str(QUICK))
+    task_set = load_task_set(config.dataset.name)
+    report = TrainReport(run_name="t", algorithm="grpo", model="m", db="d.duckdb")
+    with ExitStack() as stack:
+        progress = stack.enter_context(PhaseProgress(Console(file=io.StringIO()), every_s=3600.0))
+        job = Job(config, None, task_set, split_tasks(task_set, config, 16), report, progress,  # type: ignore[arg-type]
+                  stack)
+        job.step_note("ignored: no step loop is open")
+        notes = []
+        for _step, _tasks in job.steps(3, 4, "GRPO async"):
+            job.step_note("1/4 groups ready")
+            assert job._steps_bar is not None
+            notes.append(job._steps_bar.text)
+            report.steps.append({"reward_mean": 0.5})
+    assert notes == ["step 1/3: 1/4 groups ready", "step 2/3: 1/4 groups ready", "step 3/3: 1/4 groups ready"]

@@ -143,6 +143,7 @@ class GroupQueue:
     metadata: dict[str, Any] = field(default_factory=dict)  # on every rollout (run_id, say)
     version: Callable[[], int] | None = None  # default: the store's latest policy resource
     check: Callable[[], None] = lambda: None  # raises when the workers died (the wait would never end)
+    on_wait: Callable[[int, int], None] = lambda ready, wanted: None  # a take's ready groups so far (a bar's note)
     poll_s: float = 0.05
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
@@ -191,6 +192,7 @@ class GroupQueue:
                 elif all(m.status in TERMINAL for m in members):
                     ready.append((group, [current - v for v in versions]))
             chosen = ready[:n]
+            self.on_wait(len(chosen), n)
             if len(chosen) == n:
                 break
             if len(self.outstanding) == self.in_flight:  # nothing dropped this round: wait for rollouts to end

@@ -37,8 +37,7 @@ from spanlab.jobs.rig import Rig, open_rig
 from spanlab.jobs.rollouts import RolloutBatch
 from spanlab.jobs.tasks import TaskSet, load_task_set
 from spanlab.jobs.tracking import Trackers, open_trackers
-from spanlab.progress import Phase, PhaseProgress, log_console
-from spanlab.runner.worker import RolloutDone
+from spanlab.progress import Phase, PhaseProgress, log_console, running_mean
 
 if TYPE_CHECKING:
     import torch
@@ -49,7 +48,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 Tasks = list[dict[str, Any]]
-Evaluator = Callable[[Tasks, str, str], RolloutBatch]  # (held-out tasks, phase, split) -> one reward per task
+Evaluator = Callable[[Tasks, str, str, Phase], RolloutBatch]  # (held-out tasks, phase, split, bar) -> a reward per task
 
 
 def split_tasks(task_set: TaskSet, config: TrainConfig, n_train: int) -> dict[str, Tasks]:
@@ -90,17 +89,6 @@ def level_quota(weights: dict[int, float], n: int) -> dict[int, int]:
     return quota
 
 
-def _running_mean(bar: Phase, note: str) -> RolloutDone:
-    """A rollout-ended callback that advances ``bar`` and shows the mean reward so far, formatted by ``note``."""
-    rewards: list[float] = []
-
-    def finished(reward: float | None) -> None:
-        rewards.append(reward or 0.0)
-        bar.advance(note=note.format(sum(rewards) / len(rewards)))
-
-    return finished
-
-
 @dataclass
 class Job:
     """One run's open pieces, given to ``Algorithm.run``: rig, task splits, policy (if trained), report."""
@@ -138,10 +126,10 @@ class Job:
         with self.progress.phase(label, len(tasks) * group_size, done=len(done or ())) as bar:
             batch = self.rig.collector.collect(tasks, mode="train", group_size=group_size, model=self.served_name,
                                                metadata={"run_id": self.report.run_id, **metadata}, done=done,
-                                               on_finished=_running_mean(bar, "reward {:.2f}"), **overrides)
+                                               on_finished=running_mean(bar, "reward {:.2f}"), **overrides)
         self.rig.gateway.flush()
-        if self._steps_bar is not None and index is not None:
-            self._steps_bar.note(f"step {index + 1}/{self._steps_bar.total}: updating")
+        if index is not None:
+            self.step_note("updating")
         return batch
 
     def task_draws(self, tasks_per_step: int) -> Iterator[Tasks]:
@@ -180,6 +168,12 @@ class Job:
                     bar.advance(note="" if reward is None else f"reward {reward:.2f}")
             finally:
                 self._steps_bar = None
+
+    def step_note(self, what: str) -> None:
+        """Say what the open step loop's current step is doing (``step 2/9: 3/8 groups ready``)."""
+        bar = self._steps_bar
+        if bar is not None:
+            bar.note(f"step {bar.done + 1}/{bar.total}: {what}")
 
     def attach_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """The algorithm's optimizer, saved with each step's state (and given its saved moments on --resume)."""
@@ -229,13 +223,13 @@ class Job:
 
     def _evaluate(self, phase: str, split: str, tasks: Tasks) -> Evaluation:
         with self.progress.phase(f"{phase} eval {split}", len(tasks)) as bar:
-            if self.evaluator is not None:  # APO's cached runner: one count when its batch ends, not one per rollout
-                batch = self.evaluator(tasks, phase, split)
-                bar.advance(len(tasks), note=f"accuracy {batch.mean_reward:.1%}")
+            if self.evaluator is not None:  # APO's cached runner: it advances the bar itself
+                batch = self.evaluator(tasks, phase, split, bar)
+                bar.note(f"accuracy {batch.mean_reward:.1%}")
             else:
                 metadata = {"phase": phase, "split": split, "run_id": self.report.run_id}
                 batch = self.rig.collector.collect(tasks, mode="test", metadata=metadata,
-                                                   on_finished=_running_mean(bar, "accuracy {:.1%}"),
+                                                   on_finished=running_mean(bar, "accuracy {:.1%}"),
                                                    temperature=self.config.eval.temperature, model=self.served_name)
         by_level: dict[str, list[float]] = {}
         for task, reward in zip(tasks, batch.rewards, strict=True):

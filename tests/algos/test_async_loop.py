@@ -130,8 +130,9 @@ def test_a_late_member_keeps_its_group_waiting_until_it_ends_or_goes_stale(tmp_p
         collector = RolloutCollector(store, "", AGENT, {})
         moves: list[Any] = []
         scenario = _Scenario(store, moves)
+        waits: list[tuple[int, int]] = []  # what a progress bar hears: ready groups of those a take wants
         queue = GroupQueue(collector, itertools.cycle(pool), group_size=2, in_flight=2, max_staleness=1,
-                           sleep=scenario.sleep)
+                           sleep=scenario.sleep, on_wait=lambda ready, wanted: waits.append((ready, wanted)))
         queue.top_up()
         a1, a2, b1, b2 = scenario.dequeue(4)  # both groups dequeued at version 0
         store.finish_attempt(a1, "succeeded")
@@ -147,6 +148,7 @@ def test_a_late_member_keeps_its_group_waiting_until_it_ends_or_goes_stale(tmp_p
         moves.append(a_finishes)
         take = queue.take(1)  # waits once (the move), then takes A, one version old: within the bound
         assert [g.serial for g in take.groups] == [0] and take.staleness == [1, 1] and not moves
+        assert waits == [(1, 1), (0, 1), (1, 1)]  # the first take at once; the second waited once, then took A
 
         c1, c2, d1, d2 = scenario.dequeue(4)  # the two groups queued to refill, dequeued at version 1
         for attempt in (c1, d1, d2):

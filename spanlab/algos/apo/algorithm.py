@@ -29,12 +29,14 @@ from spanlab.algos.apo.config import APOConfig
 from spanlab.errors import ConfigError
 from spanlab.jobs.algorithm import Algorithm
 from spanlab.jobs.tasks import TASK_SETS
+from spanlab.progress import running_mean
 
 if TYPE_CHECKING:
     from spanlab.algos.apo.search import Candidate
     from spanlab.jobs.config import TrainConfig
     from spanlab.jobs.job import Job
     from spanlab.jobs.rollouts import RolloutBatch
+    from spanlab.progress import Phase
 
 logger = logging.getLogger(__name__)
 
@@ -100,11 +102,12 @@ class APO(Algorithm[APOConfig]):
         for metrics in self.search.rounds:
             job.log_step(metrics)
 
-    def _evaluate(self, tasks: list[dict[str, Any]], phase: str, split: str) -> RolloutBatch:
+    def _evaluate(self, tasks: list[dict[str, Any]], phase: str, split: str, bar: Phase) -> RolloutBatch:
         """The current best prompt on the held-out tasks, through the cache; not charged to the search budget.
 
         The base evaluation also runs the rollouts the search starts with, in the same batch (its ``failed``
-        and ``seconds`` are the whole batch's)."""
+        and ``seconds`` are the whole batch's, and ``bar`` counts them too: cached pairs at once, the rest as
+        each rollout ends)."""
         from spanlab.jobs.rollouts import RolloutBatch
 
         runner = self.runner
@@ -113,7 +116,17 @@ class APO(Algorithm[APOConfig]):
         held = len(runner.missing(pairs))
         failed, seconds = runner.failed, runner.seconds
         ahead = self.search.first_requests(self.root) if phase == "base" and split == self.config.eval.split else []
-        runner.run_ahead([(pairs, "test", metadata), *ahead])
+        extra = sum(len(runner.missing(p)) for p, _, _ in ahead)
+        note = "reward {:.2f}" if extra else "accuracy {:.1%}"  # a batch with the search's rollouts: not accuracy
+        cached = runner.cached_rewards(pairs)
+        bar.extend(extra)
+        if cached:
+            bar.skip(len(cached), note=note.format(sum(cached) / len(cached)))
+        runner.on_finished = running_mean(bar, note, done=cached)
+        try:
+            runner.run_ahead([(pairs, "test", metadata), *ahead])
+        finally:
+            runner.on_finished = None
         results = runner.score(pairs, mode="test", metadata=metadata)
         self.held_out_rollouts += held
         if runner.max_rollouts is not None:

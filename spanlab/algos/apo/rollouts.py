@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from spanlab.jobs.rollouts import RolloutCollector
@@ -72,6 +72,7 @@ class RolloutRunner:
         self.ran = self.hits = self.failed = 0
         self._ahead: set[tuple[int, str]] = set()  # pairs run_ahead ran that no score call has asked for yet
         self.seconds = 0.0
+        self.on_finished: Callable[[float | None], None] | None = None  # hears of each rollout as it ends (a bar)
 
     def _load(self) -> dict[tuple[int, str], tuple[str, float]]:
         rows = [{"rollout_id": s.rollout_id, "v": s.resources_version, "r": s.final_reward or 0.0,
@@ -96,6 +97,10 @@ class RolloutRunner:
                 seen.add(key)
                 out.append((version, task))
         return out
+
+    def cached_rewards(self, pairs: Sequence[tuple[int, Task]]) -> list[float]:
+        """The rewards of the pairs already run (each distinct pair once)."""
+        return [self.cache[key][1] for key in _keys(pairs) if key in self.cache]
 
     def score(self, pairs: Sequence[tuple[int, Task]], *, mode: RolloutMode,
               metadata: dict[str, Any]) -> list[tuple[str, float]]:
@@ -127,7 +132,7 @@ class RolloutRunner:
         rollouts = [Rollout(input=task, mode=mode, config=config, resources_version=self.bank.ref(version),
                             metadata={**metadata, "apo_agent_key": self.key, "group_id": str(task["task_id"])})
                     for version, task, mode, metadata in todo]
-        batch = c.run(rollouts, **self.overrides)
+        batch = c.run(rollouts, on_finished=self.on_finished, **self.overrides)
         for rid, reward, (version, task, _, _) in zip(batch.rollout_ids, batch.rewards, todo, strict=True):
             self.cache[(version, task["task_id"])] = (rid, reward)
         self.ran += len(batch.rollout_ids)

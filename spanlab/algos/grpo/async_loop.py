@@ -81,7 +81,9 @@ def train_grpo_async(job: Job, settings: GRPOSection, parts: StepParts) -> None:
     per_step = min(settings.tasks_per_step, len(job.splits["rl"]))
     tasks = itertools.chain.from_iterable(job.task_draws(settings.tasks_per_step))
     queue = GroupQueue(collector, tasks, settings.group_size, in_flight=loop.groups_in_flight(per_step),
-                       max_staleness=loop.staleness, metadata={"run_id": job.report.run_id, "loop": "async"})
+                       max_staleness=loop.staleness, metadata={"run_id": job.report.run_id, "loop": "async"},
+                       on_wait=lambda ready, wanted: job.step_note(
+                           f"{ready}/{wanted} groups ready" if ready < wanted else "updating"))
     temperature = job.config.rollouts.temperature
     overrides = {} if temperature is None else {"temperature": temperature}
     steps = (step for step, _ in job.steps(settings.steps, settings.tasks_per_step, "GRPO async"))
