@@ -23,6 +23,8 @@ from spanlab.training.settings import LoraConfig
 
 # The same names the gateway takes for a role in the URL (spanlab.gateway.attribution.AGENT_NAME).
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+# A policy also names a peft adapter, a key of torch module dicts, where '.' separates submodules.
+POLICY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 BASE = "base"  # what spans record as their policy when a call goes to the base model
 # The ranks vLLM accepts for --max-lora-rank (vllm.config.lora.MaxLoRARanks); an adapter's rank may be lower.
 VLLM_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -99,8 +101,8 @@ class PoliciesConfig(BaseModel):
 
 
 def _check_policy_name(policy: str, where: str) -> None:
-    if not NAME.fullmatch(policy):
-        raise ValueError(f"{where}: policy {policy!r}: use 1-64 letters, digits, '_', '.', '-' (it is the adapter's "
-                         "served model name)")
+    if not POLICY_NAME.fullmatch(policy):
+        raise ValueError(f"{where}: policy {policy!r}: use 1-64 letters, digits, '_', '-' (it names the adapter in "
+                         "peft and in vLLM)")
     if policy == BASE:
         raise ValueError(f"{where}: {BASE!r} names the base model in spans; give the policy another name")

@@ -43,6 +43,7 @@ def test_policies_turn_lora_serving_on_with_a_slot_per_policy() -> None:
     ({"writer": "lora-a"}, "put the role -> policy map under roles, e.g. policies: {roles: {writer: lora-a}}"),
     ({"roles": {}}, "roles: Dictionary should have at least 1 item"),
     ({"roles": {"writer": "lora a"}}, "role 'writer': policy 'lora a': use 1-64 letters"),
+    ({"roles": {"writer": "lora.a"}}, "policy 'lora.a': use 1-64 letters, digits, '_', '-'"),
     ({"roles": {"bad/role": "a"}}, "role 'bad/role': use 1-64 letters"),
     ({"roles": {"writer": "base"}}, "'base' names the base model in spans"),
     ({"roles": {"writer": "a"}, "lora_per_policy": {"b": {"rank": 4}}}, "lora_per_policy: 'b' is not a policy"),
