@@ -18,13 +18,16 @@ import httpx
 import pytest
 import torch
 
+from spanlab.algos.grpo.update import GRPOConfig, grpo_step
 from spanlab.engine.weights import ReplicaWeightSync
 from spanlab.gateway import GatewayServer
 from spanlab.gateway.config import GatewayConfig
 from spanlab.policies.adapters import adapter_state, multi_adapter_model
 from spanlab.policies.config import PoliciesConfig
 from spanlab.policies.serving import PolicyAdapters, resource_name
+from spanlab.policies.training import policy_optimizers, samples_by_policy, step_each_policy
 from spanlab.store import SpanStore
+from spanlab.types import reward_span
 
 pytestmark = pytest.mark.vllm
 
@@ -145,3 +148,48 @@ def test_hot_loading_one_policy_changes_its_roles_only(served: Served) -> None:
     versions = served.store.list_resources(resource_name("lora-a"))
     assert [r.version for r in versions] == [1, 2]
     assert versions[0].payload["path"] != versions[1].payload["path"]  # v1's folder is kept as it was
+
+
+def _multi_agent_rollouts(served: Served, tasks: int, group: int) -> list[str]:
+    """Attempts in which the writer and then the checker call through the gateway (sampled at temperature 1),
+    each rewarded 0 or 1 in turn so that every group has a signal."""
+    ids = []
+    for n in range(tasks * group):
+        served.store.enqueue_one({"task_id": n // group})
+        got = served.store.dequeue(worker_id="w")
+        assert got is not None
+        rollout, attempt = got
+        for role in ("writer", "checker"):
+            url = served.gateway.base_url(rollout.rollout_id, attempt.attempt_id, agent=role)
+            resp = httpx.post(f"{url}/completions", timeout=120, json={
+                "model": served.base_model, "prompt": PROMPT, "max_tokens": 6, "temperature": 1.0, "seed": n})
+            assert resp.status_code == 200, resp.text
+        assert served.gateway.flush()
+        served.store.add_span(reward_span(rollout.rollout_id, attempt.attempt_id, float(n % 2)))
+        served.store.finish_attempt(attempt.attempt_id, "succeeded")
+        ids.append(rollout.rollout_id)
+    return ids
+
+
+def test_a_grpo_step_on_the_checkers_calls_moves_and_hot_loads_its_adapter_only(served: Served) -> None:
+    """The loop of one step: the roles' calls recorded by the gateway, read back per policy, one GRPO step of the
+    checker's policy, pushed; the writer's adapter stays bit-identical and keeps answering as before."""
+    samples = samples_by_policy(served.store, _multi_agent_rollouts(served, tasks=2, group=2), POLICIES,
+                                group_key="task_id")
+    assert len(samples["lora-a"]) == len(samples["lora-b"]) == 4
+    before = {role: _as_role(served, role) for role in ("writer", "checker")}
+    lora_a = adapter_state(served.model, "lora-a")
+    lora_b = adapter_state(served.model, "lora-b")
+    config = GRPOConfig(lr=5e-3)
+    optimizers = policy_optimizers(served.model, POLICIES.names, lambda ps: torch.optim.AdamW(ps, lr=config.lr))
+    metrics = step_each_policy(served.model, optimizers, {"lora-b": samples["lora-b"]},
+                               lambda m, opt, s: grpo_step(m, opt, s, config, pad_id=0))
+    assert metrics["lora-b/skipped"] == 0.0 and metrics["lora-b/n_samples_used"] == 4
+    assert all(torch.equal(t, lora_a[k]) for k, t in adapter_state(served.model, "lora-a").items())
+    assert any(not torch.equal(t, lora_b[k]) for k, t in adapter_state(served.model, "lora-b").items())
+
+    assert served.adapters.push(served.model, "lora-b").tag == "lora-b-v2"
+    after = {role: _as_role(served, role) for role in ("writer", "checker")}
+    assert _close(after["writer"], before["writer"])
+    assert not _close(after["checker"], before["checker"])
+    assert _spans_by_role(served)["checker"][-1]["policy_version"] == "lora-b-v2"
