@@ -60,3 +60,11 @@ def test_bad_policies_are_one_line_naming_the_problem(policies: dict, expected: 
 def test_a_role_outside_the_trained_agents_is_refused() -> None:
     with pytest.raises(ConfigError, match="role 'checker' is not one of agents"):
         parse_train_config({"agents": ["writer"], "policies": {"roles": {"writer": "a", "checker": "b"}}})
+
+
+def test_spanlab_train_says_it_does_not_run_policies_yet() -> None:
+    """Accepted by the config but not yet run by a job: refused before anything starts, never silently ignored."""
+    from spanlab.jobs.job import check_job
+
+    with pytest.raises(ConfigError, match="spanlab train does not run it yet"):
+        check_job(parse_train_config({"policies": {"roles": {"writer": "a"}}}))
