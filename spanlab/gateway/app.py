@@ -120,6 +120,12 @@ class GatewayServer(ThreadedServer):
         """Weight sync tells the gateway what ``engine_url`` serves now; later spans record it."""
         self.gateway.router.set_version(engine_url, version)
 
+    def set_policy_version(self, policy: str, version: str | None) -> None:
+        """A policy's adapter is served at ``version`` now (after its hot-load); later spans of its roles record it."""
+        if self.gateway.policies is None:
+            raise ValueError(f"policy {policy!r}: this gateway was started without policies")
+        self.gateway.policies.set_version(policy, version)
+
     def start(self, timeout: float = 30.0) -> GatewayServer:
         super().start(timeout)
         return self

@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from spanlab.policies.config import PoliciesConfig
+
 
 class GatewayConfig(BaseModel):
     """Where the engine is and how the gateway talks to it and to the store."""
@@ -55,6 +57,8 @@ class GatewayConfig(BaseModel):
     tito_max_sessions: int = Field(default=16_384, ge=1, description="TITO buffers kept (least recently used go)")
     max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, description="the largest request body taken "
                                 "(413 above), counted as it arrives, chunked or not")
+    policies: PoliciesConfig | None = Field(default=None, description="a LoRA policy per agent role: each role's "
+                                            "calls go to its policy's adapter (spanlab.gateway.policy_routing)")
     token: SecretStr | None = Field(default=None, description="a bearer token every call must carry (the agents' "
                                     "api_key); the gateway's own, not forwarded to the engine")
 

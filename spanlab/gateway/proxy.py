@@ -13,6 +13,8 @@ cannot be forwarded at all (invalid JSON, unknown attempt) get a 4xx without a s
 
 With several engines (``upstream_urls``) each call goes to the engine :mod:`.routing` pins its attempt to;
 the span records which (``attributes.replica``) and the weights version it served (``attributes.policy_version``).
+With ``policies`` each role's calls go to its policy's LoRA adapter (:mod:`.policy_routing`); the span records the
+policy (``attributes.policy``) and the adapter version (``policy_version``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from starlette.routing import BaseRoute, Route
 from spanlab.gateway.attribution import AttemptChecker, requested_agent, requested_attribution
 from spanlab.gateway.config import GatewayConfig
 from spanlab.gateway.outcomes import SPAN_IDS_HEADER, CallOutcomes, error_response
+from spanlab.gateway.policy_routing import PolicyRouter
 from spanlab.gateway.protocol import (
     ENDPOINT_PATHS,
     BadRequestError,
@@ -81,6 +84,7 @@ class Gateway:
         self.outcomes = CallOutcomes(self.writer, config.close_timeout_s)
         self.router = Router([UpstreamClient(config, url) for url in config.upstreams],
                              max_pins=config.attempt_cache_size)
+        self.policies = None if config.policies is None else PolicyRouter(config.policies)
         self.upstream = self.router.clients[0]  # the first engine (``/v1/models`` and TITO checks ask it)
         self._prober: asyncio.Task[None] | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -189,9 +193,12 @@ class Gateway:
         """Serve one parsed generation request; ``route``: the API the agent spoke, when a handler translated it
         (e.g. :mod:`.responses` hands its requests in as chat)."""
         try:
+            agent = requested_agent(request.path_params, request.headers)
+            policy = None if self.policies is None else self.policies.route(agent)
+            if policy is not None:
+                body = policy.body_for(body)
             upstream_body, asked = prepare_upstream(endpoint, body)
             rollout_id, attempt_id = requested_attribution(request.path_params, request.headers)
-            agent = requested_agent(request.path_params, request.headers)
             if rollout_id is not None and attempt_id is not None:
                 await self.attempts.check(rollout_id, attempt_id)
         except BadRequestError as exc:
@@ -215,6 +222,10 @@ class Gateway:
             ctx.upstream = self.router.pinned(f"{rollout_id}/{attempt_id}")
             return self.outcomes.fail(ctx, exc.status_code, exc.code, str(exc))
         ctx.policy_version = self.router.versions[ctx.upstream.base_url]
+        if policy is not None:
+            ctx.policy = policy.policy
+            if policy.version is not None:
+                ctx.policy_version = policy.version
         if self.tito is not None and endpoint == "chat":
             served = await self.tito.serve(self.outcomes, ctx, headers)
             if served is not None:

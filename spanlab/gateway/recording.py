@@ -50,7 +50,8 @@ class CallContext:
     extra_attributes: dict[str, Any] | None = None  # e.g. ``tito``: the session facts of a TITO call
     route: RouteInfo | None = None  # set when the agent spoke another API (see RouteInfo)
     upstream: UpstreamClient | None = None  # the engine this call went to (:mod:`.routing`)
-    policy_version: str | None = None  # the weights version that engine served when the call was sent
+    policy_version: str | None = None  # the weights (or the policy's adapter) version served when the call was sent
+    policy: str | None = None  # with ``policies``: the policy that answered (``base``: the base model)
 
     def engine(self) -> UpstreamClient:
         """The engine the proxy picked for this call; it picks one before any handler sends the call on."""
@@ -75,6 +76,8 @@ def base_attributes(ctx: CallContext, upstream_status: int | None) -> dict[str, 
     if ctx.upstream is not None:
         attrs["replica"] = ctx.upstream.base_url
         attrs["policy_version"] = ctx.policy_version
+    if ctx.policy is not None:
+        attrs["policy"] = ctx.policy
     prompt = ctx.body.get("prompt")
     if ctx.endpoint == "completions" and isinstance(prompt, str):
         attrs["request_prompt"] = prompt  # token-ID prompts are already in prompt_token_ids

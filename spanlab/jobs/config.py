@@ -24,6 +24,7 @@ from spanlab.jobs.algorithm import Algorithm, AlgorithmConfig
 from spanlab.jobs.checkpoints import CheckpointsConfig
 from spanlab.jobs.registry import available, load_algorithm
 from spanlab.jobs.tracking import TrackingConfig
+from spanlab.policies.config import PoliciesConfig
 from spanlab.runner.config import GatewayListenConfig, RolloutRunnerConfig, unreachable
 from spanlab.training.launch import Launch, with_world
 from spanlab.training.settings import SFTConfig
@@ -216,6 +217,9 @@ class TrainConfig(_Section):
     agents: tuple[str, ...] | None = Field(
         default=None, description="roles of a multi-agent agent whose calls are trained on (None: every call)"
     )
+    policies: PoliciesConfig | None = Field(
+        default=None, description="a LoRA policy per agent role, served side by side (docs/multi_policy.md); "
+        "None: one policy for every role")
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     rollouts: RolloutsConfig = Field(default_factory=RolloutsConfig)
@@ -297,7 +301,22 @@ class TrainConfig(_Section):
         # A LoRA policy served as an adapter needs vLLM started with LoRA on; turn it on rather than fail later.
         if getattr(self.section, "serves_lora", False) and not self.engine.enable_lora and running is None:
             object.__setattr__(self, "engine", self.engine.model_copy(update={"enable_lora": True}))
+        if self.policies is not None:
+            self._serve_policies(self.policies, running)
         return self
+
+    def _serve_policies(self, policies: PoliciesConfig, running: str | None) -> None:
+        """The engine the job starts serves every policy's adapter at once: LoRA on, a slot per policy, a rank
+        that holds the largest. A running engine (``engine_url``) must have been started that way."""
+        if self.agents is not None and (untrained := sorted(set(policies.roles) - set(self.agents))):
+            raise ValueError(f"policies.roles: role {untrained[0]!r} is not one of agents {list(self.agents)}, so "
+                             "its calls are never trained on")
+        if running is not None:
+            return
+        max_loras, max_rank = policies.engine_lora()
+        update = {"enable_lora": True, "max_loras": max(self.engine.max_loras, max_loras),
+                  "max_lora_rank": max(self.engine.max_lora_rank, max_rank)}
+        object.__setattr__(self, "engine", self.engine.model_copy(update=update))
 
     @property
     def run_dir(self) -> Path:

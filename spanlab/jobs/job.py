@@ -291,6 +291,9 @@ def check_job(config: TrainConfig) -> tuple[Algorithm, TaskSet, dict[str, Tasks]
     from spanlab.jobs.runner_rig import check_runner
     from spanlab.runner.agent import load_agent
 
+    if config.policies is not None:
+        raise ConfigError("policies: a policy per role is served, routed and trained by spanlab.policies "
+                          "(docs/multi_policy.md), but spanlab train does not run it yet; drop policies")
     algorithm = build_algorithm(config)
     task_set = load_task_set(config.dataset.name)
     splits = split_tasks(task_set, config, algorithm.train_tasks())

@@ -1,0 +1,70 @@
+"""``policies:`` in a train config: roles -> LoRA policies, validated before anything starts, one-line errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from spanlab.errors import ConfigError
+from spanlab.jobs.config import parse_train_config
+from spanlab.policies.config import PoliciesConfig
+
+
+def test_roles_map_to_policies_and_several_roles_share_one() -> None:
+    config = PoliciesConfig(roles={"writer": "lora-a", "checker": "lora-b", "rewriter": "lora-a"})
+    assert config.names == ("lora-a", "lora-b")
+    assert config.policy_for("rewriter") == "lora-a"
+    assert config.policy_for("judge") is None and config.policy_for(None) is None  # the base model answers
+    assert config.roles_of("lora-a") == ("rewriter", "writer")
+    with_default = config.model_copy(update={"default": "lora-c"})
+    assert with_default.policy_for("judge") == "lora-c" and with_default.names == ("lora-a", "lora-b", "lora-c")
+
+
+def test_lora_settings_are_shared_unless_a_policy_has_its_own() -> None:
+    config = PoliciesConfig(roles={"writer": "a", "checker": "b"}, lora={"rank": 4},
+                            lora_per_policy={"b": {"rank": 16, "alpha": 32}})
+    assert config.lora_for("a").rank == 4 and config.lora_for("b").alpha == 32
+    assert config.engine_lora() == (2, 16)  # a slot per policy, the smallest vLLM rank holding 16
+    assert PoliciesConfig(roles={"w": "a"}, lora={"rank": 2}).engine_lora() == (1, 8)
+
+
+def test_no_policies_keeps_one_policy_for_every_role() -> None:
+    config = parse_train_config({})
+    assert config.policies is None and not config.engine.enable_lora
+
+
+def test_policies_turn_lora_serving_on_with_a_slot_per_policy() -> None:
+    config = parse_train_config({"policies": {"roles": {"w": "a", "c": "b", "r": "c"}, "lora": {"rank": 12}}})
+    assert config.engine.enable_lora and config.engine.max_loras == 3 and config.engine.max_lora_rank == 16
+    running = parse_train_config({"engine_url": "http://127.0.0.1:9", "policies": {"roles": {"w": "a"}}})
+    assert not running.engine.enable_lora  # a running engine is the operator's; it must have been started so
+
+
+@pytest.mark.parametrize(("policies", "expected"), [
+    ({"writer": "lora-a"}, "put the role -> policy map under roles, e.g. policies: {roles: {writer: lora-a}}"),
+    ({"roles": {}}, "roles: Dictionary should have at least 1 item"),
+    ({"roles": {"writer": "lora a"}}, "role 'writer': policy 'lora a': use 1-64 letters"),
+    ({"roles": {"writer": "lora.a"}}, "policy 'lora.a': use 1-64 letters, digits, '_', '-'"),
+    ({"roles": {"bad/role": "a"}}, "role 'bad/role': use 1-64 letters"),
+    ({"roles": {"writer": "base"}}, "'base' names the base model in spans"),
+    ({"roles": {"writer": "a"}, "lora_per_policy": {"b": {"rank": 4}}}, "lora_per_policy: 'b' is not a policy"),
+    ({"roles": {"writer": "a"}, "lora": {"rank": 1024}}, "LoRA rank 1024 is above the largest vLLM serves"),
+    ({"roles": {"writer": "a"}, "lora": {"rnak": 4}}, "policies.lora.rnak: Extra inputs are not permitted"),
+])
+def test_bad_policies_are_one_line_naming_the_problem(policies: dict, expected: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_train_config({"policies": policies})
+    message = str(err.value)
+    assert "\n" not in message and expected in message, message
+
+
+def test_a_role_outside_the_trained_agents_is_refused() -> None:
+    with pytest.raises(ConfigError, match="role 'checker' is not one of agents"):
+        parse_train_config({"agents": ["writer"], "policies": {"roles": {"writer": "a", "checker": "b"}}})
+
+
+def test_spanlab_train_says_it_does_not_run_policies_yet() -> None:
+    """Accepted by the config but not yet run by a job: refused before anything starts, never silently ignored."""
+    from spanlab.jobs.job import check_job
+
+    with pytest.raises(ConfigError, match="spanlab train does not run it yet"):
+        check_job(parse_train_config({"policies": {"roles": {"writer": "a"}}}))

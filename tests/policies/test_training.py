@@ -1,0 +1,112 @@
+"""One GRPO step per policy: each adapter moves on its own roles' samples only; the rest stays bit-identical.
+
+A tiny random Llama with two peft adapters (``lora-a`` for the writer, ``lora-b`` for the checker), and multi-agent
+attempts recorded in a real store as the gateway records them (each call with ``attributes.agent``, one final
+reward per rollout). The samples are read back per policy with the GRPO adapter and stepped with ``grpo_step``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+
+from spanlab.algos.grpo.update import GRPOConfig, grpo_step
+from spanlab.policies.adapters import multi_adapter_model
+from spanlab.policies.config import PoliciesConfig
+from spanlab.policies.training import policy_optimizers, policy_parameters, samples_by_policy, step_each_policy
+from spanlab.store import SpanStore
+from spanlab.types import LLMCall, Rollout, Span, reward_span
+
+POLICIES = PoliciesConfig(roles={"writer": "lora-a", "checker": "lora-b"},
+                          lora={"rank": 4, "alpha": 8, "target_modules": ("q_proj", "v_proj")})
+CONFIG = GRPOConfig(lr=1e-2)
+VOCAB, TASKS, GROUP = 16, 2, 4
+
+
+def _model() -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, head_dim=16, pad_token_id=0)
+    return multi_adapter_model(LlamaForCausalLM(config), POLICIES)
+
+
+def _record(store: SpanStore) -> list[str]:
+    """TASKS x GROUP rollouts; each attempt has a writer call and a checker call, and a reward of its own."""
+    rng = np.random.default_rng(0)
+    rollouts = store.enqueue([Rollout(input={"task_id": n // GROUP}) for n in range(TASKS * GROUP)])
+    for n, rollout in enumerate(rollouts):
+        got = store.dequeue(worker_id="w")
+        assert got is not None
+        attempt = got[1].attempt_id
+        spans = [Span(rollout_id=rollout.rollout_id, attempt_id=attempt, name="chat", kind="llm_call",
+                      attributes={"agent": role},
+                      llm=LLMCall(model="tiny", prompt_token_ids=rng.integers(1, VOCAB, 5).tolist(),
+                                  response_token_ids=rng.integers(1, VOCAB, 4).tolist(),
+                                  response_logprobs=[-2.5] * 4))
+                 for role in ("writer", "checker")]
+        store.add_spans([*spans, reward_span(rollout.rollout_id, attempt, float(n % GROUP) / GROUP)])
+        store.finish_attempt(attempt, "succeeded")
+    return [r.rollout_id for r in rollouts]
+
+
+def _step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, samples: list) -> dict[str, float]:
+    return grpo_step(model, optimizer, samples, CONFIG, pad_id=0)
+
+
+def _snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+@pytest.fixture
+def samples() -> dict[str, list]:
+    with SpanStore(":memory:") as store:
+        return samples_by_policy(store, _record(store), POLICIES, group_key="task_id")
+
+
+def test_each_policy_gets_the_calls_of_its_roles(samples: dict[str, list]) -> None:
+    assert {p: len(s) for p, s in samples.items()} == {"lora-a": TASKS * GROUP, "lora-b": TASKS * GROUP}
+    assert {tuple(s.input_ids) for s in samples["lora-a"]}.isdisjoint(tuple(s.input_ids) for s in samples["lora-b"])
+
+
+def test_a_step_on_one_role_changes_its_adapter_only(samples: dict[str, list]) -> None:
+    model = _model()
+    optimizers = policy_optimizers(model, POLICIES.names, lambda ps: torch.optim.AdamW(ps, lr=CONFIG.lr))
+    before = _snapshot(model)
+    metrics = step_each_policy(model, optimizers, {"lora-a": samples["lora-a"]}, _step)
+    assert metrics["lora-a/skipped"] == 0.0 and "lora-b/skipped" not in metrics
+    after = _snapshot(model)
+    trained = {name for name, p in model.named_parameters() if any(p is q for q in policy_parameters(model, "lora-a"))}
+    assert any(not torch.equal(before[n], after[n]) for n in trained)
+    assert all(torch.equal(before[n], after[n]) for n in before if n not in trained)  # lora-b and the base: bit-equal
+    assert model.active_adapter == "lora-a"
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """One torch thread: the same sums in the same order, so equal runs are bit-equal."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_joint_step_trains_each_adapter_on_its_own_samples_only(samples: dict[str, list]) -> None:
+    """Both policies stepped together end exactly where each would alone: neither saw the other's samples."""
+    make = lambda ps: torch.optim.AdamW(ps, lr=CONFIG.lr)  # noqa: E731
+    joint, alone = _model(), _model()
+    step_each_policy(joint, policy_optimizers(joint, POLICIES.names, make), samples, _step)
+    for policy in POLICIES.names:
+        model = copy.deepcopy(alone)
+        step_each_policy(model, policy_optimizers(model, POLICIES.names, make), {policy: samples[policy]}, _step)
+        for mine, theirs in zip(policy_parameters(joint, policy), policy_parameters(model, policy), strict=True):
+            assert torch.equal(mine, theirs), policy
+    moved = {p: any(not torch.equal(a, b) for a, b in zip(policy_parameters(joint, p), policy_parameters(alone, p),
+                                                             strict=True)) for p in POLICIES.names}
+    assert moved == {"lora-a": True, "lora-b": True}
