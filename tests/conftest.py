@@ -18,6 +18,18 @@ SHARED = REPO_ROOT.parent / "shared"
 
 
 @pytest.fixture
+def one_thread() -> Iterator[None]:
+    """One torch thread: the same sums in the same order (equal runs are bit-equal), and on a shared 2-core
+    machine two threads contend and run several times slower."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
 def store() -> Iterator[SpanStore]:
     with SpanStore(":memory:") as s:
         yield s

@@ -11,12 +11,10 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from spanlab.algos.grpo.async_loop import run_async
 from spanlab.algos.grpo.loop import run_sync
@@ -33,12 +31,7 @@ STEPS, PER_STEP, GROUP, CONCURRENCY = 6, 2, 4, 8
 LEASED = ("queuing", "requeuing", "preparing", "running")
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _collector(store: SpanStore) -> RolloutCollector:

@@ -9,7 +9,6 @@ Also here: ``grpo_step``'s exact gradient accumulation, dropped no-signal groups
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -77,15 +76,6 @@ def _record_group(store: SpanStore, prompts_T_P: torch.Tensor, model: torch.nn.M
 def _mean_reward(model: torch.nn.Module, prompts_T_P: torch.Tensor, gen: torch.Generator, n: int = 64) -> float:
     responses_N_R, _ = _sample(model, prompts_T_P.repeat_interleave(n, 0), gen)
     return float(np.mean([_reward(r) for r in responses_N_R]))
-
-
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    """One torch thread: on a shared 2-core machine two threads contend and run several times slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.usefixtures("one_thread")

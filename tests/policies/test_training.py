@@ -8,7 +8,6 @@ reward per rollout). The samples are read back per policy with the GRPO adapter 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -85,15 +84,6 @@ def test_a_step_on_one_role_changes_its_adapter_only(samples: dict[str, list]) -
     assert any(not torch.equal(before[n], after[n]) for n in trained)
     assert all(torch.equal(before[n], after[n]) for n in before if n not in trained)  # lora-b and the base: bit-equal
     assert model.active_adapter == "lora-a"
-
-
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    """One torch thread: the same sums in the same order, so equal runs are bit-equal."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.usefixtures("one_thread")
