@@ -6,8 +6,10 @@ the gateway (``python -m spanlab.gateway`` with a DuckDB file store), and this c
 
 * latency: the same request sent alternately straight to the engine and through the gateway, one at a
   time; p50/p99 of each, and the overhead (gateway minus direct) and ratio at p50/p99;
-* throughput: ``--concurrency`` agents hammering the gateway for ``--seconds``; calls/s answered, and
-  spans/s recorded (the writer flushed, then counted from ``/health``).
+* throughput: ``--concurrency`` agents hammering the gateway for ``--seconds``; calls/s answered, spans/s
+  recorded (the writer flushed, then counted from ``/health``), how long answers waited for their spans to
+  be stored (``/health``'s ``write_ms``), and CPU ms per call of each process;
+* a last line with the three figures of issue 43's targets (calls/s, store write p99, added latency p50).
 
 Leaves out: a real engine's generation time (hundreds of ms per call on CPU dwarfs any proxy cost);
 the fake engine shares the 2 cores with the gateway and the client, so figures are upper bounds.
@@ -310,8 +312,13 @@ def main() -> None:
             f"{'recorded_per_s':>20}: {recorded / (elapsed + flush_s):8.1f}  ({recorded} spans stored, "
             f"flush after load {flush_s * 1000:.0f} ms, given up {spans['given_up']})"
         )
+        write = spans["write_ms"]  # the last (up to 1,024) answers' waits on the store: the load phase's
+        print(f"{'store_write_ms':>20}: p50 {write['p50']:.1f}  p99 {write['p99']:.1f}  max {write['max']:.1f}  "
+              f"(the last {write['n']} answers' wait for their spans to be stored)")
         per_call = "  ".join(f"{k} {(cpu1[k] - cpu0[k]) * 1000 / calls:.2f}" for k in cpu0)
         print(f"{'cpu_ms_per_call':>20}: {per_call}  (load avg now {os.getloadavg()[0]:.1f})")
+        print(f"{'targets':>20}: calls/s {calls / elapsed:.0f} (>= 500)  store write p99 {write['p99']:.1f} ms "
+              f"(<= 20)  added p50 {lat['overhead_p50_ms']:.2f} ms (<= 2.5)")
     finally:
         for p in (gateway, engine):
             p.terminate()

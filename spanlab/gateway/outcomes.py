@@ -13,7 +13,6 @@ import time
 from typing import Any
 
 import aiohttp
-import anyio
 from starlette.responses import Response
 
 from spanlab.gateway.protocol import dumps, error_body, loads
@@ -40,7 +39,7 @@ class CallOutcomes:
     async def record(self, job: SpanJob) -> Response | None:
         """Store a completed call's spans before the agent sees the answer (see :mod:`.writer`); None once
         stored, else the 503 to answer instead."""
-        if await anyio.to_thread.run_sync(self.writer.write, job, self.store_timeout_s):
+        if await self.writer.store_call(job, self.store_timeout_s):
             return None
         return error_response(503, "the span store could not take this call's spans; the call is not recorded",
                               "store_unavailable", "store_error")

@@ -1,33 +1,38 @@
 """How the gateway's spans reach the store: a completed call's before its answer, failed calls' in the background.
 
-A completed call is written with :meth:`SpanWriter.write` before the agent gets the answer (in a worker
-thread, never on the event loop): once the agent has it, it may end its attempt, and an attempt must never
-end ``succeeded`` without the spans of its calls, even if this process is killed right after answering.
-Calls that complete while a write is under way are written together next, in one store call (group commit:
-the store's per-batch work is then paid once for all of them, not once per call).
+A completed call is stored before the agent gets the answer (:meth:`SpanWriter.store_call` from the event loop,
+:meth:`SpanWriter.write` from a thread): once the agent has it, it may end its attempt, and an attempt must
+never end ``succeeded`` without the spans of its calls, even if this process is killed right after answering.
+One thread of the writer stores completed calls: it takes every call queued by the time it is free and
+writes them in one store call (group commit: the store's per-batch work, its commit and fsync included, is
+paid once for all of them), then tells each caller. Why one thread and not a worker thread per call: the
+calls then do not wait on each other's locks, wake no pool thread each, and the event loop waits on a future.
 Calls that failed (the engine's errors, a broken stream, an agent that went away) gave the agent no answer
-to act on; their error spans are handed to a background thread (:meth:`SpanWriter.submit`), which gathers
+to act on; their error spans are handed to a second thread (:meth:`SpanWriter.submit`), which gathers
 what accumulated for ``flush_interval_s`` and writes it as one batch, in submission order.
 
 A successful call's span must not be lost, so:
 * transient store failures (I/O, a locked or busy DuckDB) are logged loudly and retried with backoff,
   keeping order; nothing later overtakes the failed batch;
-* a batch the store rejects as invalid is retried span by span, so one bad span cannot block or take
-  down the others; a span rejected on its own can never succeed and goes to ``fallback_path`` (JSON
-  lines) when one is set, else its ID is logged at CRITICAL;
-* ``close`` drains the queue, retrying until its timeout; what still cannot be written goes to the
+* a batch the store rejects as invalid is retried span by span (completed calls: call by call, so each
+  learns its own fate), so one bad span cannot block or take down the others; a span rejected on its own
+  can never succeed and goes to ``fallback_path`` (JSON lines) when one is set, else its ID is logged at
+  CRITICAL;
+* ``close`` drains both queues, retrying until its timeout; what still cannot be written goes to the
   fallback file too.
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
+import contextlib
 import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from spanlab.store.base import StoreAPI
@@ -69,12 +74,13 @@ class SpanWriter:
         self._closing = False
         self._close_deadline = float("inf")
         self._thread = threading.Thread(target=self._run, name="spanlab-span-writer", daemon=True)
-        self._calls: list[_Call] = []  # completed calls waiting for a group (write)
-        self._calls_lock = threading.Lock()
-        self._group_lock = threading.Lock()  # one group at a time
+        self._calls: list[_Call] = []  # completed calls waiting for the next group (store, write)
+        self._calls_ready = threading.Condition()
+        self._calls_thread = threading.Thread(target=self._run_calls, name="spanlab-call-writer", daemon=True)
 
     def start(self) -> SpanWriter:
         self._thread.start()
+        self._calls_thread.start()
         atexit.register(self.close)  # a daemon thread inside DuckDB at interpreter exit aborts the process
         return self
 
@@ -92,42 +98,70 @@ class SpanWriter:
             self._submitted += 1
             self._cond.notify_all()
 
-    def write(self, job: SpanJob, timeout_s: float) -> bool:
-        """Store a completed call's spans now, in the caller's thread, retrying store failures for up to
-        ``timeout_s``; False if they could not be stored (then they went where ``_give_up`` puts them)."""
-        try:
-            spans = list(job() if callable(job) else job)
-        except Exception:
-            logger.critical("building the spans of a call failed; that call is NOT recorded", exc_info=True)
-            return False
-        t0 = time.monotonic()
-        call = _Call(spans)
-        with self._calls_lock:
-            self._calls.append(call)
-        with self._group_lock:
-            if not call.done:  # no group took it yet: lead one, with every call that waits by now
-                with self._calls_lock:
-                    group, self._calls = self._calls, []
-                self._write_group(group, deadline=t0 + timeout_s)
-        self.write_seconds.append(time.monotonic() - t0)
-        return call.ok
+    async def store_call(self, job: SpanJob, timeout_s: float) -> bool:
+        """Store a completed call's spans before its answer, retrying store failures for up to ``timeout_s``;
+        False if they could not be stored (then they went where ``_give_up`` puts them). The event loop only
+        waits: the spans are built and written in the writer's thread. A caller cancelled meanwhile (the agent
+        went away) does not stop the write."""
+        loop = asyncio.get_running_loop()
+        stored: asyncio.Future[bool] = loop.create_future()
+        self._queue_call(job, timeout_s, lambda ok: _settle_soon(loop, stored, ok))
+        return await stored
 
-    def _write_group(self, group: list[_Call], deadline: float) -> None:
+    def write(self, job: SpanJob, timeout_s: float) -> bool:
+        """:meth:`store_call` for a caller on a thread of its own (blocks until stored or given up)."""
+        outcome: list[bool] = []
+        told = threading.Event()
+        self._queue_call(job, timeout_s, lambda ok: (outcome.append(ok), told.set()))
+        told.wait()
+        return outcome[0]
+
+    def _queue_call(self, job: SpanJob, timeout_s: float, tell: Callable[[bool], object]) -> None:
+        call = _Call(job, time.monotonic(), timeout_s, tell)
+        with self._calls_ready:
+            if self._calls_thread.is_alive() and not self._closing:
+                self._calls.append(call)
+                self._calls_ready.notify()
+                return
+        # not started, or closing: write it here, so no call waits on a thread that will not take it
+        self._write_calls([call])
+
+    def _run_calls(self) -> None:
+        while True:
+            with self._calls_ready:
+                self._calls_ready.wait_for(lambda: self._calls or self._closing)
+                if not self._calls:
+                    return
+                group, self._calls = self._calls, []
+            self._write_calls(group)
+
+    def _write_calls(self, group: list[_Call]) -> None:
         """Concurrent calls' spans in one store write: the store's per-batch work (checks, Arrow, commit) once
         for all of them. A group the store rejects is written call by call, so each call learns its own fate."""
+        built = []
+        for c in group:
+            try:
+                c.spans = list(c.job() if callable(c.job) else c.job)
+                built.append(c)
+            except Exception:
+                logger.critical("building the spans of a call failed; that call is NOT recorded", exc_info=True)
+        deadline = min((c.queued + c.timeout_s for c in built), default=0.0)
         try:
-            ok = self._write_batch([s for c in group for s in c.spans], deadline, whole=len(group) > 1)
-            for c in group:
+            ok = not built or self._write_batch([s for c in built for s in c.spans], deadline, whole=len(built) > 1)
+            for c in built:
                 c.ok = ok
         except _Rejected:
-            for c in group:
+            for c in built:
                 c.ok = self._write_batch(c.spans, deadline)
         finally:
+            now = time.monotonic()
             for c in group:
-                c.done = True
+                self.write_seconds.append(now - c.queued)
+                c.tell(c.ok)
 
     def write_ms(self) -> dict[str, float | None]:
-        """p50, p99 and max of the recent ``write`` calls (``write_seconds``), in ms."""
+        """p50, p99 and max of how long the recent completed calls waited to be stored (``write_seconds``: from
+        :meth:`store_call` or :meth:`write` to the outcome, span building included), in ms."""
         ms = sorted(s * 1000 for s in list(self.write_seconds))
         if not ms:
             return {"n": 0, "p50": None, "p99": None, "max": None}
@@ -148,12 +182,17 @@ class SpanWriter:
     def close(self, timeout: float = 30.0) -> None:
         """Write what is queued (retrying up to ``timeout`` seconds), then stop the thread."""
         atexit.unregister(self.close)
-        with self._cond:
+        with self._cond, self._calls_ready:
             self._closing = True
             self._close_deadline = time.monotonic() + timeout
             self._cond.notify_all()
-        if self._thread.is_alive():
-            self._thread.join()
+            self._calls_ready.notify_all()
+        for thread in (self._calls_thread, self._thread):
+            if thread.is_alive():
+                thread.join()
+        if self._calls:  # the thread never started or died: do not lose the calls waiting on it
+            calls, self._calls = self._calls, []
+            self._write_calls(calls)
         while self._queue:  # the thread never started or died: do not lose what is queued
             self._process(self._take())
 
@@ -247,6 +286,22 @@ class _Rejected(Exception):
 
 @dataclass(eq=False)
 class _Call:
-    spans: list[Span]
+    """A completed call waiting to be stored; ``tell`` gets the outcome, from the writer's thread."""
+
+    job: SpanJob
+    queued: float  # time.monotonic()
+    timeout_s: float
+    tell: Callable[[bool], object]
+    spans: list[Span] = field(default_factory=list)
     ok: bool = False
-    done: bool = False
+
+
+def _settle_soon(loop: asyncio.AbstractEventLoop, stored: asyncio.Future[bool], ok: bool) -> None:
+    """Resolve ``stored`` on its loop; a loop already closed has no one waiting."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(_settle, stored, ok)
+
+
+def _settle(stored: asyncio.Future[bool], ok: bool) -> None:
+    if not stored.done():  # cancelled: the agent went away; its spans were written all the same
+        stored.set_result(ok)

@@ -47,6 +47,8 @@ CREATE INDEX IF NOT EXISTS rollouts_waiting ON rollouts (status, enqueue_time);
 CREATE INDEX IF NOT EXISTS attempts_rollout ON attempts (rollout_id);
 CREATE TABLE IF NOT EXISTS span_keys (span_id TEXT NOT NULL, attempt_id TEXT, sequence_id INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS span_keys_attempt ON span_keys (attempt_id, span_id);
+-- an attempt's next sequence_id (max + 1) without a scan: the unattributed spans are one ever-growing "attempt"
+CREATE INDEX IF NOT EXISTS span_keys_sequence ON span_keys (attempt_id, sequence_id);
 CREATE TABLE IF NOT EXISTS span_batches (seq INTEGER PRIMARY KEY, ipc BLOB NOT NULL);
 """
 _LITE_TYPES = re.compile(r"VARCHAR\[\]|JSON|PRIMARY KEY")

@@ -21,7 +21,7 @@ import duckdb
 import pyarrow as pa
 
 from spanlab.errors import InvalidSpanError, StoreError, StoreLockedError
-from spanlab.jsonpolicy import check_depth, decode
+from spanlab.jsonpolicy import MAX_DEPTH, check_depth, decode, may_nest_deeper
 
 MEMORY = ":memory:"
 
@@ -74,8 +74,13 @@ def dumps(value: Any, *, allow_nan: bool = False) -> str | None:
     if value is None:
         return None
     try:
-        check_depth(value, what="a JSON value")
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=allow_nan)
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=allow_nan)
+        if may_nest_deeper(text):
+            check_depth(value, what="a JSON value")
+        return text
+    except RecursionError:  # nesting far past the policy's limit exhausts the encoder before any check
+        raise InvalidSpanError(f"cannot store {type(value).__name__} as JSON: it is nested deeper than {MAX_DEPTH} "
+                               "levels; nothing was stored") from None
     except ValueError as exc:
         raise InvalidSpanError(f"cannot store {type(value).__name__} as JSON: {exc}; nothing was stored") from None
 

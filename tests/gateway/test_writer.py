@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from collections.abc import Sequence
@@ -180,3 +181,28 @@ def test_calls_completed_during_a_write_are_written_together_and_fail_alone() ->
     assert sorted(store.batches[1]) == [1, 2, 3, 4, 5]  # one store call for the five, then one each
     assert sorted(s.attributes["i"] for s in _stored(store)) == [0, 1, 2, 4, 5]
 
+
+
+def test_store_call_from_the_event_loop_and_a_cancelled_caller_still_stores() -> None:
+    """``store_call`` (the gateway's path): the loop awaits while the writer's thread stores; an agent that went
+    away (its handler cancelled mid-write) does not take the call's spans with it."""
+    store = GatedStore()
+    store.enqueue_one("task")
+    _, attempt = store.dequeue()
+    writer = SpanWriter(store).start()
+
+    async def main() -> bool:
+        store.gate.clear()
+        gone = asyncio.create_task(writer.store_call([_span(attempt.rollout_id, attempt.attempt_id, 0)], 10))
+        assert await asyncio.to_thread(wait_until, lambda: store.batches == [[0]])  # held at the store
+        gone.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        store.gate.set()
+        return await writer.store_call([_span(attempt.rollout_id, attempt.attempt_id, 1)], 10)
+
+    try:
+        assert asyncio.run(main()) is True
+    finally:
+        writer.close()
+    assert sorted(s.attributes["i"] for s in _stored(store)) == [0, 1]
