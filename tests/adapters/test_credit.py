@@ -72,7 +72,7 @@ def test_each_turn_gets_the_discounted_rewards_recorded_after_it(store: StoreAPI
 
 
 def test_a_turn_after_the_last_reward_gets_zero_and_an_attempt_with_no_reward_is_skipped(store: StoreAPI) -> None:
-    rid, calls = _attempt(store, "t", [("call", "writer"), ("reward", 0.7), ("call", "checker")])
+    rid, _ = _attempt(store, "t", [("call", "writer"), ("reward", 0.7), ("call", "checker")])
     credit = CreditConfig(mode="per_turn", discount=0.9)
     assert {t.role: t.reward for t in turn_rewards(store, [rid], credit)} == {"writer": 0.7, "checker": 0.0}
     broadcast = turn_rewards(store, [rid], CreditConfig())  # the last reward not tied to a call counts as final
@@ -173,5 +173,5 @@ def test_broadcast_reproduces_the_adapter_and_advantages_of_before_exactly(store
 
 def test_per_turn_credit_refuses_the_per_call_reward_mode(store: StoreAPI) -> None:
     rid, _ = _attempt(store, "t", SQL_ATTEMPT)
-    with pytest.raises(ValueError, match="per_turn.*leave reward='final'"):
+    with pytest.raises(ValueError, match=r"per_turn.*leave reward='final'"):
         list(iter_samples(store, [rid], reward="per_call", credit=CreditConfig(mode="per_turn")))
