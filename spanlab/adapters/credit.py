@@ -139,6 +139,7 @@ def turn_rewards(store: StoreAPI, rollout_ids: Sequence[str], credit: CreditConf
     calls = store.spans_table(attempt_ids=list(attempts), kinds=["llm_call"],
                               columns=["attempt_id", "span_id", "sequence_id", "attributes"])
     wanted = None if agents is None else set(agents)
+    rewarded = timeline.rewarded()
     out = []
     cols = (calls[c].to_pylist() for c in ("attempt_id", "span_id", "sequence_id", "attributes"))
     for aid, sid, seq, attrs in zip(*cols, strict=True):
@@ -146,7 +147,7 @@ def turn_rewards(store: StoreAPI, rollout_ids: Sequence[str], credit: CreditConf
         if wanted is not None and role not in wanted:
             continue
         if credit.per_turn:
-            if aid in timeline.rewarded():
+            if aid in rewarded:
                 out.append(TurnReward(attempts[aid], aid, sid, int(seq), role, timeline.return_after(aid, int(seq))))
         elif aid in finals:
             out.append(TurnReward(attempts[aid], aid, sid, int(seq), role, finals[aid]))

@@ -16,7 +16,8 @@ recorded after it (:mod:`spanlab.adapters.credit` defines it). ``Sample.role`` n
 did (``spanlab.adapters.retokenize``: the drift experiment of issue #7); ``"exact"`` (default) is the above.
 
 Left out: packing several sequences into one row (right padding only), token-level rewards inside a
-session (a session sample takes the reward of its last rewarded call), truncating over-long samples.
+session (a session sample takes the reward of its last rewarded call; with per-turn credit, the return from
+its first call), truncating over-long samples.
 
     for s in iter_samples(store, rollout_ids): ...
     for chunk in micro_batches(samples, max_tokens=4096): batch = collate(chunk, advantages, pad_id)
