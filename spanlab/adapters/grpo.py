@@ -124,6 +124,7 @@ def _iter_exact(store: StoreAPI, rollout_ids: Sequence[str], *, group_key: str |
         if timeline is not None:  # a turn's position is its first call's
             return timeline.return_after(attempt_id, positions[span_ids[0]])
         return _reward_of(span_ids, attempt_id, rewards, reward)
+
     wanted = None if agents is None else set(agents)
     reader = store.spans_reader(attempt_ids=list(rewarded), kinds=["llm_call"], columns=list(_SPAN_COLUMNS),
                                 batch_size=batch_rows)
