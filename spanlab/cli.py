@@ -65,7 +65,8 @@ def sql(
                                                   "its own limits)")] = 300.0,
     max_mb: Annotated[float, typer.Option(help="refuse results larger than this (Arrow size)")] = 1024.0,
 ) -> None:
-    """Query spans with SQL: views llm_calls, rewards, rollout_summary; tables rollouts, attempts, spans.
+    """Query spans with SQL: views llm_calls, rewards, rollout_summary, role_summary, tito_sessions; tables
+    rollouts, attempts, spans.
 
     A file a running process holds (spanlab serve, store serve, train) is queried through its store server:
     spanlab sql --url http://127.0.0.1:8700 [--token T] "SELECT ...".

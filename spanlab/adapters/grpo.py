@@ -9,12 +9,15 @@ with ``reward="per_call"`` the last reward tied to a call (``call_span_id``), fa
 Only the last attempt of each rollout is read; rollouts with no reward are skipped with a log line.
 A multi-agent attempt (calls made through ``ctx.agent_base_url(role)``, ``attributes.agent``) holds one
 session per role; ``agents=[...]`` keeps only those roles' calls, so an algorithm trains the roles a
-config selects and the others' calls never reach it. Every role's sample takes the attempt's reward.
+config selects and the others' calls never reach it. Every role's sample takes the attempt's reward, unless
+``credit=CreditConfig(mode="per_turn")``: then each sample (a turn) takes the discounted return of the rewards
+recorded after it (:mod:`spanlab.adapters.credit` defines it). ``Sample.role`` names the turn's role either way.
 ``token_source="retokenized"`` rebuilds every sample from the stored text instead, as text-only trainers
 did (``spanlab.adapters.retokenize``: the drift experiment of issue #7); ``"exact"`` (default) is the above.
 
 Left out: packing several sequences into one row (right padding only), token-level rewards inside a
-session (a session sample takes the reward of its last rewarded call), truncating over-long samples.
+session (a session sample takes the reward of its last rewarded call; with per-turn credit, the return from
+its first call), truncating over-long samples.
 
     for s in iter_samples(store, rollout_ids): ...
     for chunk in micro_batches(samples, max_tokens=4096): batch = collate(chunk, advantages, pad_id)
@@ -35,6 +38,7 @@ from typing import Any, Literal
 import numpy as np
 import pyarrow as pa
 
+from spanlab.adapters.credit import CreditConfig, RewardTimeline
 from spanlab.adapters.retokenize import Retokenizer, TokenSource, retokenize_samples
 from spanlab.adapters.samples import Batch, Sample, collate, micro_batches
 from spanlab.store.base import StoreAPI
@@ -66,6 +70,7 @@ def iter_samples(
     tokenizer: Any = None,
     chat_template: str | Path | None = None,
     agents: Sequence[str] | None = None,
+    credit: CreditConfig | None = None,
 ) -> Iterator[Sample]:
     """Stream the samples of the given rollouts' last attempts, in rollout/attempt/call order.
 
@@ -73,24 +78,28 @@ def iter_samples(
     ``input[group_key]``, else ``metadata.group_id`` (``group_key=None``: by ``metadata.group_id`` only).
     ``token_source="retokenized"`` needs the training-side ``tokenizer``; ``chat_template`` (a Jinja file)
     renders with another template than the tokenizer's, to model an inference/training stack mismatch.
+    ``credit``: None or ``broadcast`` reads ``reward`` as above; ``per_turn`` gives each sample its return.
     """
     if reward not in ("final", "per_call"):
         raise ValueError(f"reward must be 'final' or 'per_call', not {reward!r}")
+    if credit is not None and credit.per_turn and reward != "final":
+        raise ValueError("credit mode 'per_turn' reads every reward span by its position; leave reward='final'")
     if token_source == "retokenized":
         retokenizer = Retokenizer(tokenizer, chat_template)
         exact = _iter_exact(store, rollout_ids, group_key=group_key, reward=reward, batch_rows=batch_rows,
-                            agents=agents)
+                            agents=agents, credit=credit)
         yield from retokenize_samples(store, exact, retokenizer, chunk=batch_rows)
         return
     if token_source != "exact" or chat_template is not None:
         raise ValueError(f"token_source must be 'exact' or 'retokenized', not {token_source!r}"
                          if token_source != "exact" else "chat_template is only used with token_source 'retokenized'")
     yield from _iter_exact(store, rollout_ids, group_key=group_key, reward=reward, batch_rows=batch_rows,
-                           agents=agents)
+                           agents=agents, credit=credit)
 
 
 def _iter_exact(store: StoreAPI, rollout_ids: Sequence[str], *, group_key: str | None, reward: RewardMode,
-                batch_rows: int, agents: Sequence[str] | None = None) -> Iterator[Sample]:
+                batch_rows: int, agents: Sequence[str] | None = None,
+                credit: CreditConfig | None = None) -> Iterator[Sample]:
     """The samples as the engine sampled them (the module docstring)."""
     rollout_ids = list(dict.fromkeys(rollout_ids))
     if not rollout_ids:
@@ -98,6 +107,10 @@ def _iter_exact(store: StoreAPI, rollout_ids: Sequence[str], *, group_key: str |
     attempts = _last_attempts(store, rollout_ids, group_key)  # attempt_id -> (rollout_id, group_id)
     rewards = _read_rewards(store, list(attempts))
     has_reward = rewards.final.keys() | (rewards.per_call_attempts if reward == "per_call" else set())
+    timeline = None
+    if credit is not None and credit.per_turn:
+        timeline = RewardTimeline.read(store, list(attempts), credit.discount)
+        has_reward = timeline.rewarded()
     rewarded = {a: group for a, (_, group) in attempts.items() if a in has_reward}  # attempt_id -> group_id
     skipped = sorted({rid for a, (rid, _) in attempts.items() if a not in rewarded}
                      | (set(rollout_ids) - {rid for rid, _ in attempts.values()}))
@@ -105,7 +118,13 @@ def _iter_exact(store: StoreAPI, rollout_ids: Sequence[str], *, group_key: str |
         logger.info("skipping %d rollout(s) without a reward or an attempt: %s", len(skipped), ", ".join(skipped[:5]))
     if not rewarded:
         return
-    roles = _call_agents(store, list(rewarded))  # span_id -> role, for multi-agent attempts only
+    roles, positions = _call_agents(store, list(rewarded))  # span_id -> role (multi-agent calls), sequence_id
+
+    def reward_of(span_ids: list[str], attempt_id: str) -> float | None:
+        if timeline is not None:  # a turn's position is its first call's
+            return timeline.return_after(attempt_id, positions[span_ids[0]])
+        return _reward_of(span_ids, attempt_id, rewards, reward)
+
     wanted = None if agents is None else set(agents)
     reader = store.spans_reader(attempt_ids=list(rewarded), kinds=["llm_call"], columns=list(_SPAN_COLUMNS),
                                 batch_size=batch_rows)
@@ -114,7 +133,7 @@ def _iter_exact(store: StoreAPI, rollout_ids: Sequence[str], *, group_key: str |
 
     def finish(session: _Session) -> Iterator[Sample]:
         nonlocal n_unrewarded
-        sample = session.to_sample(rewards, reward)
+        sample = session.to_sample(reward_of(session.span_ids, session.attempt_id))
         n_unrewarded += sample is None
         if sample is not None:
             yield sample
@@ -133,9 +152,9 @@ def _iter_exact(store: StoreAPI, rollout_ids: Sequence[str], *, group_key: str |
             session = None
         group_id = rewarded[call.attempt_id]
         if call.loss_mask is not None:  # TITO: a session mask over prompt + response
-            sessions[role] = session.extend(call) if session is not None else _Session.start(call, group_id)
+            sessions[role] = session.extend(call) if session is not None else _Session.start(call, group_id, role)
         else:
-            sample = call.to_sample(group_id, _reward_of([call.span_id], call.attempt_id, rewards, reward))
+            sample = call.to_sample(group_id, reward_of([call.span_id], call.attempt_id), role)
             n_unrewarded += sample is None
             if sample is not None:
                 yield sample
@@ -165,12 +184,16 @@ def _last_attempts(store: StoreAPI, rollout_ids: list[str], group_key: str | Non
             for r, a in store.last_attempts(rollout_ids)}
 
 
-def _call_agents(store: StoreAPI, attempt_ids: list[str]) -> dict[str, str]:
-    """``span_id -> attributes.agent`` of the calls that name a role (none in a single-agent store)."""
-    tbl = store.spans_table(attempt_ids=attempt_ids, kinds=["llm_call"], columns=["span_id", "attributes"])
+def _call_agents(store: StoreAPI, attempt_ids: list[str]) -> tuple[dict[str, str], dict[str, int]]:
+    """``span_id -> attributes.agent`` of the calls that name a role (none in a single-agent store), and
+    ``span_id -> sequence_id`` of every call (a turn's position, for per-turn credit)."""
+    tbl = store.spans_table(attempt_ids=attempt_ids, kinds=["llm_call"],
+                            columns=["span_id", "sequence_id", "attributes"])
+    span_ids = tbl["span_id"].to_pylist()
     agents = {sid: (json.loads(attrs) if attrs else {}).get("agent")
-              for sid, attrs in zip(tbl["span_id"].to_pylist(), tbl["attributes"].to_pylist(), strict=True)}
-    return {sid: agent for sid, agent in agents.items() if agent is not None}
+              for sid, attrs in zip(span_ids, tbl["attributes"].to_pylist(), strict=True)}
+    positions = dict(zip(span_ids, tbl["sequence_id"].to_pylist(), strict=True))
+    return {sid: agent for sid, agent in agents.items() if agent is not None}, positions
 
 
 def _read_rewards(store: StoreAPI, attempt_ids: list[str]) -> _Rewards:
@@ -213,13 +236,14 @@ class _Call:
             out[len(self.prompt):] = self.logprobs
         return out
 
-    def to_sample(self, group_id: str, reward: float | None) -> Sample | None:
+    def to_sample(self, group_id: str, reward: float | None, role: str) -> Sample | None:
         if reward is None or len(self.response) == 0:
             return None
         ids = np.concatenate([self.prompt, self.response]).astype(np.int32)
         mask = np.zeros(len(ids), dtype=np.uint8)
         mask[len(self.prompt):] = 1
-        return Sample(self.rollout_id, group_id, ids, mask, self.engine_logprobs(mask), reward, [self.span_id])
+        return Sample(self.rollout_id, group_id, ids, mask, self.engine_logprobs(mask), reward, [self.span_id],
+                      role=role)
 
 
 @dataclass
@@ -233,13 +257,14 @@ class _Session:
     mask: np.ndarray
     logprobs: np.ndarray
     span_ids: list[str]
+    role: str
 
     @classmethod
-    def start(cls, call: _Call, group_id: str) -> _Session:
+    def start(cls, call: _Call, group_id: str, role: str) -> _Session:
         assert call.loss_mask is not None
         ids = np.concatenate([call.prompt, call.response]).astype(np.int32)
         return cls(call.attempt_id, call.rollout_id, group_id, ids, call.loss_mask.astype(np.uint8),
-                   call.engine_logprobs(call.loss_mask), [call.span_id])
+                   call.engine_logprobs(call.loss_mask), [call.span_id], role)
 
     def extended_by(self, call: _Call) -> bool:
         """Same segment: a session call whose prompt starts with everything this segment holds."""
@@ -257,11 +282,11 @@ class _Session:
         self.span_ids.append(call.span_id)
         return self
 
-    def to_sample(self, rewards: _Rewards, mode: RewardMode) -> Sample | None:
-        reward = _reward_of(self.span_ids, self.attempt_id, rewards, mode)
+    def to_sample(self, reward: float | None) -> Sample | None:
         if reward is None or not self.mask.any():
             return None
-        return Sample(self.rollout_id, self.group_id, self.ids, self.mask, self.logprobs, reward, self.span_ids)
+        return Sample(self.rollout_id, self.group_id, self.ids, self.mask, self.logprobs, reward, self.span_ids,
+                      role=self.role)
 
 
 def _list_column(batch: pa.RecordBatch, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

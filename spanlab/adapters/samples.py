@@ -34,6 +34,7 @@ class Sample:
     span_ids: list[str] = field(default_factory=list)
     exact: Sample | None = None
     aligned_logprobs: np.ndarray | None = None  # float32 [T]; None = engine_logprobs
+    role: str = ""  # the calls' ``attributes.agent`` ("" for a single-agent call): GRPO's per-role normalization
 
     def __len__(self) -> int:
         return len(self.input_ids)

@@ -240,4 +240,54 @@ SELECT
     list(span_id ORDER BY call) AS span_ids, arg_max(finish_reason, call) AS finish_reason
 FROM calls
 GROUP BY rollout_id, attempt_id, agent, segment;
+
+-- Per role (attributes.agent; NULL for a single agent's calls) and policy (attributes.policy; NULL until the
+-- gateway records one) of each training step (metadata.step; an SFT run's metadata.round; NULL for an async
+-- loop's rollouts) of each run: the last attempts' calls, their final reward, and the intermediate rewards the
+-- role earned. An intermediate reward is every reward span but an attempt's final one (its last reward span not
+-- tied to a call, as in rollout_summary); it is the role's whose call it names (call_span_id), else the role of
+-- the last call recorded before it (an ASOF join on sequence_id): what that turn's work was rewarded with.
+CREATE OR REPLACE VIEW role_summary AS
+WITH last_attempt AS (
+    SELECT rollout_id, arg_max(attempt_id, sequence_id) AS attempt_id FROM attempts GROUP BY rollout_id
+), calls AS (
+    SELECT s.rollout_id, s.attempt_id, s.span_id, s.sequence_id, s.attributes->>'$.agent' AS role,
+           s.attributes->>'$.policy' AS policy, len(s.response_token_ids) AS response_tokens
+    FROM spans s JOIN last_attempt la USING (attempt_id)
+    WHERE s.kind = 'llm_call'
+), rw AS (
+    SELECT s.attempt_id, s.span_id, s.sequence_id, s.reward_value, s.reward_call_span_id
+    FROM spans s JOIN last_attempt la USING (attempt_id)
+    WHERE s.kind = 'reward'
+), finals AS (
+    SELECT attempt_id, arg_max(reward_value, sequence_id) AS final_reward, arg_max(span_id, sequence_id) AS span_id
+    FROM rw WHERE reward_call_span_id IS NULL GROUP BY attempt_id
+), intermediate AS (
+    SELECT coalesce(tied.span_id, prev.span_id) AS call_span_id, rw.reward_value
+    FROM rw
+    ASOF LEFT JOIN calls prev ON rw.attempt_id = prev.attempt_id AND rw.sequence_id > prev.sequence_id
+    LEFT JOIN calls tied ON tied.span_id = rw.reward_call_span_id AND tied.attempt_id = rw.attempt_id
+    WHERE rw.span_id NOT IN (SELECT span_id FROM finals)
+), turn_rewards AS (
+    SELECT call_span_id AS span_id, count(*) AS rewards, sum(reward_value) AS reward
+    FROM intermediate WHERE call_span_id IS NOT NULL GROUP BY call_span_id
+), per_attempt AS (
+    SELECT c.rollout_id, c.attempt_id, c.role, c.policy, count(*) AS llm_calls,
+           sum(c.response_tokens)::BIGINT AS response_tokens,
+           coalesce(sum(t.rewards), 0)::BIGINT AS intermediate_rewards, sum(t.reward) AS intermediate_reward
+    FROM calls c LEFT JOIN turn_rewards t USING (span_id)
+    GROUP BY c.rollout_id, c.attempt_id, c.role, c.policy
+)
+SELECT
+    r.metadata->>'$.run_id' AS run_id,
+    TRY_CAST(coalesce(r.metadata->>'$.step', r.metadata->>'$.round') AS INTEGER) AS step,
+    r.mode, p.role, p.policy, count(*) AS rollouts, sum(p.llm_calls)::BIGINT AS llm_calls,
+    sum(p.response_tokens)::BIGINT AS response_tokens,
+    avg(f.final_reward) AS final_reward_mean, count(f.final_reward) AS final_rewards,
+    sum(p.intermediate_rewards)::BIGINT AS intermediate_rewards, sum(p.intermediate_reward) AS intermediate_reward_sum,
+    sum(p.intermediate_reward) / nullif(sum(p.intermediate_rewards), 0) AS intermediate_reward_mean
+FROM per_attempt p
+JOIN rollouts r USING (rollout_id)
+LEFT JOIN finals f USING (attempt_id)
+GROUP BY ALL;
 """

@@ -78,6 +78,15 @@ BAD = {
     "empty db": (BASE + "db: ''\n", (), r"db: .*is empty"),
     "empty engine.model": (BASE + "engine: {model: ''}\n", (), r"engine\.model: .*model is empty"),
     "missing model folder": (BASE + "engine: {model: /no/such/model}\n", (), r"engine\.model: .*no such folder"),
+    # issue 45: per-turn credit
+    "unknown credit mode": (BASE + "grpo: {credit: {mode: per_step}}\n", (),
+                            r"grpo\.credit\.mode: Input should be 'broadcast' or 'per_turn'"),
+    "discount without per_turn": (BASE + "grpo: {credit: {discount: 0.9}}\n", (),
+                                  r"grpo\.credit: .*discount 0\.9 has no effect with mode 'broadcast'"),
+    "discount above 1": (BASE + "grpo: {credit: {mode: per_turn, discount: 1.5}}\n", (),
+                         r"grpo\.credit\.discount: Input should be less than or equal to 1"),
+    "unknown normalization": (BASE + "grpo: {credit: {mode: per_turn, normalize: role}}\n", (),
+                              r"grpo\.credit\.normalize: Input should be 'group' or 'group_role'"),
 }
 
 

@@ -6,9 +6,26 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from spanlab.adapters.credit import CreditConfig
 from spanlab.training.settings import LoraConfig
 
 Aggregation = Literal["token_mean", "seq_mean", "constant"]
+Normalization = Literal["group", "group_role"]  # spanlab.algos.grpo.advantages (kept torch-free here)
+
+
+class GRPOCredit(CreditConfig):
+    """``grpo.credit``: which reward each turn trains on (:mod:`spanlab.adapters.credit`) and over which samples
+    its advantage is normalized. ``normalize`` left out: ``group`` for broadcast (GRPO as it always was),
+    ``group_role`` for per_turn (a role's returns are compared with the same role's in the group only)."""
+
+    normalize: Normalization | None = Field(default=None, description=(
+        "group: over a task's rollouts; group_role: over a task's turns of one role; None: by mode"))
+
+    @property
+    def normalization(self) -> Normalization:
+        if self.normalize is not None:
+            return self.normalize
+        return "group_role" if self.per_turn else "group"
 
 
 class GRPOConfig(BaseModel):
@@ -36,6 +53,9 @@ class GRPOConfig(BaseModel):
     bf16: bool = Field(default=False, description=(
         "forward passes in bfloat16 (torch.autocast; weights, gradients, optimizer state and the log-softmax stay "
         "fp32): less GPU memory, faster only with large micro-batches (docs/gpu.md)"))
+    credit: GRPOCredit = Field(default_factory=GRPOCredit, description=(
+        "per-turn credit: {mode: broadcast|per_turn, discount, normalize: group|group_role}; "
+        "default: the final reward broadcast to every turn"))
 
     @model_validator(mode="after")
     def _consistent(self) -> GRPOConfig:

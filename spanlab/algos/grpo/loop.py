@@ -41,7 +41,8 @@ def train_grpo(job: Job, settings: GRPOSection) -> None:
     def adapt_and_update(rollout_ids: list[str]) -> dict[str, float]:
         return update(list(iter_samples(job.rig.store, rollout_ids, group_key=group_key,
                                         token_source=config.token_source, tokenizer=policy.tokenizer,
-                                        chat_template=config.retokenize_template, agents=config.agents)))
+                                        chat_template=config.retokenize_template, agents=config.agents,
+                                        credit=settings.credit)))
 
     parts = StepParts(adapt_and_update, push, job.log_step)
     if config.loop.mode == "async":

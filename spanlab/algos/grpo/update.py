@@ -22,7 +22,6 @@ import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +31,7 @@ from torch.distributed.tensor import DTensor
 
 from spanlab.adapters.grpo import Batch, Sample, collate
 from spanlab.adapters.retokenize import drift_stats
+from spanlab.algos.grpo.advantages import group_advantages, sample_advantages, turn_advantages
 from spanlab.algos.grpo.config import Aggregation, GRPOConfig
 from spanlab.training.logprobs import token_logprobs
 from spanlab.training.model import apply_lora, peak_rss_mb
@@ -39,7 +39,8 @@ from spanlab.training.packing import packed_micro_batches
 from spanlab.training.ranks import Ranks, gather
 from spanlab.training.settings import LoraConfig
 
-__all__ = ["GRPOConfig", "LoraConfig", "group_advantages", "grpo_step", "make_model_for_training", "policy_loss"]
+__all__ = ["GRPOConfig", "LoraConfig", "group_advantages", "grpo_step", "make_model_for_training", "policy_loss",
+           "sample_advantages", "turn_advantages"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,29 +59,6 @@ def make_model_for_training(model_dir: str | Path, config: GRPOConfig) -> tuple[
                 sum(p.numel() for p in params) / 1e6, sum(p.numel() for p in model.parameters()) / 1e6)
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
     return model, optimizer
-
-
-def group_advantages(
-    rewards: Sequence[float] | np.ndarray, group_ids: Sequence[str], *, scale: bool = True, eps: float = 1e-6
-) -> np.ndarray:
-    """``(r - mean_g) / (std_g + eps)`` per group (sample std, as TRL/verl); without ``scale``, ``r - mean_g``.
-
-    A group whose rewards are all equal (or a group of one) gets exactly 0: it carries no signal.
-    """
-    rewards_N = np.asarray(rewards, dtype=np.float64)
-    if rewards_N.shape != (len(group_ids),):
-        raise ValueError(f"{rewards_N.shape[0]} rewards for {len(group_ids)} group ids")
-    members: dict[str, list[int]] = defaultdict(list)
-    for i, g in enumerate(group_ids):
-        members[g].append(i)
-    adv_N = np.zeros_like(rewards_N)
-    for idx in members.values():
-        r_G = rewards_N[idx]
-        if len(idx) < 2 or np.ptp(r_G) == 0:
-            continue
-        centered_G = r_G - r_G.mean()
-        adv_N[idx] = centered_G / (r_G.std(ddof=1) + eps) if scale else centered_G
-    return adv_N.astype(np.float32)
 
 
 def policy_loss(
@@ -167,25 +145,6 @@ def _aggregate(per_token_B_T: torch.Tensor, mask_B_T: torch.Tensor, aggregation:
     raise ValueError(f"unknown aggregation {aggregation!r}")
 
 
-def sample_advantages(samples: Sequence[Sample], *, scale: bool = True) -> np.ndarray:
-    """Advantages per sample, normalized over rollouts rather than calls.
-
-    A rollout whose samples share one reward (the final reward of a multi-call rollout) counts once in
-    its group's mean and std, so agents that make more calls do not weigh more; samples with their own
-    (per-call) rewards count each.
-    """
-    rewards_by_rollout: dict[str, set[float]] = defaultdict(set)
-    for s in samples:
-        rewards_by_rollout[s.rollout_id].add(s.reward)
-    keys_N = [s.rollout_id if len(rewards_by_rollout[s.rollout_id]) == 1 else f"{s.rollout_id}#{i}"
-              for i, s in enumerate(samples)]
-    unit_index = {k: i for i, k in reversed(list(enumerate(keys_N)))}  # first sample of each unit
-    units_U = list(unit_index.values())
-    adv_U = group_advantages([samples[i].reward for i in units_U], [samples[i].group_id for i in units_U], scale=scale)
-    adv_by_key = {keys_N[i]: a for i, a in zip(units_U, adv_U, strict=True)}
-    return np.array([adv_by_key[k] for k in keys_N], dtype=np.float32)
-
-
 def _autocast(model: nn.Module, config: GRPOConfig) -> torch.autocast:
     """bfloat16 forward passes when ``config.bf16`` (on the model's device), else a no-op."""
     return torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16, enabled=config.bf16)
@@ -226,7 +185,7 @@ def grpo_step(
         raise ValueError("kl_beta > 0 needs a ref_model")
     start = time.perf_counter()
     rewards_N = np.array([s.reward for s in samples], dtype=np.float64)
-    adv_N = sample_advantages(samples, scale=config.scale_rewards)
+    adv_N = turn_advantages(samples, scale=config.scale_rewards, normalize=config.credit.normalization)
     groups_with_signal = {s.group_id for s, a in zip(samples, adv_N, strict=True) if a != 0}
     keep = sorted((i for i, s in enumerate(samples) if s.group_id in groups_with_signal), key=lambda i: len(samples[i]))
     metrics: dict[str, float] = {

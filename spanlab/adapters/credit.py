@@ -1,0 +1,168 @@
+"""Per-turn credit: the rewards of an attempt recorded after a turn, discounted, as that turn's reward.
+
+Why: a multi-agent attempt (writer, checker, rewriter) records intermediate rewards as spans
+(``ctx.add_reward``: "the checker's verdict matched the real outcome", "the rewrite fixed a failing query")
+before its final reward. Broadcasting the final reward to every turn (``mode: broadcast``, the default and what
+:func:`spanlab.adapters.grpo.iter_samples` did before this module) rewards the checker for the writer's query.
+``mode: per_turn`` gives each turn only what followed it.
+
+The return, precisely. A *turn* is one ``llm_call`` sample, or one TITO session sample (the calls of one role
+that extend one token buffer); its *position* is the ``sequence_id`` of its first call (the store numbers an
+attempt's spans in the order they were written, and the gateway writes a call before the agent sees its answer,
+so a reward recorded after the answer always comes later). The rewards after a turn are the attempt's ``reward``
+spans with a larger ``sequence_id`` (tied to a call or not, intermediate or final), ordered by ``sequence_id``:
+``r_0, r_1, ..., r_{K-1}``. The turn's return is
+
+    G = sum_{k=0}^{K-1} discount**k * r_k
+
+so with ``discount: 1`` a turn gets the sum of every later reward, and the turn before the final reward gets it
+undiscounted. A turn with no reward after it gets 0.0. The exponent counts rewards, not calls: a role that
+makes more calls does not discount its later rewards more. Only attempts with at least one reward span are read
+(an attempt with none is skipped, as the broadcast mode skips one with no final reward).
+
+Any algorithm reads per-turn rewards through here (or :func:`~spanlab.adapters.grpo.iter_samples` with
+``credit=``), never with its own SQL: :func:`turn_rewards` gives each call's return without token tensors.
+
+    credit = CreditConfig(mode="per_turn", discount=0.9)
+    for t in turn_rewards(store, rollout_ids, credit): t.role, t.span_id, t.reward
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+if TYPE_CHECKING:
+    from spanlab.store.base import StoreAPI
+
+__all__ = ["CreditConfig", "CreditMode", "RewardTimeline", "TurnReward", "discounted_return", "turn_rewards"]
+
+CreditMode = Literal["broadcast", "per_turn"]
+
+
+class CreditConfig(BaseModel):
+    """Which reward a turn trains on: the attempt's final reward (``broadcast``) or its discounted return."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: CreditMode = Field(default="broadcast", description=(
+        "broadcast: every turn takes the attempt's final reward; per_turn: the rewards recorded after it"))
+    discount: float = Field(default=1.0, gt=0, le=1, description="per later reward, per_turn only (1 = no discount)")
+
+    @model_validator(mode="after")
+    def _discount_needs_per_turn(self) -> CreditConfig:
+        if self.mode == "broadcast" and self.discount != 1.0:
+            raise ValueError(f"discount {self.discount} has no effect with mode 'broadcast'; set mode: per_turn")
+        return self
+
+    @property
+    def per_turn(self) -> bool:
+        return self.mode == "per_turn"
+
+
+def discounted_return(rewards_K: Sequence[float], discount: float) -> float:
+    """``sum_k discount**k * rewards_K[k]``, the first reward undiscounted (the module docstring)."""
+    total, weight = 0.0, 1.0
+    for r in rewards_K:
+        total += weight * r
+        weight *= discount
+    return total
+
+
+@dataclass
+class RewardTimeline:
+    """The reward spans of some attempts, each attempt's in ``sequence_id`` order, and the returns they give."""
+
+    discount: float
+    positions: dict[str, list[int]]  # attempt_id -> sequence_ids of its reward spans, ascending
+    values: dict[str, list[float]]  # attempt_id -> their values, in the same order
+
+    @classmethod
+    def read(cls, store: StoreAPI, attempt_ids: Sequence[str], discount: float) -> RewardTimeline:
+        """The reward spans of ``attempt_ids`` (any store: the typed ``spans_table`` read)."""
+        tbl = store.spans_table(attempt_ids=list(attempt_ids), kinds=["reward"],
+                                columns=["attempt_id", "sequence_id", "reward_value"])  # attempt, sequence order
+        positions: dict[str, list[int]] = defaultdict(list)
+        values: dict[str, list[float]] = defaultdict(list)
+        cols = (tbl[c].to_pylist() for c in ("attempt_id", "sequence_id", "reward_value"))
+        for aid, seq, value in zip(*cols, strict=True):
+            positions[aid].append(int(seq))
+            values[aid].append(float(value))
+        return cls(discount, dict(positions), dict(values))
+
+    def rewarded(self) -> set[str]:
+        """Attempts with at least one reward span."""
+        return set(self.positions)
+
+    def after(self, attempt_id: str, sequence_id: int) -> list[float]:
+        """The attempt's rewards recorded after position ``sequence_id``, in order."""
+        seqs = self.positions.get(attempt_id, [])
+        return self.values.get(attempt_id, [])[bisect.bisect_right(seqs, sequence_id):]
+
+    def return_after(self, attempt_id: str, sequence_id: int) -> float:
+        """The discounted return of a turn at ``sequence_id`` (0.0 when no reward follows it)."""
+        return discounted_return(self.after(attempt_id, sequence_id), self.discount)
+
+
+@dataclass(frozen=True)
+class TurnReward:
+    """One LLM call of a rewarded attempt and the reward it trains on under a :class:`CreditConfig`."""
+
+    rollout_id: str
+    attempt_id: str
+    span_id: str
+    sequence_id: int
+    role: str  # ``attributes.agent``; "" for a single-agent call
+    reward: float
+
+
+def turn_rewards(store: StoreAPI, rollout_ids: Sequence[str], credit: CreditConfig,
+                 *, agents: Sequence[str] | None = None) -> list[TurnReward]:
+    """Each call of the rollouts' last attempts with its reward, in attempt and sequence order.
+
+    ``broadcast``: the attempt's final reward (the last reward span not tied to a call, as ``rollout_summary``
+    reads it; attempts without one are left out). ``per_turn``: the call's discounted return. ``agents``: only
+    these roles' calls. A TITO session sample takes the reward of its first call
+    (:func:`~spanlab.adapters.grpo.iter_samples` with ``credit=`` gives the samples themselves).
+    """
+    attempts = {a.attempt_id: r.rollout_id for r, a in store.last_attempts(list(dict.fromkeys(rollout_ids)))}
+    if not attempts:
+        return []
+    timeline = RewardTimeline.read(store, list(attempts), credit.discount)
+    finals = _final_rewards(store, list(attempts))
+    calls = store.spans_table(attempt_ids=list(attempts), kinds=["llm_call"],
+                              columns=["attempt_id", "span_id", "sequence_id", "attributes"])
+    wanted = None if agents is None else set(agents)
+    rewarded = timeline.rewarded()
+    out = []
+    cols = (calls[c].to_pylist() for c in ("attempt_id", "span_id", "sequence_id", "attributes"))
+    for aid, sid, seq, attrs in zip(*cols, strict=True):
+        role = call_role(attrs)
+        if wanted is not None and role not in wanted:
+            continue
+        if credit.per_turn:
+            if aid in rewarded:
+                out.append(TurnReward(attempts[aid], aid, sid, int(seq), role, timeline.return_after(aid, int(seq))))
+        elif aid in finals:
+            out.append(TurnReward(attempts[aid], aid, sid, int(seq), role, finals[aid]))
+    return out
+
+
+def call_role(attributes_json: str | None) -> str:
+    """A call's role: ``attributes.agent`` ("" when it names none)."""
+    attrs = json.loads(attributes_json) if attributes_json else {}
+    agent = attrs.get("agent") if isinstance(attrs, dict) else None
+    return agent if isinstance(agent, str) else ""
+
+
+def _final_rewards(store: StoreAPI, attempt_ids: list[str]) -> dict[str, float]:
+    tbl = store.spans_table(attempt_ids=attempt_ids, kinds=["reward"],
+                            columns=["attempt_id", "reward_call_span_id", "reward_value"])  # sequence order
+    cols = (tbl[c].to_pylist() for c in ("attempt_id", "reward_call_span_id", "reward_value"))
+    return {aid: float(v) for aid, call_id, v in zip(*cols, strict=True) if call_id is None}
