@@ -1,8 +1,11 @@
 """``spanlab sql`` reads every acknowledged write of a store server that was stopped by a signal: from the file
 (the writes only its hot file holds are copied in first), and through a fresh server with ``--url``.
 
-Real processes throughout: ``spanlab store serve`` takes the writes over HTTP and is killed (SIGTERM, the plain
-``kill``, and SIGKILL, which skips every goodbye); ``spanlab sql`` runs as the console command.
+Real processes for the servers: ``spanlab store serve`` takes the writes over HTTP and is killed (SIGTERM, the
+plain ``kill``, and SIGKILL, which skips every goodbye), and a fresh one serves the file. ``spanlab sql`` runs
+in this process (typer's runner: the CLI's parsing, exit code, stdout and stderr) where the file or the server it
+reads belongs to another process anyway, and as the console command where this process holds the file itself
+(a DuckDB reader of the same file in one process is another case than in two).
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from typer.testing import CliRunner
 
+from spanlab.cli import app
 from spanlab.types import reward_span
 from tests.conftest import llm_span
 from tests.stores import SPANLAB, TOKEN, ServerProcess
@@ -24,6 +29,16 @@ COUNT = "SELECT count(*) AS n FROM spans"
 
 
 def spanlab_sql(*args: str) -> subprocess.CompletedProcess:
+    """``spanlab sql ... -f json`` through the CLI's app in this process."""
+    env = {"SPANLAB_DB": None, "SPANLAB_STORE_TOKEN": None, "COLUMNS": "1000"}
+    result = CliRunner().invoke(app, ["sql", *args, "-f", "json"], env=env)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return subprocess.CompletedProcess(args, result.exit_code, result.stdout, result.stderr)
+
+
+def spanlab_sql_process(*args: str) -> subprocess.CompletedProcess:
+    """``spanlab sql ... -f json`` as the console command."""
     env = {k: v for k, v in os.environ.items() if k not in ("SPANLAB_DB", "SPANLAB_STORE_TOKEN")} | {"COLUMNS": "1000"}
     return subprocess.run([SPANLAB, "sql", *args, "-f", "json"], capture_output=True, text=True, timeout=120,
                           env=env)
@@ -73,7 +88,7 @@ def test_writes_that_cannot_be_copied_now_are_a_warning(tmp_path: Path) -> None:
     _killed_store(db, signal.SIGKILL)
     reader = duckdb.connect(str(db), read_only=True)
     try:
-        out = spanlab_sql(COUNT, "--db", str(db))
+        out = spanlab_sql_process(COUNT, "--db", str(db))
     finally:
         reader.close()
     assert out.returncode == 0, out.stderr

@@ -1,8 +1,11 @@
-"""Each tutorial's ``quick.yaml`` (the few-minute try of its whole loop) runs as written: every phase, every step.
+"""Each tutorial's ``quick.yaml`` (the few-minute try of its whole loop) runs its whole loop: every phase, every step.
 
-The file is read as it ships; only where its outputs go and the engine change: the run uses the session's
-shared vLLM server (``engine_url``) instead of starting its own, and the server's weights are restored after.
-What the run measures is not checked (a few held-out tasks are noise), only that the loop went all the way.
+The file is read as it ships and must validate as written. The run then changes where its outputs go and the
+engine (the session's shared vLLM server, ``engine_url``, whose weights are restored after), and shrinks the
+sizes that only make the loop longer, not different (:data:`SMALLER`): a CPU SFT or GRPO step costs tens of
+seconds on 2 cores per batch of samples, and the suite must stay well under 30 minutes. Every phase and every
+step the file names still runs (the step counts are kept); what the run measures is not checked (a few
+held-out tasks are noise), only that the loop went all the way.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -24,6 +28,33 @@ from spanlab.jobs.prompt import check_prompt
 
 TUTORIALS = Path(__file__).resolve().parents[2] / "tutorials"
 QUICK = sorted(TUTORIALS.glob("*/quick.yaml"))
+# Per tutorial, the sections whose sizes the test lowers (merged key by key into the file's own): one SFT step of
+# warm start where a step teaches nothing the check needs, fewer GRPO samples per step, fewer held-out tasks (one
+# per level), fewer SFT round tasks. drift runs as written: its check (every step drifts) needs the tool calls
+# its 4-step warm start teaches and enough samples per step that each step has some.
+SMALLER: dict[str, dict[str, dict[str, Any]]] = {
+    "calc": {"warm_start": {"demos": 8}, "grpo": {"tasks_per_step": 2, "group_size": 2}, "eval": {"tasks": 3}},
+    "rooms": {"eval": {"tasks": 2}},
+    "sql": {"sft": {"tasks_per_round": 2}},
+}
+
+
+def smaller(name: str, data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with the test's sizes for tutorial ``name`` merged into its sections."""
+    return data | {section: {**data.get(section, {}), **sizes} for section, sizes in SMALLER.get(name, {}).items()}
+
+
+def test_the_smaller_sizes_keep_every_phase_and_step() -> None:
+    """What the test shrinks leaves each file's phases and step counts as written (and the file valid)."""
+    assert set(SMALLER) <= {p.parent.name for p in QUICK}
+    for path in QUICK:
+        data = load_yaml(path)
+        written, run = parse_train_config(data, str(path)), parse_train_config(smaller(path.parent.name, data), "x")
+        assert (written.algorithm, written.eval.base, written.eval.split, written.warm_start is None) == \
+               (run.algorithm, run.eval.base, run.eval.split, run.warm_start is None), path
+        section = written.algorithm
+        for key in ("steps", "rounds"):
+            assert data.get(section, {}).get(key) == smaller(path.parent.name, data)[section].get(key), path
 
 
 def test_the_tutorials_have_quick_configs() -> None:
@@ -46,8 +77,10 @@ def restored_engine(vllm_server, default_model_dir: Path) -> Iterator[str]:
 def test_a_quick_config_runs_the_whole_loop(path: Path, tmp_path: Path, restored_engine: str,
                                            caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(TUTORIALS.parent)  # relative paths in a config (a template) are the repo root's, as documented
-    data = load_yaml(path) | {"engine_url": restored_engine, "out_dir": str(tmp_path / "runs"),
-                              "db": str(tmp_path / "run.duckdb")}
+    written = load_yaml(path)
+    parse_train_config(written, str(path))  # the file as it ships is a valid config
+    data = smaller(path.parent.name, written) | {"engine_url": restored_engine, "out_dir": str(tmp_path / "runs"),
+                                                 "db": str(tmp_path / "run.duckdb")}
     config = parse_train_config(data, str(path))
     caplog.set_level(logging.INFO, logger="spanlab.progress")
     report = run_job(config)  # output is not a terminal here: the phases log plain progress lines
