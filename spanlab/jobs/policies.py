@@ -17,11 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spanlab.policies.serving import PolicyAdapters
+from spanlab.serve import POLICIES_FILE
 
 if TYPE_CHECKING:
     from spanlab.jobs.job import Job
-
-POLICIES_FILE = "policies.json"  # in a servable folder: the policies config its adapter subfolders serve
 
 
 def open_job_policies(job: Job) -> PolicyAdapters:

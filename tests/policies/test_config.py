@@ -93,6 +93,6 @@ def test_resuming_a_run_with_policies_is_refused_in_one_line() -> None:
     from spanlab.jobs.job import build_algorithm
 
     config = parse_train_config(dict(SYNC))
-    with pytest.raises(ConfigError, match="^--resume: a run with policies saves no state per policy; it cannot "
-                                          "resume$"):
+    with pytest.raises(ConfigError, match=r"^--resume: a run with policies saves no state per policy; it cannot "
+                                          r"resume$"):
         check_resumable(build_algorithm(config), config)
