@@ -96,3 +96,16 @@ def test_resuming_a_run_with_policies_is_refused_in_one_line() -> None:
     with pytest.raises(ConfigError, match=r"^--resume: a run with policies saves no state per policy; it cannot "
                                           r"resume$"):
         check_resumable(build_algorithm(config), config)
+
+
+def test_the_sql_tutorials_policies_config_passes_the_checks() -> None:
+    """tutorials/sql/policies.yaml: writer, checker and rewriter each with its own LoRA, every role trained."""
+    from pathlib import Path
+
+    from spanlab.jobs.config import load_train_config
+    from spanlab.jobs.job import check_job
+
+    config = load_train_config(Path(__file__).resolve().parents[2] / "tutorials" / "sql" / "policies.yaml")
+    check_job(config)
+    assert config.policies is not None and config.policies.names == ("checker", "rewriter", "writer")
+    assert config.engine.enable_lora and config.engine.max_loras >= 3
