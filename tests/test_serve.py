@@ -49,6 +49,34 @@ def test_serve_model_takes_a_trained_folder_and_this_machines_device(tmp_path: P
     assert serve_command(Path("runs/my run/final")) == "spanlab serve --model 'runs/my run/final'"
 
 
+def test_serve_model_with_a_policy_per_role_serves_each_adapter_and_routes_the_roles(tmp_path: Path) -> None:
+    """A run with ``policies`` leaves ``policies.json`` and an adapter folder per policy in ``final/``: the engine
+    serves them all (--lora-modules), the gateway routes each role, spans name the version the run wrote."""
+    import json
+
+    from spanlab.engine.config import build_command
+
+    final = tmp_path / "final"
+    final.mkdir()
+    (final / "config.json").write_text("{}")
+    (final / "policies.json").write_text(json.dumps({"roles": {"writer": "w", "checker": "c"},
+                                                     "lora_per_policy": {"c": {"rank": 16, "alpha": 32}}}))
+    (final / "spanlab_checkpoint.json").write_text(json.dumps({"policy_versions": {"w": 3, "c": 1}}))
+    with pytest.raises(ConfigError, match=r"no adapter folder .*/c \(named by policies\.json\)"):
+        serve_config({}, model=str(final))
+    for policy in ("w", "c"):
+        (final / policy).mkdir()
+        (final / policy / "adapter_config.json").write_text("{}")
+    config = serve_config({}, model=str(final))
+    engine = config.engine
+    assert (engine.enable_lora, engine.max_loras, engine.max_lora_rank) == (True, 2, 16)
+    assert config.policies is not None and config.policies.policy_for("checker") == "c"
+    assert config.policy_versions == {"w": "w-v3", "c": "c-v1"}
+    command = build_command(engine, model_path=str(final), port=8000, python="python")
+    flag = command.index("--lora-modules")
+    assert sorted(command[flag + 1:flag + 3]) == [f"c={(final / 'c').resolve()}", f"w={(final / 'w').resolve()}"]
+
+
 @pytest.mark.vllm
 def test_serve_records_calls_and_stops_on_ctrl_c(vllm_server, tmp_path: Path) -> None:
     db = tmp_path / "served.duckdb"

@@ -35,7 +35,7 @@ MANAGED_FLAGS: frozenset[str] = frozenset(
     {"--model", "--port", "--host", "--served-model-name", "--max-model-len", "--dtype",
      "--enable-lora", "--max-lora-rank", "--max-loras", "--enable-auto-tool-choice",
      "--tool-call-parser", "--chat-template", "--gpu-memory-utilization", "--reasoning-parser",
-     "--enable-scale-out"}
+     "--enable-scale-out", "--lora-modules"}
 )
 
 
@@ -86,6 +86,8 @@ class EngineConfig(BaseModel):
     enable_lora: bool = False
     max_lora_rank: int = Field(default=8, ge=1)
     max_loras: int = Field(default=2, ge=1)
+    lora_modules: dict[str, str] = Field(default_factory=dict, description="LoRA adapters served from the start: "
+                                         "name -> PEFT folder (vLLM's --lora-modules); needs enable_lora")
     dev_routes: bool = Field(
         default=False,
         description="VLLM_SERVER_DEV_MODE=1: /pause, /collective_rpc, /reset_prefix_cache ... "
@@ -125,6 +127,8 @@ class EngineConfig(BaseModel):
         clash = sorted({a.split("=", 1)[0] for a in self.extra_args} & MANAGED_FLAGS)
         if clash:
             raise ValueError(f"extra_args repeat flags spanlab manages: {clash}; use the config fields")
+        if self.lora_modules and not self.enable_lora:
+            raise ValueError("lora_modules: serving LoRA adapters needs enable_lora: true")
         return self
 
     def replica(self, index: int) -> EngineConfig:
@@ -176,6 +180,8 @@ def build_command(config: EngineConfig, *, model_path: str, port: int, python: s
         cmd += ["--chat-template", str(config.chat_template)]
     if config.enable_lora:
         cmd += ["--enable-lora", "--max-lora-rank", str(config.max_lora_rank), "--max-loras", str(config.max_loras)]
+        if config.lora_modules:
+            cmd += ["--lora-modules", *(f"{name}={path}" for name, path in config.lora_modules.items())]
     return cmd + list(config.extra_args)
 
 

@@ -5,7 +5,9 @@ request's ``model`` to that name before the call is sent on (in TITO mode too: i
 The version each policy serves is told to the gateway after each hot-load (:meth:`PolicyRouter.set_version`), so
 each span records which policy answered it and which version of it (``attributes.policy``, ``policy_version``).
 A role the map does not name, and a call that names no role, goes to ``policies.default`` or else to the base
-model (recorded as policy ``base``).
+model (recorded as policy ``base``). So does a role whose policy no engine serves yet (no version told): before its
+first push a policy is the base model anyway (peft starts each adapter at B = 0), and a job evaluates the base and
+warm-starts it before its adapters are pushed, when the engine knows no adapter of that name.
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ class PolicyRouter:
 
     def route(self, agent: str | None) -> PolicyRoute:
         policy = self.policies.policy_for(agent)
-        return PolicyRoute(BASE, None) if policy is None else PolicyRoute(policy, self.versions[policy])
+        if policy is None or self.versions[policy] is None:  # no policy, or not served yet: the base model
+            return PolicyRoute(BASE, None)
+        return PolicyRoute(policy, self.versions[policy])
 
     def set_version(self, policy: str, version: str | None) -> None:
         """Record that ``policy``'s adapter is served at ``version`` now (after each hot-load)."""

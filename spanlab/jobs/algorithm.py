@@ -47,6 +47,7 @@ class Algorithm(ABC, Generic[SettingsT]):
     steps_key: ClassVar[str | None] = None  # the field of the section that ``spanlab train --steps N`` sets
     resumable: ClassVar[bool] = False  # True: steps from ``job.steps``, optimizer via ``job.attach_optimizer``
     async_loop: ClassVar[bool] = False  # True: its run honours ``loop: {mode: async}`` (docs/async.md)
+    trains_policies: ClassVar[bool] = False  # True: its run trains a policy per role (``policies:``, multi_policy.md)
 
     def __init__(self, config: TrainConfig) -> None:
         self.config = config

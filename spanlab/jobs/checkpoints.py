@@ -46,6 +46,12 @@ def write_checkpoint(job: Job, tag: str) -> Path | None:
     config = job.config
     info: dict[str, Any] = {"run_id": job.report.run_id, "run_name": config.run_name, "tag": tag,
                             "step": len(job.report.steps), "policy_version": job.policy.sync.version}
+    if job.policy_adapters is not None:  # a policy per role: the base as trained, and each policy's adapter
+        from spanlab.jobs.policies import write_policies_servable
+
+        path = write_policies_servable(job, tag, info)
+        job.rig.store.add_resource(RESOURCE, {**info, "path": str(path.resolve())}, kind="model_checkpoint")
+        return path
     path = write_servable(job.policy.model, resolve_model(config.engine.model), config.run_dir / tag,
                           merge_lora=config.checkpoints.merge_lora, info=info, weights_dir=job.policy.sync.pushed_dir,
                           tokenizer=job.policy.tokenizer)
@@ -73,5 +79,7 @@ def check_resumable(job_algorithm: Any, config: Any) -> None:
     if config.loop.mode == "async":  # the groups in flight at the kill live in no saved state
         raise ConfigError("--resume: a loop.mode: async run keeps groups in flight that no saved state holds; "
                           "it cannot resume")
+    if config.policies is not None:  # an optimizer and an adapter version per policy: no saved state holds them
+        raise ConfigError("--resume: a run with policies saves no state per policy; it cannot resume")
     if config.trainer.processes > 1:  # rank 0's optimizer lives in the data-parallel group, not in the job
         raise ConfigError("--resume: a run with trainer.processes > 1 saves no optimizer state; it cannot resume")

@@ -42,6 +42,7 @@ from spanlab.progress import Phase, PhaseProgress, log_console, running_mean
 if TYPE_CHECKING:
     import torch
 
+    from spanlab.policies.serving import PolicyAdapters
     from spanlab.training.policy import Policy
     from spanlab.training.resume import TrainState
 
@@ -108,6 +109,7 @@ class Job:
     optimizer: torch.optim.Optimizer | None = None
     resume_state: TrainState | None = None  # what --resume loaded (the optimizer's moments wait here)
     planned_steps: int | None = None  # the algorithm's step count (the last step's curve point is the final evaluation)
+    policy_adapters: PolicyAdapters | None = None  # with policies: each policy's served adapter (jobs.policies)
     _steps_bar: Phase | None = None  # the open step loop's bar: a step's collection tells it the update follows
 
     @property
@@ -278,6 +280,9 @@ def build_algorithm(config: TrainConfig) -> Algorithm:
         config.trainer.check_devices()
     if config.loop.mode == "async" and not algorithm.async_loop:
         raise ConfigError(f"loop.mode: algorithm {config.algorithm!r} has no async loop (grpo has); remove loop")
+    if config.policies is not None and not algorithm.trains_policies:
+        raise ConfigError(f"policies: algorithm {config.algorithm!r} trains one policy for every role; a policy per "
+                          "role is trained by grpo (docs/multi_policy.md); drop policies")
     algorithm.check()
     return algorithm
 
@@ -291,9 +296,6 @@ def check_job(config: TrainConfig) -> tuple[Algorithm, TaskSet, dict[str, Tasks]
     from spanlab.jobs.runner_rig import check_runner
     from spanlab.runner.agent import load_agent
 
-    if config.policies is not None:
-        raise ConfigError("policies: a policy per role is served, routed and trained by spanlab.policies "
-                          "(docs/multi_policy.md), but spanlab train does not run it yet; drop policies")
     algorithm = build_algorithm(config)
     task_set = load_task_set(config.dataset.name)
     splits = split_tasks(task_set, config, algorithm.train_tasks())
@@ -361,7 +363,7 @@ def run_job(config: TrainConfig, *, console: Console | None = None, resume: bool
         progress = stack.enter_context(PhaseProgress(console))
         job = Job(config, rig, task_set, splits, report, progress, stack,
                   saves_state=algorithm.resumable and algorithm.trains_weights and config.checkpoints.resume_state
-                  and config.trainer.processes == 1)
+                  and config.trainer.processes == 1 and config.policies is None)
         if algorithm.steps_key is not None:  # the last step's curve point is the final evaluation
             job.planned_steps = int(getattr(algorithm.settings, algorithm.steps_key))
         job.tracker = open_trackers(config.tracking, run_id=report.run_id, run_name=config.run_name,

@@ -4,7 +4,8 @@ Algorithms differ in what they do with rollouts, not in how rollouts are made, s
 same rig: the store file (cancelling rollouts an interrupted run left queued), vLLM (a running one from
 ``engine_url``, several from ``engine_urls``, or ``engine.replicas`` started here and stopped with the job),
 the gateway in front of them (TITO when the config says so; with several engines each attempt is pinned to
-one, docs/replicas.md), and a collector that runs the configured agent through that gateway. The rig sees the
+one, docs/replicas.md; with ``policies`` each role's calls go to its policy's adapter, docs/multi_policy.md),
+and a collector that runs the configured agent through that gateway. The rig sees the
 gateway only as :class:`RecordingGateway` (its URL and a flush), through the gateway package's API.
 """
 
@@ -37,6 +38,8 @@ class RecordingGateway(Protocol):
     def flush(self, timeout: float | None = 30.0) -> bool: ...
 
     def set_served_version(self, engine_url: str, version: str | None) -> None: ...
+
+    def set_policy_version(self, policy: str, version: str | None) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,8 @@ def open_rig(stack: ExitStack, config: TrainConfig, console: Console) -> Rig:
     root_urls, served = engines(stack, config, console)
     gateway, gateway_url, gateway_token = open_gateway(stack, config.gateway, store, root_urls, tito=config.tito,
                                                        tool_call_parser=config.engine.tool_call_parser,
-                                                       reasoning_parser=config.engine.reasoning_parser)
+                                                       reasoning_parser=config.engine.reasoning_parser,
+                                                       policies=config.policies)
     collector = RolloutCollector(store, gateway_url, config.agent.name, dict(config.agent.kwargs),
                                  concurrency=config.rollouts.concurrency, timeout_s=config.rollouts.timeout_s,
                                  remote=remote,

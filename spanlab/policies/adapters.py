@@ -70,3 +70,14 @@ def save_adapter(model: Any, policy: str, out_dir: str | Path) -> Path:
     save_file({k: v.contiguous() for k, v in adapter_state(model, policy).items()},
               str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
     return out
+
+
+def base_model_state(model: Any) -> dict[str, torch.Tensor]:
+    """The base model's weights under their HF names, without any adapter: what every policy's adapter applies to
+    (a job's warm start changes them before the adapters are added, so a run writes them beside its adapters)."""
+    state = {}
+    for name, tensor in model.get_base_model().state_dict().items():
+        if "lora_" in name:
+            continue
+        state[name.replace(".base_layer.", ".")] = tensor.detach().cpu()
+    return state

@@ -3,13 +3,15 @@
 Only one peft adapter is active at a time; activating a policy's adapter (``set_adapter``) also makes it the only
 trainable one, so a forward pass, its gradients and the optimizer step see that policy alone while the other
 adapters and the base weights stay as they were, bit for bit. Each policy has its own optimizer (its Adam moments
-are its own). The samples of a policy are the calls of the roles it answers (``iter_samples(agents=roles)``), so
-the logprobs it trains on are those of the adapter that sampled them. The update itself is the algorithm's
+are its own). The samples of a policy are the calls of the roles it answers (``iter_samples(agents=roles)``; the
+default policy's include the roles the map leaves out), so the logprobs it trains on are those of the adapter that
+sampled them. The update itself is the algorithm's
 (``step``: e.g. ``grpo_step``), unchanged.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -40,15 +42,31 @@ def policy_optimizers(model: nn.Module, policies: Sequence[str],
     return {policy: make_optimizer(policy_parameters(model, policy)) for policy in policies}
 
 
-def samples_by_policy(store: StoreAPI, rollout_ids: Sequence[str], policies: PoliciesConfig,
-                      **adapter_options: Any) -> dict[str, list[Sample]]:
-    """Each policy's samples of these rollouts: the calls of the roles it answers (a policy only the default
-    answers has none: its calls name no role of the map, so they are not told apart from the base model's)."""
+def samples_by_policy(store: StoreAPI, rollout_ids: Sequence[str], policies: PoliciesConfig, *,
+                      agents: Sequence[str] | None = None, **adapter_options: Any) -> dict[str, list[Sample]]:
+    """Each policy's samples of these rollouts: the calls of the roles it answers, as the gateway routed them.
+
+    ``policies.default`` answers, besides its own roles, every role the map leaves out and the calls that name no
+    role, so it gets those calls too (read from the rollouts' spans: which roles called). ``agents``: only
+    these roles are trained at all (the train config's ``agents``); a policy left without roles gets no entry."""
+    trained = None if agents is None else set(agents)
+    unmapped = _roles_called(store, rollout_ids) - set(policies.roles) if policies.default else set()
     out: dict[str, list[Sample]] = {}
     for policy in policies.names:
-        if roles := policies.roles_of(policy):
-            out[policy] = list(iter_samples(store, list(rollout_ids), agents=roles, **adapter_options))
+        roles = set(policies.roles_of(policy)) | (unmapped if policy == policies.default else set())
+        if trained is not None:
+            roles &= trained
+        if roles:
+            out[policy] = list(iter_samples(store, list(rollout_ids), agents=sorted(roles), **adapter_options))
     return out
+
+
+def _roles_called(store: StoreAPI, rollout_ids: Sequence[str]) -> set[str]:
+    """The roles of these rollouts' calls; ``""`` stands for calls that name none (as ``iter_samples`` reads them)."""
+    if not rollout_ids:
+        return set()
+    tbl = store.spans_table(rollout_ids=list(rollout_ids), kinds=["llm_call"], columns=["attributes"])
+    return {(json.loads(attrs) if attrs else {}).get("agent") or "" for attrs in tbl["attributes"].to_pylist()}
 
 
 def step_each_policy(model: Any, optimizers: Mapping[str, torch.optim.Optimizer],

@@ -62,9 +62,50 @@ def test_a_role_outside_the_trained_agents_is_refused() -> None:
         parse_train_config({"agents": ["writer"], "policies": {"roles": {"writer": "a", "checker": "b"}}})
 
 
-def test_spanlab_train_says_it_does_not_run_policies_yet() -> None:
-    """Accepted by the config but not yet run by a job: refused before anything starts, never silently ignored."""
+SYNC = {"policies": {"roles": {"writer": "a", "checker": "b"}}, "agent": {"name": "sql"}}
+
+
+def test_spanlab_train_checks_a_grpo_sync_config_with_policies() -> None:
     from spanlab.jobs.job import check_job
 
-    with pytest.raises(ConfigError, match="spanlab train does not run it yet"):
-        check_job(parse_train_config({"policies": {"roles": {"writer": "a"}}}))
+    algorithm, _, _ = check_job(parse_train_config(dict(SYNC)))
+    assert algorithm.trains_policies
+
+
+@pytest.mark.parametrize(("extra", "expected"), [
+    ({"loop": {"mode": "async"}}, "policies: the async loop trains one policy"),
+    ({"trainer": {"processes": 2}}, "policies: a policy per role trains in one process"),
+    ({"grpo": {"lora": {"rank": 8}}}, "grpo.lora: with policies each policy is a LoRA adapter"),
+    ({"grpo": {"kl_beta": 0.1}}, "grpo.kl_beta: the KL term's reference model is not kept per policy"),
+    ({"algorithm": "sft"}, "policies: algorithm 'sft' trains one policy for every role"),
+    ({"algorithm": "apo"}, "policies: algorithm 'apo' trains one policy for every role"),
+])
+def test_what_the_policies_loop_does_not_run_is_refused_in_one_line(extra: dict, expected: str) -> None:
+    from spanlab.jobs.job import check_job
+
+    with pytest.raises(ConfigError) as err:
+        check_job(parse_train_config(SYNC | extra))
+    assert "\n" not in str(err.value) and expected in str(err.value), str(err.value)
+
+
+def test_resuming_a_run_with_policies_is_refused_in_one_line() -> None:
+    from spanlab.jobs.checkpoints import check_resumable
+    from spanlab.jobs.job import build_algorithm
+
+    config = parse_train_config(dict(SYNC))
+    with pytest.raises(ConfigError, match=r"^--resume: a run with policies saves no state per policy; it cannot "
+                                          r"resume$"):
+        check_resumable(build_algorithm(config), config)
+
+
+def test_the_sql_tutorials_policies_config_passes_the_checks() -> None:
+    """tutorials/sql/policies.yaml: writer, checker and rewriter each with its own LoRA, every role trained."""
+    from pathlib import Path
+
+    from spanlab.jobs.config import load_train_config
+    from spanlab.jobs.job import check_job
+
+    config = load_train_config(Path(__file__).resolve().parents[2] / "tutorials" / "sql" / "policies.yaml")
+    check_job(config)
+    assert config.policies is not None and config.policies.names == ("checker", "rewriter", "writer")
+    assert config.engine.enable_lora and config.engine.max_loras >= 3

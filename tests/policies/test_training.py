@@ -73,6 +73,20 @@ def test_each_policy_gets_the_calls_of_its_roles(samples: dict[str, list]) -> No
     assert {tuple(s.input_ids) for s in samples["lora-a"]}.isdisjoint(tuple(s.input_ids) for s in samples["lora-b"])
 
 
+def test_the_default_policy_gets_the_calls_of_the_roles_the_map_leaves_out() -> None:
+    """``default: lora-b`` with only the writer mapped: the checker's calls go to lora-b (the gateway routes them
+    there), so lora-b trains on them; ``agents`` still limits every policy to the trained roles."""
+    only_writer = POLICIES.model_copy(update={"roles": {"writer": "lora-a"}, "default": "lora-b"})
+    with SpanStore(":memory:") as store:
+        ids = _record(store)
+        by_role = samples_by_policy(store, ids, POLICIES, group_key="task_id")
+        by_default = samples_by_policy(store, ids, only_writer, group_key="task_id")
+        writer_only = samples_by_policy(store, ids, only_writer, group_key="task_id", agents=["writer"])
+    assert [s.input_ids.tolist() for s in by_default["lora-b"]] == [s.input_ids.tolist() for s in by_role["lora-b"]]
+    assert len(by_default["lora-a"]) == TASKS * GROUP
+    assert set(writer_only) == {"lora-a"}  # the checker is not trained: the default has no roles left
+
+
 def test_a_step_on_one_role_changes_its_adapter_only(samples: dict[str, list]) -> None:
     model = _model()
     optimizers = policy_optimizers(model, POLICIES.names, lambda ps: torch.optim.AdamW(ps, lr=CONFIG.lr))

@@ -24,6 +24,7 @@ class GRPO(Algorithm[GRPOSection]):
     steps_key = "steps"
     resumable = True
     async_loop = True
+    trains_policies = True
 
     def check(self) -> None:
         loop, per_step = self.config.loop, self.settings.tasks_per_step
@@ -39,6 +40,23 @@ class GRPO(Algorithm[GRPOSection]):
         if self.config.trainer.sharding == "fsdp" and self.settings.lora is not None:
             raise ConfigError("trainer.sharding: fsdp trains full weights, not a LoRA adapter; "
                               "set grpo.lora: null or trainer.sharding: none")
+        if self.config.policies is not None:
+            self._check_policies()
+
+    def _check_policies(self) -> None:
+        """What the loop with a policy per role does not run (yet): each refused with the key to change."""
+        if self.config.loop.mode == "async":
+            raise ConfigError("policies: the async loop trains one policy; a policy per role runs in the sync loop "
+                              "(remove loop or policies)")
+        if self.config.trainer.processes > 1:
+            raise ConfigError("policies: a policy per role trains in one process; set trainer.processes: 1 or drop "
+                              "policies")
+        if self.settings.lora is not None:
+            raise ConfigError("grpo.lora: with policies each policy is a LoRA adapter set by policies.lora "
+                              "(and lora_per_policy); remove grpo.lora")
+        if self.settings.kl_beta > 0:
+            raise ConfigError("grpo.kl_beta: the KL term's reference model is not kept per policy; set kl_beta: 0 "
+                              "or drop policies")
 
     def train_tasks(self) -> int:
         return self.settings.steps * self.settings.tasks_per_step

@@ -7,7 +7,8 @@ collection. Per-step metrics go into the store's ``train_metrics`` table. With `
 the update runs on N data-parallel ranks (:mod:`spanlab.training.data_parallel`); this process stays
 rank 0: it alone reads the samples from the store and pushes the weights (with ``sharding: fsdp``,
 the weights gathered from all ranks). ``loop: {mode: async}`` runs the same parts with rollouts that
-never wait for the trainer (:mod:`spanlab.algos.grpo.async_loop`).
+never wait for the trainer (:mod:`spanlab.algos.grpo.async_loop`). With ``policies`` (a policy per role) the sync
+loop runs each policy's update on its roles' calls (:mod:`spanlab.algos.grpo.policy_parts`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ def train_grpo(job: Job, settings: GRPOSection) -> None:
     """``settings.steps`` GRPO updates of the job's policy, each on ``tasks_per_step`` x ``group_size`` rollouts."""
     assert job.policy is not None, "GRPO trains weights: the framework loads the policy"
     policy, config = job.policy, job.config
+    if config.policies is not None:  # a policy per role: the sync loop with each policy's update and push
+        from spanlab.algos.grpo.policy_parts import policy_step_parts
+
+        run_sync(policy_step_parts(job, settings), partial(_collect, job, settings),
+                 job.steps(settings.steps, settings.tasks_per_step, "GRPO"))
+        return
     update, push = _update(job, settings)
     group_key = None if config.loop.mode == "async" else "task_id"  # async groups carry their own group_id
 

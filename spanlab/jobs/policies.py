@@ -1,0 +1,66 @@
+"""A job's policy per role (``policies:``): its adapters added to the trained model and served, and its servable folder.
+
+The framework loads the base model as for any weight-training job, evaluates it and warm-starts it (the full
+weights: the gateway routes every role to the base model until its policy is first served). Then
+:func:`open_job_policies` adds one LoRA adapter per policy (:func:`~spanlab.policies.adapters.multi_adapter_model`)
+and pushes each one's first version, before the first training rollout. A run's ``final/`` (and ``step-K/``) is
+then the base model as trained (warm start included) with each policy's adapter in ``<folder>/<policy>/`` (a PEFT
+folder vLLM serves with ``--enable-lora``) and ``policies.json`` naming the roles, which ``spanlab serve --model
+<folder>`` reads to serve the adapters and route each role to its own (docs/multi_policy.md).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from spanlab.policies.serving import PolicyAdapters
+from spanlab.serve import POLICIES_FILE
+
+if TYPE_CHECKING:
+    from spanlab.jobs.job import Job
+
+
+def open_job_policies(job: Job) -> PolicyAdapters:
+    """Add an adapter per policy to the job's model and serve every one's first version (their B is zero, so each
+    answers as the model trained so far does)."""
+    from spanlab.policies.adapters import multi_adapter_model
+
+    policy, policies = job.policy, job.config.policies
+    assert policy is not None and policies is not None, "policies need a weight-training job with policies:"
+    policy.model = multi_adapter_model(policy.model, policies)
+    adapters = PolicyAdapters(policy.sync.client, job.rig.store, policies, job.config.run_dir / "policies",
+                              on_served=job.rig.gateway.set_policy_version)
+    adapters.push_all(policy.model)
+    job.policy_adapters = adapters
+    return adapters
+
+
+def write_policies_servable(job: Job, tag: str, info: dict[str, Any]) -> Path:
+    """``run_dir/tag``: the base model's weights as trained (no adapter merged in: each policy has its own), the
+    tokenizer and config, an adapter folder per policy, and ``policies.json``."""
+    from spanlab.engine.model import resolve_model
+    from spanlab.engine.weights import save_weights
+    from spanlab.policies.adapters import base_model_state, save_adapter
+    from spanlab.training.export import write_servable
+
+    policy, adapters = job.policy, job.policy_adapters
+    assert policy is not None and adapters is not None
+    config = job.config
+    base_dir = config.run_dir / f".{tag}-base-weights"
+    try:
+        save_weights(base_model_state(policy.model), base_dir)
+        versions = {name: served.version for name, served in adapters.served.items()}
+        out = write_servable(policy.model, resolve_model(config.engine.model), config.run_dir / tag,
+                             merge_lora=False, info={**info, "policy_versions": versions}, weights_dir=base_dir,
+                             tokenizer=policy.tokenizer)
+    finally:
+        shutil.rmtree(base_dir, ignore_errors=True)
+    for name in adapters.policies.names:
+        folder = save_adapter(policy.model, name, out / name)
+        for f in folder.iterdir():  # safetensors writes 0600; a model folder is for others to serve too
+            f.chmod(0o644)
+    (out / POLICIES_FILE).write_text(json.dumps(adapters.policies.model_dump(mode="json"), indent=2) + "\n")
+    return out
