@@ -42,7 +42,7 @@ def policy_step_parts(job: Job, settings: GRPOSection) -> StepParts:
     def update(rollout_ids: list[str]) -> dict[str, float]:
         samples = samples_by_policy(job.rig.store, rollout_ids, policies, agents=config.agents, group_key="task_id",
                                     token_source=config.token_source, tokenizer=policy.tokenizer,
-                                    chat_template=config.retokenize_template)
+                                    chat_template=config.retokenize_template, credit=settings.credit)
         metrics = step_each_policy(model, optimizers, samples,
                                    lambda m, opt, s: grpo_step(m, opt, s, settings, pad_id=policy.pad_id))
         changed[:] = [p for p, s in samples.items() if s and metrics.get(f"{p}/skipped") != 1.0]
