@@ -4,17 +4,40 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from spanlab.store import SpanStore
-from spanlab.types import Attempt, LLMCall, Rollout, Span
+from spanlab.types import Attempt, LLMCall, Rollout, Span, reward_span
 from tests.engine_fixtures import *  # noqa: F403  (one real vLLM server per session: vllm_server)
 from tests.stores import any_store  # noqa: F401  (SpanStore and StoreClient: tests/stores.py)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED = REPO_ROOT.parent / "shared"
+
+
+def scripted_spans(rollout: Rollout, attempt: Attempt, steps: list[tuple[str, Any]], *, seed: int = 0,
+                   **span_kw: Any) -> tuple[list[Span], dict[str | None, list[str]]]:
+    """A multi-agent attempt's spans written as steps: ``("call", role)`` or ``("call", (role, policy))`` an LLM
+    call, ``("reward", v)`` or ``("final", v)`` a reward span, ``("tied", v)`` a reward tied to the last call.
+    Returns the spans in order and each role's call span IDs."""
+    spans: list[Span] = []
+    calls: dict[str | None, list[str]] = {}
+    last = None
+    for kind, arg in steps:
+        if kind == "call":
+            role, policy = arg if isinstance(arg, tuple) else (arg, None)
+            attributes = {k: v for k, v in (("agent", role), ("policy", policy)) if v is not None}
+            span = llm_span(rollout, attempt, seed=seed + len(spans), attributes=attributes, **span_kw)
+            calls.setdefault(role, []).append(span.span_id)
+            last = span.span_id
+        else:
+            span = reward_span(rollout.rollout_id, attempt.attempt_id, float(arg),
+                               call_span_id=last if kind == "tied" else None)
+        spans.append(span)
+    return spans, calls
 
 
 @pytest.fixture

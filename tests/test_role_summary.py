@@ -13,7 +13,7 @@ import pytest
 
 from spanlab.store import SpanStore, StoreAPI
 from spanlab.types import RolloutConfig, reward_span
-from tests.conftest import llm_span
+from tests.conftest import llm_span, scripted_spans
 
 SPANLAB = str(Path(sys.executable).with_name("spanlab"))
 COLUMNS = ("run_id", "step", "mode", "role", "policy", "rollouts", "llm_calls", "response_tokens",
@@ -36,19 +36,9 @@ def _rollout(store: StoreAPI, step: int, steps: list[tuple[str, Any]], *, mode: 
         store.finish_attempt(got[1].attempt_id, "failed")
         got = store.dequeue(worker_id="w")
         assert got is not None
-    rid, aid = got[0].rollout_id, got[1].attempt_id
-    spans, last = [], None
-    for i, (kind, arg) in enumerate(steps):
-        if kind == "call":
-            role, policy = arg if isinstance(arg, tuple) else (arg, None)
-            attrs = {k: v for k, v in (("agent", role), ("policy", policy)) if v is not None}
-            span = llm_span(*got, seed=i, n_resp=3, attributes=attrs)
-            last = span.span_id
-        else:
-            span = reward_span(rid, aid, float(arg), call_span_id=last if kind == "tied" else None)
-        spans.append(span)
+    spans, _ = scripted_spans(*got, steps, n_resp=3)
     store.add_spans(spans)
-    store.finish_attempt(aid, "succeeded")
+    store.finish_attempt(got[1].attempt_id, "succeeded")
 
 
 def _fill(store: StoreAPI) -> None:

@@ -17,7 +17,7 @@ from spanlab.algos.grpo.advantages import group_advantages, sample_advantages, t
 from spanlab.algos.grpo.config import GRPOCredit, GRPOSection
 from spanlab.store import StoreAPI
 from spanlab.types import LLMCall, Span, reward_span
-from tests.conftest import llm_span
+from tests.conftest import scripted_spans
 
 
 @pytest.fixture
@@ -33,15 +33,7 @@ def _attempt(store: StoreAPI, task_id: str, steps: list[tuple[str, object]]) -> 
     got = store.dequeue(worker_id="w")
     assert got is not None
     rid, aid = rollout.rollout_id, got[1].attempt_id
-    seed, calls, spans, last = int(rid[-6:], 16), {}, [], None
-    for kind, arg in steps:
-        if kind == "call":
-            span = llm_span(*got, seed=seed + len(spans), n_prompt=4, n_resp=2, attributes={"agent": arg})
-            calls.setdefault(arg, []).append(span.span_id)
-            last = span.span_id
-        else:
-            span = reward_span(rid, aid, float(arg), call_span_id=last if kind == "tied" else None)
-        spans.append(span)
+    spans, calls = scripted_spans(*got, steps, seed=int(rid[-6:], 16), n_prompt=4, n_resp=2)
     store.add_spans(spans)
     store.finish_attempt(aid, "succeeded")
     return rid, calls
