@@ -32,7 +32,7 @@ from rich.console import Console
 from spanlab.config import parse
 from spanlab.engine.config import Device, EngineConfig, detect_device
 from spanlab.errors import ConfigError
-from spanlab.policies.config import PoliciesConfig
+from spanlab.policies.config import PoliciesConfig, version_tag
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ def _policy_adapters(folder: Path, engine: dict[str, Any]) -> dict[str, Any]:
     info_file = folder / "spanlab_checkpoint.json"
     written = json.loads(info_file.read_text()).get("policy_versions", {}) if info_file.is_file() else {}
     return {"policies": policies.model_dump(mode="json"),
-            "policy_versions": {p: f"{p}-v{v}" for p, v in written.items() if p in policies.names}}
+            "policy_versions": {p: version_tag(p, v) for p, v in written.items() if p in policies.names}}
 
 
 def serve_command(model_dir: Path) -> str:

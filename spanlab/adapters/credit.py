@@ -134,20 +134,20 @@ def turn_rewards(store: StoreAPI, rollout_ids: Sequence[str], credit: CreditConf
     attempts = {a.attempt_id: r.rollout_id for r, a in store.last_attempts(list(dict.fromkeys(rollout_ids)))}
     if not attempts:
         return []
-    timeline = RewardTimeline.read(store, list(attempts), credit.discount)
-    finals = _final_rewards(store, list(attempts))
+    # per_turn reads every reward span's position, broadcast only each attempt's final reward
+    timeline = RewardTimeline.read(store, list(attempts), credit.discount) if credit.per_turn else None
+    finals = {} if credit.per_turn else _final_rewards(store, list(attempts))
     calls = store.spans_table(attempt_ids=list(attempts), kinds=["llm_call"],
                               columns=["attempt_id", "span_id", "sequence_id", "attributes"])
     wanted = None if agents is None else set(agents)
-    rewarded = timeline.rewarded()
     out = []
     cols = (calls[c].to_pylist() for c in ("attempt_id", "span_id", "sequence_id", "attributes"))
     for aid, sid, seq, attrs in zip(*cols, strict=True):
         role = call_role(attrs)
         if wanted is not None and role not in wanted:
             continue
-        if credit.per_turn:
-            if aid in rewarded:
+        if timeline is not None:
+            if aid in timeline.positions:  # rewarded
                 out.append(TurnReward(attempts[aid], aid, sid, int(seq), role, timeline.return_after(aid, int(seq))))
         elif aid in finals:
             out.append(TurnReward(attempts[aid], aid, sid, int(seq), role, finals[aid]))

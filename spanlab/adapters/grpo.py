@@ -38,7 +38,7 @@ from typing import Any, Literal
 import numpy as np
 import pyarrow as pa
 
-from spanlab.adapters.credit import CreditConfig, RewardTimeline
+from spanlab.adapters.credit import CreditConfig, RewardTimeline, call_role
 from spanlab.adapters.retokenize import Retokenizer, TokenSource, retokenize_samples
 from spanlab.adapters.samples import Batch, Sample, collate, micro_batches
 from spanlab.store.base import StoreAPI
@@ -190,10 +190,9 @@ def _call_agents(store: StoreAPI, attempt_ids: list[str]) -> tuple[dict[str, str
     tbl = store.spans_table(attempt_ids=attempt_ids, kinds=["llm_call"],
                             columns=["span_id", "sequence_id", "attributes"])
     span_ids = tbl["span_id"].to_pylist()
-    agents = {sid: (json.loads(attrs) if attrs else {}).get("agent")
-              for sid, attrs in zip(span_ids, tbl["attributes"].to_pylist(), strict=True)}
+    agents = {sid: call_role(attrs) for sid, attrs in zip(span_ids, tbl["attributes"].to_pylist(), strict=True)}
     positions = dict(zip(span_ids, tbl["sequence_id"].to_pylist(), strict=True))
-    return {sid: agent for sid, agent in agents.items() if agent is not None}, positions
+    return {sid: agent for sid, agent in agents.items() if agent}, positions
 
 
 def _read_rewards(store: StoreAPI, attempt_ids: list[str]) -> _Rewards:

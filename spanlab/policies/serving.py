@@ -17,7 +17,7 @@ from typing import Any
 
 from spanlab.engine.weights import ReplicaWeightSync, SyncTiming
 from spanlab.policies.adapters import save_adapter
-from spanlab.policies.config import PoliciesConfig
+from spanlab.policies.config import PoliciesConfig, version_tag
 from spanlab.store.base import StoreAPI
 
 logger = logging.getLogger(__name__)
@@ -28,11 +28,6 @@ RESOURCE_PREFIX = "policy/"
 def resource_name(policy: str) -> str:
     """The store resource whose versions are ``policy``'s adapters."""
     return RESOURCE_PREFIX + policy
-
-
-def version_tag(policy: str, version: int) -> str:
-    """What spans record as the version of ``policy`` that answered them."""
-    return f"{policy}-v{version}"
 
 
 @dataclass(frozen=True)

@@ -11,13 +11,13 @@ sampled them. The update itself is the algorithm's
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from spanlab.adapters.credit import call_role
 from spanlab.adapters.grpo import iter_samples
 from spanlab.adapters.samples import Sample
 from spanlab.policies.config import PoliciesConfig
@@ -66,7 +66,7 @@ def _roles_called(store: StoreAPI, rollout_ids: Sequence[str]) -> set[str]:
     if not rollout_ids:
         return set()
     tbl = store.spans_table(rollout_ids=list(rollout_ids), kinds=["llm_call"], columns=["attributes"])
-    return {(json.loads(attrs) if attrs else {}).get("agent") or "" for attrs in tbl["attributes"].to_pylist()}
+    return {call_role(attrs) for attrs in tbl["attributes"].to_pylist()}
 
 
 def step_each_policy(model: Any, optimizers: Mapping[str, torch.optim.Optimizer],

@@ -25,6 +25,7 @@ import torch
 from spanlab.adapters.conversation import encode_conversation
 from spanlab.engine.weights import ReplicaWeightSync, SyncTiming, save_weights
 from spanlab.errors import ConfigError
+from spanlab.policies.config import version_tag
 from spanlab.training.model import apply_lora
 from spanlab.training.settings import LoraConfig, SFTConfig
 from spanlab.training.supervised import sft_train
@@ -74,7 +75,7 @@ class PolicySync:
 
     def push(self, model: torch.nn.Module) -> SyncTiming:
         self.version += 1
-        tag = f"policy-v{self.version}"
+        tag = version_tag("policy", self.version)
         path, timing = self._send(model, tag)
         self.pushed_dir = None
         return self._record(tag, path, timing)
@@ -82,7 +83,7 @@ class PolicySync:
     def serve_again(self, model: torch.nn.Module) -> SyncTiming:
         """Serve ``model`` as the current version without recording a new one (a resumed run's restored weights:
         rollouts must keep naming the version the store already holds)."""
-        return self._send(model, f"policy-v{self.version}")[1]
+        return self._send(model, version_tag("policy", self.version))[1]
 
     def _send(self, model: torch.nn.Module, tag: str) -> tuple[Path, SyncTiming]:
         if hasattr(model, "peft_config"):  # a peft LoRA model: ship the adapter only
@@ -102,7 +103,7 @@ class PolicySync:
     def push_dir(self, path: Path) -> SyncTiming:
         """Serve full weights another trainer saved (an HF folder with safetensors, e.g. Unsloth's merged save)."""
         self.version += 1
-        tag = f"policy-v{self.version}"
+        tag = version_tag("policy", self.version)
         timing = self.client.reload_weights(path, version=tag)
         self.served_name = self.base_served_name
         self.pushed_dir = Path(path)
