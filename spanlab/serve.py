@@ -32,7 +32,8 @@ from rich.console import Console
 from spanlab.config import parse
 from spanlab.engine.config import Device, EngineConfig, detect_device
 from spanlab.errors import ConfigError
-from spanlab.policies.config import PoliciesConfig, version_tag
+from spanlab.policies.config import PoliciesConfig
+from spanlab.types import version_tag
 
 logger = logging.getLogger(__name__)
 

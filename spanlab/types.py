@@ -78,6 +78,11 @@ def now() -> float:
     return time.time()
 
 
+def version_tag(policy: str, version: int) -> str:
+    """What spans record as the version of ``policy`` that answered them (``lora-a-v3``)."""
+    return f"{policy}-v{version}"
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:16]}"
 

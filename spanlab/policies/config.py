@@ -30,11 +30,6 @@ BASE = "base"  # what spans record as their policy when a call goes to the base 
 VLLM_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
-def version_tag(policy: str, version: int) -> str:
-    """What spans record as the version of ``policy`` that answered them (``lora-a-v3``)."""
-    return f"{policy}-v{version}"
-
-
 class PoliciesConfig(BaseModel):
     """Roles -> policies, and each policy's LoRA settings (shared ``lora``, overridden per policy)."""
 

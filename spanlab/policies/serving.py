@@ -17,8 +17,9 @@ from typing import Any
 
 from spanlab.engine.weights import ReplicaWeightSync, SyncTiming
 from spanlab.policies.adapters import save_adapter
-from spanlab.policies.config import PoliciesConfig, version_tag
+from spanlab.policies.config import PoliciesConfig
 from spanlab.store.base import StoreAPI
+from spanlab.types import version_tag
 
 logger = logging.getLogger(__name__)
 

@@ -25,10 +25,10 @@ import torch
 from spanlab.adapters.conversation import encode_conversation
 from spanlab.engine.weights import ReplicaWeightSync, SyncTiming, save_weights
 from spanlab.errors import ConfigError
-from spanlab.policies.config import version_tag
 from spanlab.training.model import apply_lora
 from spanlab.training.settings import LoraConfig, SFTConfig
 from spanlab.training.supervised import sft_train
+from spanlab.types import version_tag
 
 if TYPE_CHECKING:
     from spanlab.progress import PhaseProgress
