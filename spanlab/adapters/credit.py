@@ -16,7 +16,15 @@ spans with a larger ``sequence_id`` (tied to a call or not, intermediate or fina
     G = sum_{k=0}^{K-1} discount**k * r_k
 
 so with ``discount: 1`` a turn gets the sum of every later reward, and the turn before the final reward gets it
-undiscounted. A turn with no reward after it gets 0.0. The exponent counts rewards, not calls: a role that
+undiscounted. A turn with no reward after it gets 0.0.
+
+Which later rewards count (``scope``). ``attempt``: every one. ``role``: the attempt's final reward (its last
+reward span not tied to a call, as ``rollout_summary`` reads it) and the intermediate rewards that *belong* to
+the turn's role. An intermediate reward belongs to the role of the call it names (``call_span_id``), else to the
+role of the last call recorded before it, which is how the ``role_summary`` view attributes it. Why: with
+``attempt`` a writer's turn is also paid for the checker's verdict on its query, so a wrong draft that the
+checker rightly rejects earns the writer more than a right one; with ``role`` each role is paid for its own
+work and for the outcome. The exponent counts rewards, not calls: a role that
 makes more calls does not discount its later rewards more. Only attempts with at least one reward span are read
 (an attempt with none is skipped, as the broadcast mode skips one with no final reward).
 
@@ -41,9 +49,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 if TYPE_CHECKING:
     from spanlab.store.base import StoreAPI
 
-__all__ = ["CreditConfig", "CreditMode", "RewardTimeline", "TurnReward", "discounted_return", "turn_rewards"]
+__all__ = ["CreditConfig", "CreditMode", "CreditScope", "RewardTimeline", "TurnReward", "discounted_return", "turn_rewards"]
 
 CreditMode = Literal["broadcast", "per_turn"]
+CreditScope = Literal["attempt", "role"]
 
 
 class CreditConfig(BaseModel):
@@ -54,11 +63,16 @@ class CreditConfig(BaseModel):
     mode: CreditMode = Field(default="broadcast", description=(
         "broadcast: every turn takes the attempt's final reward; per_turn: the rewards recorded after it"))
     discount: float = Field(default=1.0, gt=0, le=1, description="per later reward, per_turn only (1 = no discount)")
+    scope: CreditScope = Field(default="attempt", description=(
+        "per_turn only: attempt = every later reward; role = the final reward and the later intermediate "
+        "rewards of the turn's own role"))
 
     @model_validator(mode="after")
-    def _discount_needs_per_turn(self) -> CreditConfig:
+    def _settings_need_per_turn(self) -> CreditConfig:
         if self.mode == "broadcast" and self.discount != 1.0:
             raise ValueError(f"discount {self.discount} has no effect with mode 'broadcast'; set mode: per_turn")
+        if self.mode == "broadcast" and self.scope != "attempt":
+            raise ValueError(f"scope {self.scope!r} has no effect with mode 'broadcast'; set mode: per_turn")
         return self
 
     @property
@@ -82,32 +96,73 @@ class RewardTimeline:
     discount: float
     positions: dict[str, list[int]]  # attempt_id -> sequence_ids of its reward spans, ascending
     values: dict[str, list[float]]  # attempt_id -> their values, in the same order
+    owners: dict[str, list[str | None]] | None = None  # scope role: each reward's role (None: the final reward)
 
     @classmethod
-    def read(cls, store: StoreAPI, attempt_ids: Sequence[str], discount: float) -> RewardTimeline:
+    def read(cls, store: StoreAPI, attempt_ids: Sequence[str], discount: float,
+             scope: CreditScope = "attempt") -> RewardTimeline:
         """The reward spans of ``attempt_ids`` (any store: the typed ``spans_table`` read)."""
         tbl = store.spans_table(attempt_ids=list(attempt_ids), kinds=["reward"],
-                                columns=["attempt_id", "sequence_id", "reward_value"])  # attempt, sequence order
+                                columns=["attempt_id", "sequence_id", "reward_value", "reward_call_span_id"])
         positions: dict[str, list[int]] = defaultdict(list)
         values: dict[str, list[float]] = defaultdict(list)
-        cols = (tbl[c].to_pylist() for c in ("attempt_id", "sequence_id", "reward_value"))
-        for aid, seq, value in zip(*cols, strict=True):
+        tied: dict[str, list[str | None]] = defaultdict(list)
+        cols = (tbl[c].to_pylist() for c in ("attempt_id", "sequence_id", "reward_value", "reward_call_span_id"))
+        for aid, seq, value, call_id in zip(*cols, strict=True):  # attempt, then sequence order
             positions[aid].append(int(seq))
             values[aid].append(float(value))
-        return cls(discount, dict(positions), dict(values))
+            tied[aid].append(call_id)
+        owners = _owners(store, positions, tied) if scope == "role" else None
+        return cls(discount, dict(positions), dict(values), owners)
 
     def rewarded(self) -> set[str]:
         """Attempts with at least one reward span."""
         return set(self.positions)
 
-    def after(self, attempt_id: str, sequence_id: int) -> list[float]:
-        """The attempt's rewards recorded after position ``sequence_id``, in order."""
+    def after(self, attempt_id: str, sequence_id: int, role: str | None = None) -> list[float]:
+        """The attempt's rewards recorded after position ``sequence_id``, in order (scope role: ``role``'s)."""
         seqs = self.positions.get(attempt_id, [])
-        return self.values.get(attempt_id, [])[bisect.bisect_right(seqs, sequence_id):]
+        start = bisect.bisect_right(seqs, sequence_id)
+        later = self.values.get(attempt_id, [])[start:]
+        if self.owners is None:
+            return later
+        owners = self.owners[attempt_id][start:] if attempt_id in self.owners else []
+        return [v for v, owner in zip(later, owners, strict=True) if owner is None or owner == (role or "")]
 
-    def return_after(self, attempt_id: str, sequence_id: int) -> float:
-        """The discounted return of a turn at ``sequence_id`` (0.0 when no reward follows it)."""
-        return discounted_return(self.after(attempt_id, sequence_id), self.discount)
+    def return_after(self, attempt_id: str, sequence_id: int, role: str | None = None) -> float:
+        """The discounted return of a turn of ``role`` at ``sequence_id`` (0.0 when no reward follows it)."""
+        return discounted_return(self.after(attempt_id, sequence_id, role), self.discount)
+
+
+def _owners(store: StoreAPI, positions: dict[str, list[int]],
+            tied: dict[str, list[str | None]]) -> dict[str, list[str | None]]:
+    """Each reward's role: None for an attempt's final reward (its last one tied to no call), else the role of
+    the call it names, else of the last call before it ("" when no call precedes it)."""
+    calls = store.spans_table(attempt_ids=list(positions), kinds=["llm_call"],
+                              columns=["attempt_id", "span_id", "sequence_id", "attributes"])
+    role_of: dict[str, str] = {}
+    call_seqs: dict[str, list[int]] = defaultdict(list)
+    call_roles: dict[str, list[str]] = defaultdict(list)
+    cols = (calls[c].to_pylist() for c in ("attempt_id", "span_id", "sequence_id", "attributes"))
+    for aid, sid, seq, attrs in zip(*cols, strict=True):
+        role_of[sid] = call_role(attrs)
+        call_seqs[aid].append(int(seq))
+        call_roles[aid].append(role_of[sid])
+    owners: dict[str, list[str | None]] = {}
+    for aid, seqs in positions.items():
+        untied = [i for i, call_id in enumerate(tied[aid]) if call_id is None]
+        final = untied[-1] if untied else None
+        row: list[str | None] = []
+        for i, (seq, call_id) in enumerate(zip(seqs, tied[aid], strict=True)):
+            if i == final:
+                row.append(None)
+            elif call_id is not None and call_id in role_of:
+                row.append(role_of[call_id])
+            else:
+                before = bisect.bisect_left(call_seqs[aid], seq)
+                row.append(call_roles[aid][before - 1] if before else "")
+        owners[aid] = row
+    return owners
 
 
 @dataclass(frozen=True)
@@ -135,7 +190,7 @@ def turn_rewards(store: StoreAPI, rollout_ids: Sequence[str], credit: CreditConf
     if not attempts:
         return []
     # per_turn reads every reward span's position, broadcast only each attempt's final reward
-    timeline = RewardTimeline.read(store, list(attempts), credit.discount) if credit.per_turn else None
+    timeline = RewardTimeline.read(store, list(attempts), credit.discount, credit.scope) if credit.per_turn else None
     finals = {} if credit.per_turn else _final_rewards(store, list(attempts))
     calls = store.spans_table(attempt_ids=list(attempts), kinds=["llm_call"],
                               columns=["attempt_id", "span_id", "sequence_id", "attributes"])
@@ -148,7 +203,8 @@ def turn_rewards(store: StoreAPI, rollout_ids: Sequence[str], credit: CreditConf
             continue
         if timeline is not None:
             if aid in timeline.positions:  # rewarded
-                out.append(TurnReward(attempts[aid], aid, sid, int(seq), role, timeline.return_after(aid, int(seq))))
+                out.append(TurnReward(attempts[aid], aid, sid, int(seq), role,
+                                      timeline.return_after(aid, int(seq), role)))
         elif aid in finals:
             out.append(TurnReward(attempts[aid], aid, sid, int(seq), role, finals[aid]))
     return out

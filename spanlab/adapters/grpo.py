@@ -109,7 +109,7 @@ def _iter_exact(store: StoreAPI, rollout_ids: Sequence[str], *, group_key: str |
     has_reward = rewards.final.keys() | (rewards.per_call_attempts if reward == "per_call" else set())
     timeline = None
     if credit is not None and credit.per_turn:
-        timeline = RewardTimeline.read(store, list(attempts), credit.discount)
+        timeline = RewardTimeline.read(store, list(attempts), credit.discount, credit.scope)
         has_reward = timeline.rewarded()
     rewarded = {a: group for a, (_, group) in attempts.items() if a in has_reward}  # attempt_id -> group_id
     skipped = sorted({rid for a, (rid, _) in attempts.items() if a not in rewarded}
@@ -122,7 +122,7 @@ def _iter_exact(store: StoreAPI, rollout_ids: Sequence[str], *, group_key: str |
 
     def reward_of(span_ids: list[str], attempt_id: str) -> float | None:
         if timeline is not None:  # a turn's position is its first call's
-            return timeline.return_after(attempt_id, positions[span_ids[0]])
+            return timeline.return_after(attempt_id, positions[span_ids[0]], roles.get(span_ids[0], ""))
         return _reward_of(span_ids, attempt_id, rewards, reward)
 
     wanted = None if agents is None else set(agents)

@@ -63,6 +63,40 @@ def test_each_turn_gets_the_discounted_rewards_recorded_after_it(store: StoreAPI
     assert turn_rewards(store, [rid], credit, agents=["checker"])[0].role == "checker"
 
 
+@pytest.mark.parametrize(("discount", "expected"), [
+    (0.5, {"writer": 0.2 + 0.5 * 1.0, "checker": 0.5 + 0.5 * 1.0, "rewriter": 1.0 + 0.5 * 1.0}),
+    (1.0, {"writer": 1.2, "checker": 1.5, "rewriter": 2.0}),
+])
+def test_scope_role_pays_each_turn_its_own_roles_rewards_and_the_final_one(store: StoreAPI, discount: float,
+                                                                            expected: dict[str, float]) -> None:
+    rid, _ = _attempt(store, "t", SQL_ATTEMPT)  # 0.2 follows the writer, 0.5 the checker, 1.0 is tied to the rewriter
+    credit = CreditConfig(mode="per_turn", discount=discount, scope="role")
+    assert {t.role: t.reward for t in turn_rewards(store, [rid], credit)} == pytest.approx(expected, abs=1e-12)
+    assert {s.role: s.reward for s in iter_samples(store, [rid], credit=credit)} == pytest.approx(expected, abs=1e-12)
+    # the role_summary view attributes the intermediate rewards the same way
+    table = store.query("SELECT role, intermediate_reward_sum FROM role_summary").to_pydict()
+    per_role = dict(zip(table["role"], table["intermediate_reward_sum"], strict=True))
+    assert per_role == pytest.approx({"checker": 0.5, "rewriter": 1.0, "writer": 0.2})
+
+
+def test_a_reward_tied_to_an_earlier_call_belongs_to_that_calls_role(store: StoreAPI) -> None:
+    rollout = store.enqueue_one({"task_id": "t"})
+    got = store.dequeue(worker_id="w")
+    assert got is not None
+    rid, aid = rollout.rollout_id, got[1].attempt_id
+    spans, calls = scripted_spans(*got, [("call", "writer"), ("call", "checker")], n_prompt=4, n_resp=2)
+    late = reward_span(rid, aid, 0.25, call_span_id=calls["writer"][0])  # recorded after the checker's call
+    store.add_spans([*spans, late, reward_span(rid, aid, 1.0)])
+    store.finish_attempt(aid, "succeeded")
+    turns = turn_rewards(store, [rid], CreditConfig(mode="per_turn", scope="role"))
+    assert {t.role: t.reward for t in turns} == {"writer": 1.25, "checker": 1.0}
+
+
+def test_scope_needs_per_turn() -> None:
+    with pytest.raises(ValueError, match="scope 'role' has no effect with mode 'broadcast'"):
+        CreditConfig(scope="role")
+
+
 def test_a_turn_after_the_last_reward_gets_zero_and_an_attempt_with_no_reward_is_skipped(store: StoreAPI) -> None:
     rid, _ = _attempt(store, "t", [("call", "writer"), ("reward", 0.7), ("call", "checker")])
     credit = CreditConfig(mode="per_turn", discount=0.9)

@@ -16,7 +16,7 @@ import pytest
 
 from spanlab.agents.sql import SQLAgent, demonstration, make_tasks
 from spanlab.agents.sql.execution import execution_match, extract_sql
-from spanlab.agents.sql.prompts import WRITER_PROMPT, verdict_ok
+from spanlab.agents.sql.prompts import WRITER_PROMPT, verdict_ok, verdict_right
 from spanlab.gateway import GatewayServer
 from spanlab.runner import Worker
 from spanlab.runner.agent import load_agent
@@ -49,6 +49,10 @@ def _run(store: SpanStore, gateway: GatewayServer, agent: SQLAgent, tasks: list[
     return by_task
 
 
+def _last_call_before(spans: list[Span], span: Span) -> Span:
+    return [s for s in spans if s.kind == "llm_call" and (s.sequence_id or 0) < (span.sequence_id or 0)][-1]
+
+
 def _custom(spans: list[Span], name: str) -> list[dict[str, Any]]:
     return [s.attributes for s in spans if s.name == name]
 
@@ -66,8 +70,9 @@ def test_roles_are_recorded_as_separate_agents_with_a_reward(
     for task, attempt_id, spans in results.values():
         calls = [s for s in spans if s.kind == "llm_call"]
         roles = [c.attributes.get("agent") for c in calls]
-        (reward,) = [s.reward.value for s in spans if s.reward is not None]
-        assert reward in (0.0, 1.0)
+        rewards = {s.reward.name: s for s in spans if s.reward is not None}
+        reward = rewards["reward"].reward.value  # the final reward, recorded last
+        assert reward in (0.0, 1.0) and spans[-1] is rewards["reward"]
         assert roles[0] == "writer" and roles.count("writer") == 1 and set(roles) <= {"writer", "checker", "rewriter"}
         assert roles.count("checker") == 1 and roles.count("rewriter") <= 1  # rounds=1
 
@@ -83,6 +88,20 @@ def test_roles_are_recorded_as_separate_agents_with_a_reward(
         kept_draft = len(execs) == 1 or (execs[0]["ok"] and not execs[1]["ok"])  # a failing rewrite never wins
         assert final["sql"] == execs[0 if kept_draft else 1]["sql"]
         assert final["match"] == bool(reward) == execution_match(task["db"], final["sql"], task["gold_sql"])
+
+        # The intermediate rewards judge the call right before them: the verdict against the draft's real
+        # outcome, the rewrite by whether it fixed a query that did not match.
+        draft_matches = execution_match(task["db"], execs[0]["sql"], task["gold_sql"])
+        verdict = rewards["sql.verdict"]
+        assert verdict.reward.value == float(verdict_right(replies[1], draft_matches))
+        assert _last_call_before(spans, verdict).attributes["agent"] == "checker"
+        assert ("sql.fix" in rewards) == rewrote
+        if rewrote:
+            fix = rewards["sql.fix"]
+            rewrite = execs[1]["sql"] if len(execs) > 1 else None
+            fixed = rewrite is not None and execution_match(task["db"], rewrite, task["gold_sql"])
+            assert fix.reward.value == float(fixed and not draft_matches)
+            assert _last_call_before(spans, fix).attributes["agent"] == "rewriter"
 
         # The writer's request is exactly the demonstration's prompt: messages and token IDs.
         demo = demonstration(task)
@@ -130,3 +149,13 @@ def test_roles_are_validated() -> None:
             SQLAgent("m", roles=roles)
     with pytest.raises(ValueError, match="rounds"):
         SQLAgent("m", rounds=-1)
+
+
+@pytest.mark.parametrize(("verdict", "draft_matches", "right"), [
+    ("OK", True, True), ("**OK** it answers", True, True), ("OK", False, False),
+    ("WRONG: misses the filter", False, True), ("incorrect, the join is wrong", False, True),
+    ("WRONG: x", True, False), ("The query selects names.", False, False), ("", True, False), (None, False, False),
+])
+def test_a_verdict_is_right_only_when_it_is_a_verdict_that_matches_the_draft(
+        verdict: str | None, draft_matches: bool, right: bool) -> None:
+    assert verdict_right(verdict, draft_matches) is right

@@ -9,6 +9,12 @@ draft ran (the orchestrator runs both, so a broken rewrite cannot undo a working
 repeats check -> rewrite. Reward: 1.0 when the final query's result matches the gold query's
 (``execution.execution_match``), else 0.0.
 
+Two intermediate rewards (``ctx.add_reward``), each recorded right after the call it judges, so per-turn credit
+(``grpo.credit``, :mod:`spanlab.adapters.credit`) can pay each role for its own work: ``sql.verdict`` (1.0 when
+the checker said OK to a query that matches the gold result or WRONG to one that does not, else 0.0; its mean
+over an evaluation is the checker's verdict accuracy) and ``sql.fix`` (1.0 when the rewrite matches the gold
+result and the query it was asked to fix did not, else 0.0).
+
 Each role is an OpenAI Agents SDK agent of its own (``instructions`` = its one-line system prompt,
 ``OpenAIChatCompletionsModel`` on ``AsyncOpenAI(base_url=ctx.agent_base_url(role))``), so every call
 is recorded as a span with ``attributes.agent = role`` and, with TITO, each role keeps its own token
@@ -44,6 +50,7 @@ from spanlab.agents.sql.prompts import (
     checker_user,
     rewriter_user,
     verdict_ok,
+    verdict_right,
 )
 from spanlab.runner.agent import Agent, RolloutContext
 
@@ -113,16 +120,20 @@ class SQLAgent(Agent):
         )  # fmt: skip
         return result
 
+    async def _matches(self, db: str, sql: str | None, gold_sql: str) -> bool:
+        return await asyncio.to_thread(execution_match, db, sql, gold_sql, timeout_s=self.exec_timeout_s)
+
     async def run(self, task: Any, ctx: RolloutContext) -> float:
         if ctx.llm_base_url is None:
             raise ValueError("SQLAgent needs a gateway: run it with a Worker that has gateway_url set")
-        db, question = task["db"], task["question"]
+        db, question, gold = task["db"], task["question"], task["gold_sql"]
         schema = schema_text(db)
         reply = await self.ask("writer", writer_messages(task)[1]["content"], ctx.agent_base_url("writer"),
                                ctx.llm_api_key)
         sql = extract_sql(reply)
         author: Role = "writer"  # the role whose query is the current one
         result = await self._execute(ctx, db, sql, author, 0)
+        match: bool | None = None  # whether the current query matches the gold result, once asked
         for round_ in range(1, self.rounds + 1):
             verdict = None
             if "checker" in self.roles:
@@ -130,8 +141,10 @@ class SQLAgent(Agent):
                     "checker", checker_user(schema, question, sql, reply, result), ctx.agent_base_url("checker"),
                     ctx.llm_api_key,
                 )
+                match = await self._matches(db, sql, gold) if match is None else match
                 await asyncio.to_thread(ctx.add_span, "sql.check", round=round_, verdict=verdict,
                                         ok=verdict_ok(verdict), sql=sql)  # fmt: skip
+                await asyncio.to_thread(ctx.add_reward, float(verdict_right(verdict, match)), name="sql.verdict")
             if result.ok and (verdict is None or verdict_ok(verdict)):
                 break  # approved, or no checker to object to a query that runs
             if "rewriter" not in self.roles:
@@ -142,13 +155,16 @@ class SQLAgent(Agent):
                 ctx.llm_api_key,
             )
             fixed = extract_sql(reply)
+            match = await self._matches(db, sql, gold) if match is None else match
+            fixed_match = fixed is not None and await self._matches(db, fixed, gold)
+            await asyncio.to_thread(ctx.add_reward, float(fixed_match and not match), name="sql.fix")
             if fixed is None:
                 logger.debug("task %s: rewriter gave no SQL, keeping the draft", task.get("task_id"))
                 break
             rewritten = await self._execute(ctx, db, fixed, "rewriter", round_)
             if result.ok and not rewritten.ok:
                 break  # the orchestrator ran both: a rewrite that fails never replaces a draft that runs
-            sql, author, result = fixed, "rewriter", rewritten
-        match = await asyncio.to_thread(execution_match, db, sql, task["gold_sql"], timeout_s=self.exec_timeout_s)
+            sql, author, result, match = fixed, "rewriter", rewritten, fixed_match
+        match = await self._matches(db, sql, gold) if match is None else match
         await asyncio.to_thread(ctx.add_span, "sql.final", sql=sql, author=author, match=match)
         return float(match)

@@ -21,6 +21,7 @@ CHECKER_PROMPT = "You check SQLite queries. Reply OK if the query answers the qu
 REWRITER_PROMPT = "You fix SQLite queries. Reply with the corrected query in a ```sql code block."
 
 _VERDICT_OK = re.compile(r"\s*(?:\**)\s*(OK|CORRECT)\b", re.IGNORECASE)
+_VERDICT_WRONG = re.compile(r"\s*(?:\**)\s*(WRONG|INCORRECT)\b", re.IGNORECASE)
 _PREVIEW_ROWS = 5
 _MAX_DRAFT_CHARS = 600
 
@@ -54,6 +55,14 @@ def rewriter_user(schema: str, question: str, sql: str | None, reply: str, probl
 def verdict_ok(text: str | None) -> bool:
     """Whether the checker's reply approves the query (its first word is OK or CORRECT)."""
     return bool(text and _VERDICT_OK.match(text))
+
+
+def verdict_right(text: str | None, draft_matches: bool) -> bool:
+    """Whether the checker judged the draft as it is: OK on a draft that matches the gold result, WRONG on one
+    that does not. A reply that starts with neither is never right (it is not a verdict)."""
+    if verdict_ok(text):
+        return draft_matches
+    return bool(text and _VERDICT_WRONG.match(text)) and not draft_matches
 
 
 def messages(system: str, user: str) -> list[dict[str, str]]:
