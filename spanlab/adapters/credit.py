@@ -49,7 +49,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 if TYPE_CHECKING:
     from spanlab.store.base import StoreAPI
 
-__all__ = ["CreditConfig", "CreditMode", "CreditScope", "RewardTimeline", "TurnReward", "discounted_return", "turn_rewards"]
+__all__ = ["CreditConfig", "CreditMode", "CreditScope", "RewardTimeline", "TurnReward", "discounted_return",
+           "turn_rewards"]
 
 CreditMode = Literal["broadcast", "per_turn"]
 CreditScope = Literal["attempt", "role"]

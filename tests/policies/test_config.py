@@ -109,3 +109,25 @@ def test_the_sql_tutorials_policies_config_passes_the_checks() -> None:
     check_job(config)
     assert config.policies is not None and config.policies.names == ("checker", "rewriter", "writer")
     assert config.engine.enable_lora and config.engine.max_loras >= 3
+    credit = config.resolved()["grpo"]["credit"]
+    assert credit == {"mode": "per_turn", "discount": 0.5, "scope": "role", "normalize": None}
+
+
+def test_the_sql_tutorials_shared_control_differs_from_policies_yaml_only_in_policy_and_credit() -> None:
+    """tutorials/sql/policies_shared.yaml is the control arm: one adapter for every role, the final reward
+    broadcast; everything else (start, budget, LoRA settings, evaluation) as in policies.yaml."""
+    from pathlib import Path
+
+    from spanlab.jobs.config import load_train_config
+
+    folder = Path(__file__).resolve().parents[2] / "tutorials" / "sql"
+    per_role, shared = (load_train_config(folder / f).resolved() for f in ("policies.yaml", "policies_shared.yaml"))
+    assert shared["policies"]["roles"] == {"writer": "shared", "checker": "shared", "rewriter": "shared"}
+    assert shared["grpo"]["credit"]["mode"] == "broadcast" and per_role["grpo"]["credit"]["mode"] == "per_turn"
+    differ = {k for k in per_role.keys() | shared.keys() if per_role.get(k) != shared.get(k)}
+    assert differ == {"run_name", "db", "policies", "grpo", "engine"}
+    for section in ("policies", "grpo"):
+        differ = {k for k in per_role[section] if per_role[section][k] != shared[section][k]}
+        assert differ == {"roles" if section == "policies" else "credit"}, (section, differ)
+    engine_differ = {k for k in per_role["engine"] if per_role["engine"][k] != shared["engine"][k]}
+    assert engine_differ <= {"max_loras", "lora_modules"}, engine_differ
