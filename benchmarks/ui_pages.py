@@ -117,6 +117,7 @@ def time_pages(db: Path, reps: int, tokenizer: Path | None) -> list[tuple[str, f
             ("token view, TITO session (800 tokens)", "GET", f"/api/sessions/{first['last_attempt_id']}/tokens", None),
             ("runs", "GET", "/api/runs", None),
             ("curves (2 metrics x 1,000 steps)", "GET", "/api/runs/bench-run/metrics?names=reward_mean,loss", None),
+            ("per-role table of a run (role_summary)", "GET", "/api/runs/bench-run/roles", None),
             ("SQL box: count(*) FROM llm_calls", "POST", "/api/sql", {"query": "SELECT count(*) FROM llm_calls"}),
             ("SQL box: rollout_summary LIMIT 50 (naive)", "POST", "/api/sql",
              {"query": "SELECT * EXCLUDE (input, metadata) FROM rollout_summary LIMIT 50"}),

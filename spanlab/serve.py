@@ -32,7 +32,7 @@ from rich.console import Console
 from spanlab.config import parse
 from spanlab.engine.config import Device, EngineConfig, detect_device
 from spanlab.errors import ConfigError
-from spanlab.policies.config import PoliciesConfig
+from spanlab.policies.config import PoliciesConfig, engine_lora_settings
 from spanlab.types import version_tag
 
 logger = logging.getLogger(__name__)
@@ -144,9 +144,7 @@ def _policy_adapters(folder: Path, engine: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"--model {folder}: {POLICIES_FILE} is not a policies config: {exc}".splitlines()[0]) from exc
     if missing := [p for p in policies.names if not (folder / p / "adapter_config.json").is_file()]:
         raise ConfigError(f"--model {folder}: no adapter folder {folder / missing[0]} (named by {POLICIES_FILE})")
-    max_loras, max_rank = policies.engine_lora()
-    engine.update(enable_lora=True, max_loras=max(int(engine.get("max_loras", 0)), max_loras),
-                  max_lora_rank=max(int(engine.get("max_lora_rank", 0)), max_rank),
+    engine.update(engine_lora_settings(policies, int(engine.get("max_loras", 0)), int(engine.get("max_lora_rank", 0))),
                   lora_modules={p: str((folder / p).resolve()) for p in policies.names})
     info_file = folder / "spanlab_checkpoint.json"
     written = json.loads(info_file.read_text()).get("policy_versions", {}) if info_file.is_file() else {}

@@ -20,16 +20,17 @@ SHARED = REPO_ROOT.parent / "shared"
 
 def scripted_spans(rollout: Rollout, attempt: Attempt, steps: list[tuple[str, Any]], *, seed: int = 0,
                    **span_kw: Any) -> tuple[list[Span], dict[str | None, list[str]]]:
-    """A multi-agent attempt's spans written as steps: ``("call", role)`` or ``("call", (role, policy))`` an LLM
-    call, ``("reward", v)`` or ``("final", v)`` a reward span, ``("tied", v)`` a reward tied to the last call.
-    Returns the spans in order and each role's call span IDs."""
+    """A multi-agent attempt's spans written as steps: ``("call", role)``, ``("call", (role, policy))`` or
+    ``("call", (role, policy, policy_version))`` an LLM call, ``("reward", v)`` or ``("final", v)`` a reward span,
+    ``("tied", v)`` a reward tied to the last call. Returns the spans in order and each role's call span IDs."""
     spans: list[Span] = []
     calls: dict[str | None, list[str]] = {}
     last = None
     for kind, arg in steps:
         if kind == "call":
-            role, policy = arg if isinstance(arg, tuple) else (arg, None)
-            attributes = {k: v for k, v in (("agent", role), ("policy", policy)) if v is not None}
+            role, policy, version = (*arg, None)[:3] if isinstance(arg, tuple) else (arg, None, None)
+            attributes = {k: v for k, v in (("agent", role), ("policy", policy), ("policy_version", version))
+                          if v is not None}
             span = llm_span(rollout, attempt, seed=seed + len(spans), attributes=attributes, **span_kw)
             calls.setdefault(role, []).append(span.span_id)
             last = span.span_id

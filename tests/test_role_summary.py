@@ -18,7 +18,7 @@ from tests.conftest import llm_span, scripted_spans
 SPANLAB = str(Path(sys.executable).with_name("spanlab"))
 COLUMNS = ("run_id", "step", "mode", "role", "policy", "rollouts", "llm_calls", "response_tokens",
            "final_reward_mean", "final_rewards", "intermediate_rewards", "intermediate_reward_sum",
-           "intermediate_reward_mean")
+           "intermediate_reward_mean", "policy_versions")
 
 
 def _rollout(store: StoreAPI, step: int, steps: list[tuple[str, Any]], *, mode: str = "train",
@@ -42,9 +42,11 @@ def _rollout(store: StoreAPI, step: int, steps: list[tuple[str, Any]], *, mode: 
 
 
 def _fill(store: StoreAPI) -> None:
-    _rollout(store, 0, [("call", "writer"), ("reward", 0.2), ("call", ("checker", "lora-b")), ("reward", 0.5),
-                        ("call", "rewriter"), ("tied", 1.0), ("call", "rewriter"), ("final", 1.0)], fail_first=True)
-    _rollout(store, 0, [("call", "writer"), ("reward", 0.0), ("call", ("checker", "lora-b")), ("final", 0.0)])
+    _rollout(store, 0, [("call", "writer"), ("reward", 0.2), ("call", ("checker", "lora-b", "lora-b-v2")),
+                        ("reward", 0.5), ("call", "rewriter"), ("tied", 1.0), ("call", "rewriter"),
+                        ("final", 1.0)], fail_first=True)
+    _rollout(store, 0, [("call", "writer"), ("reward", 0.0), ("call", ("checker", "lora-b", "lora-b-v1")),
+                        ("call", ("checker", "lora-b", "lora-b-v2")), ("final", 0.0)])
     _rollout(store, 1, [("call", "writer"), ("final", 1.0)])
     _rollout(store, 1, [("call", None), ("call", None), ("final", 0.5)])  # a single-agent rollout
     _rollout(store, 1, [("call", "writer"), ("final", 0.0)], mode="val")
@@ -66,6 +68,7 @@ def _check(rows: dict[tuple, dict[str, Any]]) -> None:
     assert writer["intermediate_reward_mean"] == pytest.approx(0.1)
     checker = rows[(0, "train", "checker")]
     assert (checker["policy"], checker["rollouts"], checker["intermediate_rewards"]) == ("lora-b", 2, 1)
+    assert checker["policy_versions"] == ["lora-b-v1", "lora-b-v2"] and writer["policy_versions"] == []
     assert checker["intermediate_reward_sum"] == pytest.approx(0.5)  # the second checker's turn earned none
     rewriter = rows[(0, "train", "rewriter")]
     assert (rewriter["rollouts"], rewriter["llm_calls"], rewriter["final_rewards"]) == (1, 2, 1)

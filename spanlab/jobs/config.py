@@ -24,7 +24,7 @@ from spanlab.jobs.algorithm import Algorithm, AlgorithmConfig
 from spanlab.jobs.checkpoints import CheckpointsConfig
 from spanlab.jobs.registry import available, load_algorithm
 from spanlab.jobs.tracking import TrackingConfig
-from spanlab.policies.config import PoliciesConfig
+from spanlab.policies.config import PoliciesConfig, engine_lora_settings
 from spanlab.runner.config import GatewayListenConfig, RolloutRunnerConfig, unreachable
 from spanlab.training.launch import Launch, with_world
 from spanlab.training.settings import SFTConfig
@@ -313,9 +313,7 @@ class TrainConfig(_Section):
                              "its calls are never trained on")
         if running is not None:
             return
-        max_loras, max_rank = policies.engine_lora()
-        update = {"enable_lora": True, "max_loras": max(self.engine.max_loras, max_loras),
-                  "max_lora_rank": max(self.engine.max_lora_rank, max_rank)}
+        update = engine_lora_settings(policies, self.engine.max_loras, self.engine.max_lora_rank)
         object.__setattr__(self, "engine", self.engine.model_copy(update=update))
 
     @property

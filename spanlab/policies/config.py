@@ -100,6 +100,15 @@ class PoliciesConfig(BaseModel):
         return len(self.names), fitting[0]
 
 
+def engine_lora_settings(policies: PoliciesConfig, max_loras: int = 0, max_lora_rank: int = 0) -> dict[str, Any]:
+    """The engine settings that serve every policy's adapter at once, given the engine's own ``max_loras`` and
+    ``max_lora_rank`` (0: not set): LoRA on, at least a slot per policy, at least a rank holding the largest
+    adapter. The one merge both ``spanlab train`` (its engine) and ``spanlab serve`` (a run's folder) use, so the
+    engine a run trained with and the one serving its folder take the same settings."""
+    slots, rank = policies.engine_lora()
+    return {"enable_lora": True, "max_loras": max(max_loras, slots), "max_lora_rank": max(max_lora_rank, rank)}
+
+
 def _check_policy_name(policy: str, where: str) -> None:
     if not POLICY_NAME.fullmatch(policy):
         raise ValueError(f"{where}: policy {policy!r}: use 1-64 letters, digits, '_', '-' (it names the adapter in "

@@ -3,9 +3,9 @@
 Only one peft adapter is active at a time; activating a policy's adapter (``set_adapter``) also makes it the only
 trainable one, so a forward pass, its gradients and the optimizer step see that policy alone while the other
 adapters and the base weights stay as they were, bit for bit. Each policy has its own optimizer (its Adam moments
-are its own). The samples of a policy are the calls of the roles it answers (``iter_samples(agents=roles)``; the
-default policy's include the roles the map leaves out), so the logprobs it trains on are those of the adapter that
-sampled them. The update itself is the algorithm's
+are its own). The samples of a policy are the calls of the roles it answers (one ``iter_samples`` read, split by
+role; the default policy's include the roles the map leaves out), so the logprobs it trains on are those of the
+adapter that sampled them. The update itself is the algorithm's
 (``step``: e.g. ``grpo_step``), unchanged.
 """
 
@@ -17,7 +17,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from spanlab.adapters.credit import call_role
 from spanlab.adapters.grpo import iter_samples
 from spanlab.adapters.samples import Sample
 from spanlab.policies.config import PoliciesConfig
@@ -47,26 +46,28 @@ def samples_by_policy(store: StoreAPI, rollout_ids: Sequence[str], policies: Pol
     """Each policy's samples of these rollouts: the calls of the roles it answers, as the gateway routed them.
 
     ``policies.default`` answers, besides its own roles, every role the map leaves out and the calls that name no
-    role, so it gets those calls too (read from the rollouts' spans: which roles called). ``agents``: only
-    these roles are trained at all (the train config's ``agents``); a policy left without roles gets no entry."""
+    role, so it gets those calls too. ``agents``: only these roles are trained at all (the train config's
+    ``agents``); a policy left without roles gets no entry (the default gets one when any call fell to it).
+
+    One read of the store for every policy, split by each sample's role: the adapter's samples of a role do not
+    depend on which other roles are read with it (rewards, groups and TITO sessions are per attempt and role), and
+    the order within a policy is the read's order."""
     trained = None if agents is None else set(agents)
-    unmapped = _roles_called(store, rollout_ids) - set(policies.roles) if policies.default else set()
-    out: dict[str, list[Sample]] = {}
-    for policy in policies.names:
-        roles = set(policies.roles_of(policy)) | (unmapped if policy == policies.default else set())
-        if trained is not None:
-            roles &= trained
-        if roles:
-            out[policy] = list(iter_samples(store, list(rollout_ids), agents=sorted(roles), **adapter_options))
-    return out
-
-
-def _roles_called(store: StoreAPI, rollout_ids: Sequence[str]) -> set[str]:
-    """The roles of these rollouts' calls; ``""`` stands for calls that name none (as ``iter_samples`` reads them)."""
-    if not rollout_ids:
-        return set()
-    tbl = store.spans_table(rollout_ids=list(rollout_ids), kinds=["llm_call"], columns=["attributes"])
-    return {call_role(attrs) for attrs in tbl["attributes"].to_pylist()}
+    mapped = {policy: set(policies.roles_of(policy)) & (trained if trained is not None else set(policies.roles))
+              for policy in policies.names}
+    out: dict[str, list[Sample]] = {policy: [] for policy, roles in mapped.items() if roles}
+    if not out and policies.default is None:
+        return out
+    read = sorted(trained) if trained is not None else None
+    if policies.default is None:  # the base model answers the other calls: never read them
+        read = sorted(set().union(*mapped.values()))
+    for sample in iter_samples(store, list(rollout_ids), agents=read, **adapter_options):
+        if trained is not None and sample.role not in trained:
+            continue
+        policy = policies.policy_for(sample.role)
+        if policy is not None:
+            out.setdefault(policy, []).append(sample)
+    return {policy: out[policy] for policy in policies.names if policy in out}
 
 
 def step_each_policy(model: Any, optimizers: Mapping[str, torch.optim.Optimizer],

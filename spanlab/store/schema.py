@@ -247,12 +247,14 @@ GROUP BY rollout_id, attempt_id, agent, segment;
 -- role earned. An intermediate reward is every reward span but an attempt's final one (its last reward span not
 -- tied to a call, as in rollout_summary); it is the role's whose call it names (call_span_id), else the role of
 -- the last call recorded before it (an ASOF join on sequence_id): what that turn's work was rewarded with.
+-- policy_versions: the versions of the policy that answered the calls (attributes.policy_version), sorted.
 CREATE OR REPLACE VIEW role_summary AS
 WITH last_attempt AS (
     SELECT rollout_id, arg_max(attempt_id, sequence_id) AS attempt_id FROM attempts GROUP BY rollout_id
 ), calls AS (
     SELECT s.rollout_id, s.attempt_id, s.span_id, s.sequence_id, s.attributes->>'$.agent' AS role,
-           s.attributes->>'$.policy' AS policy, len(s.response_token_ids) AS response_tokens
+           s.attributes->>'$.policy' AS policy, s.attributes->>'$.policy_version' AS policy_version,
+           len(s.response_token_ids) AS response_tokens
     FROM spans s JOIN last_attempt la USING (attempt_id)
     WHERE s.kind = 'llm_call'
 ), rw AS (
@@ -274,7 +276,9 @@ WITH last_attempt AS (
 ), per_attempt AS (
     SELECT c.rollout_id, c.attempt_id, c.role, c.policy, count(*) AS llm_calls,
            sum(c.response_tokens)::BIGINT AS response_tokens,
-           coalesce(sum(t.rewards), 0)::BIGINT AS intermediate_rewards, sum(t.reward) AS intermediate_reward
+           coalesce(sum(t.rewards), 0)::BIGINT AS intermediate_rewards, sum(t.reward) AS intermediate_reward,
+           coalesce(list(DISTINCT c.policy_version) FILTER (WHERE c.policy_version IS NOT NULL), [])
+               AS policy_versions
     FROM calls c LEFT JOIN turn_rewards t USING (span_id)
     GROUP BY c.rollout_id, c.attempt_id, c.role, c.policy
 )
@@ -285,7 +289,8 @@ SELECT
     sum(p.response_tokens)::BIGINT AS response_tokens,
     avg(f.final_reward) AS final_reward_mean, count(f.final_reward) AS final_rewards,
     sum(p.intermediate_rewards)::BIGINT AS intermediate_rewards, sum(p.intermediate_reward) AS intermediate_reward_sum,
-    sum(p.intermediate_reward) / nullif(sum(p.intermediate_rewards), 0) AS intermediate_reward_mean
+    sum(p.intermediate_reward) / nullif(sum(p.intermediate_rewards), 0) AS intermediate_reward_mean,
+    list_sort(list_distinct(flatten(list(p.policy_versions)))) AS policy_versions
 FROM per_attempt p
 JOIN rollouts r USING (rollout_id)
 LEFT JOIN finals f USING (attempt_id)

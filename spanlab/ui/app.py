@@ -3,6 +3,7 @@
 Routes (all GET except ``/api/sql``): ``/api/info``, ``/api/rollouts`` (filters and LIMIT/OFFSET paging),
 ``/api/rollouts/{id}`` (attempts, one attempt's spans in order), ``/api/calls/{span_id}/tokens`` and
 ``/api/sessions/{attempt_id}/tokens`` (token view), ``/api/runs`` and ``/api/runs/{run_id}/metrics`` (curves),
+``/api/runs/{run_id}/roles`` (the run's ``role_summary`` rows: rewards, calls and policy versions per role),
 ``POST /api/sql`` (the SQL box: the same read-only path as ``spanlab sql``, on two threads of its own under a
 time and size limit, so a runaway query never holds the threads the pages need). Errors are JSON
 ``{"error": ...}`` with 404 (unknown ID), 400 (bad or stopped query), 423 (a writer holds the file), 503 (the SQL
@@ -144,6 +145,10 @@ def create_app(db: str | Path, tokenizer_loader: TokenizerLoader | None = None, 
     async def run_metrics(run_id: str, names: str = "reward_mean,loss") -> dict[str, Any]:
         wanted = [n for n in names.split(",") if n][:20]
         return await read(queries.run_metrics, run_id, wanted)
+
+    @app.get("/api/runs/{run_id:path}/roles")
+    async def run_roles(run_id: str) -> list[dict[str, Any]]:
+        return await read(queries.run_roles, run_id)
 
     def sql_json(query: str, max_rows: int, limits: QueryLimits) -> bytes:
         """On the SQL pool's thread, JSON included: a big result encoded on the event loop would stall the pages."""

@@ -147,6 +147,8 @@ def rollout_detail(conn: duckdb.DuckDBPyConnection, rollout_id: str, attempt_id:
                    end_time - start_time AS latency_s, len(prompt_token_ids) AS prompt_len,
                    len(response_token_ids) AS response_len, reward_name, reward_value, reward_call_span_id,
                    attributes->>'$.tito.mode' AS tito_mode, attributes->>'$.tito.segment' AS tito_segment,
+                   attributes->>'$.agent' AS role, attributes->>'$.policy' AS policy,
+                   attributes->>'$.policy_version' AS policy_version,
                    left(coalesce(response_message->>'$.content', CAST(response_message->'$.tool_calls' AS VARCHAR),
                                  CAST(attributes AS VARCHAR)), 200) AS preview
             FROM spans WHERE {rows} ORDER BY sequence_id""")
@@ -238,3 +240,19 @@ def run_metrics(conn: duckdb.DuckDBPyConnection, run_id: str, names: list[str],
         FROM m WHERE i % greatest(1, ceil(n / ?))::BIGINT = 0 OR i = n - 1 GROUP BY name""",
                  [run_id, *names, max_points])
     return {r["name"]: {"step": r["step"], "value": r["value"]} for r in rows}
+
+
+def run_roles(conn: duckdb.DuckDBPyConnection, run_id: str, limit: int = 2000) -> list[dict[str, Any]]:
+    """One run's rows of ``role_summary`` (per step, mode, role and policy: calls, sampled tokens, mean final and
+    intermediate reward, the policy versions that answered), in step order. Empty for a run whose rollouts name no
+    run (``metadata.run_id``) and for stores without the view (written by an older spanlab).
+
+    The view aggregates the whole store's last attempts before the ``run_id`` filter applies; the UI reads it
+    anyway, so the page and ``spanlab sql`` give the same numbers from one definition."""
+    if "role_summary" not in objects(conn):
+        return []
+    return fetch(conn, """
+        SELECT step, mode, role, policy, policy_versions, rollouts, llm_calls, response_tokens, final_reward_mean,
+               final_rewards, intermediate_reward_mean, intermediate_rewards
+        FROM role_summary WHERE run_id = ?
+        ORDER BY step NULLS LAST, mode, role NULLS FIRST, policy NULLS FIRST LIMIT ?""", [run_id, limit])

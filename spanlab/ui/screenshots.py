@@ -1,7 +1,8 @@
 """Screenshots of the UI's main views (the README's docs/img/ui-*.png), taken with headless chromium.
 
 Picks a rollout with calls (a TITO one when the store has sessions), opens the rollouts table, its token view,
-the curves of the latest training run and the SQL box, and writes one PNG per view. Needs the dev extra
+the curves of the latest training run and the SQL box, and writes one PNG per view; when a run's calls name agent
+roles or policies, also that run's per-role table (ui-roles.png). Needs the dev extra
 (selenium) and Debian's chromium + chromedriver.
 
 Run: .venv/bin/python -m spanlab.ui.screenshots --db runs/calc.duckdb --out docs/img [--tokenizer DIR]
@@ -38,6 +39,17 @@ def _targets(db: Path) -> tuple[str, str]:
     return f"call/{quote(rows[0]['span_id'])}", rows[0]["rollout_id"]
 
 
+def _roles_run(db: Path) -> str | None:
+    """A training run whose calls name a role or a policy (the per-role table has rows), if any."""
+    store = ReadOnlyStore(db)
+    with store.connection() as conn:
+        if "role_summary" not in objects(conn) or "train_metrics" not in objects(conn):
+            return None
+    rows = store.fetch("SELECT run_id FROM role_summary WHERE (role IS NOT NULL OR policy IS NOT NULL) AND run_id IN "
+                       "(SELECT run_id FROM train_metrics) GROUP BY run_id ORDER BY count(*) DESC LIMIT 1")
+    return rows[0]["run_id"] if rows else None
+
+
 def take(db: Path, out: Path, tokenizer: Path | None = None, width: int = 1280) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     token_route, rollout_id = _targets(db)
@@ -46,6 +58,8 @@ def take(db: Path, out: Path, tokenizer: Path | None = None, width: int = 1280) 
              ("ui-tokens.png", f"#/{token_route}", token_route.split("/")[0], 1130),
              ("ui-curves.png", "#/runs", "runs", 780),
              ("ui-sql.png", "#/sql?q=" + quote(SQL), "sql", 540)]
+    if (roles_run := _roles_run(db)) is not None:
+        shots.append(("ui-roles.png", f"#/runs?run={quote(roles_run, safe='')}", "runs", 640))
     written = []
     app = create_app(db, default_loader(tokenizer))
     with ThreadedServer(app, name="ui") as srv, chromium(width, 800) as driver:
@@ -56,6 +70,8 @@ def take(db: Path, out: Path, tokenizer: Path | None = None, width: int = 1280) 
                 driver.find_element("css selector", "#sql-run").click()
                 driver.implicitly_wait(10)  # the query runs after the click: wait for its result table
                 driver.find_element("css selector", "#sql-result table")
+            if name == "ui-roles.png":  # the table sits below the curves
+                driver.execute_script("document.getElementById('roles-table').scrollIntoView()")
             if view in ("session", "call"):  # show the hover box on a sampled token
                 from selenium.webdriver.common.action_chains import ActionChains
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from spanlab.errors import ConfigError
 from spanlab.jobs.config import parse_train_config
-from spanlab.policies.config import PoliciesConfig
+from spanlab.policies.config import PoliciesConfig, engine_lora_settings
+from spanlab.serve import serve_config
 
 
 def test_roles_map_to_policies_and_several_roles_share_one() -> None:
@@ -37,6 +41,27 @@ def test_policies_turn_lora_serving_on_with_a_slot_per_policy() -> None:
     assert config.engine.enable_lora and config.engine.max_loras == 3 and config.engine.max_lora_rank == 16
     running = parse_train_config({"engine_url": "http://127.0.0.1:9", "policies": {"roles": {"w": "a"}}})
     assert not running.engine.enable_lora  # a running engine is the operator's; it must have been started so
+
+
+def test_train_and_serve_give_the_engine_the_same_lora_settings(tmp_path: Path) -> None:
+    """One merge (``engine_lora_settings``) for the engine ``spanlab train`` starts and the one ``spanlab serve``
+    starts on the run's folder: a slot per policy and a rank holding the largest, unless the engine asks for more."""
+    policies = {"roles": {"w": "a", "c": "b", "r": "c"}, "lora": {"rank": 12}}
+    config = PoliciesConfig.model_validate(policies)
+    assert engine_lora_settings(config) == {"enable_lora": True, "max_loras": 3, "max_lora_rank": 16}
+    assert engine_lora_settings(config, 4, 32) == {"enable_lora": True, "max_loras": 4, "max_lora_rank": 32}
+    folder = tmp_path / "final"
+    folder.mkdir()
+    (folder / "policies.json").write_text(json.dumps(policies))
+    for policy in config.names:
+        (folder / policy).mkdir()
+        (folder / policy / "adapter_config.json").write_text("{}")
+    for engine, expected in (({}, (3, 16)), ({"max_loras": 5, "max_lora_rank": 64}, (5, 64)),
+                             ({"max_loras": 1, "max_lora_rank": 8}, (3, 16))):
+        trained = parse_train_config({"engine": engine, "policies": policies}).engine
+        served = serve_config({"engine": engine}, model=str(folder)).engine
+        for got in (trained, served):
+            assert (got.enable_lora, got.max_loras, got.max_lora_rank) == (True, *expected), (engine, got)
 
 
 @pytest.mark.parametrize(("policies", "expected"), [

@@ -13,12 +13,15 @@ import numpy as np
 import pytest
 import torch
 
+from spanlab.adapters.credit import CreditConfig
+from spanlab.adapters.grpo import iter_samples
 from spanlab.algos.grpo.update import GRPOConfig, grpo_step
 from spanlab.policies.adapters import multi_adapter_model
 from spanlab.policies.config import PoliciesConfig
 from spanlab.policies.training import policy_optimizers, policy_parameters, samples_by_policy, step_each_policy
 from spanlab.store import SpanStore
-from spanlab.types import LLMCall, Rollout, Span, reward_span
+from spanlab.types import LLMCall, Rollout, RolloutConfig, Span, reward_span
+from tests.conftest import scripted_spans
 
 POLICIES = PoliciesConfig(roles={"writer": "lora-a", "checker": "lora-b"},
                           lora={"rank": 4, "alpha": 8, "target_modules": ("q_proj", "v_proj")})
@@ -85,6 +88,54 @@ def test_the_default_policy_gets_the_calls_of_the_roles_the_map_leaves_out() -> 
     assert [s.input_ids.tolist() for s in by_default["lora-b"]] == [s.input_ids.tolist() for s in by_role["lora-b"]]
     assert len(by_default["lora-a"]) == TASKS * GROUP
     assert set(writer_only) == {"lora-a"}  # the checker is not trained: the default has no roles left
+
+
+class CountingStore(SpanStore):
+    """A real store that counts the adapter's passes over it (each ``iter_samples`` starts with ``last_attempts``)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.reads = 0
+
+    def last_attempts(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.reads += 1
+        return super().last_attempts(*args, **kwargs)
+
+
+@pytest.mark.parametrize("credit", [None, CreditConfig(mode="per_turn", discount=0.5)])
+@pytest.mark.parametrize("agents", [None, ["writer", "checker", ""]])
+def test_one_read_gives_each_policy_what_reading_its_own_roles_gives(credit: CreditConfig | None,
+                                                                      agents: list[str] | None) -> None:
+    """Three roles on two policies plus calls naming no role (the default's): one pass over the store, and each
+    policy's samples equal, in order and reward, to a read of its roles alone (how each policy was read before)."""
+    policies = PoliciesConfig(roles={"writer": "lora-a", "rewriter": "lora-a", "checker": "lora-b"},
+                              default="lora-b")
+    steps = [("call", "writer"), ("reward", 0.2), ("call", "checker"), ("call", None), ("tied", 0.5),
+             ("call", "rewriter"), ("call", "writer"), ("final", 1.0)]
+    with CountingStore(":memory:") as store:
+        ids = []
+        for n in range(6):
+            store.enqueue_one({"task_id": n // 3}, config=RolloutConfig(max_attempts=1))
+            got = store.dequeue(worker_id="w")
+            assert got is not None
+            spans, _ = scripted_spans(*got, steps[: 4 + n % 5], seed=10 * n)
+            store.add_spans([*spans, reward_span(got[0].rollout_id, got[1].attempt_id, n / 6)])
+            store.finish_attempt(got[1].attempt_id, "succeeded")
+            ids.append(got[0].rollout_id)
+        got = samples_by_policy(store, ids, policies, agents=agents, credit=credit)
+        assert store.reads == 1
+        roles = {"lora-a": {"writer", "rewriter"}, "lora-b": {"checker", ""}}
+        want = {p: list(iter_samples(store, ids, agents=sorted(r & set(agents or r)), credit=credit))
+                for p, r in roles.items()}
+
+    def key(samples: list) -> list[tuple]:
+        return [(s.role, s.rollout_id, s.span_ids, s.reward, s.input_ids.tolist()) for s in samples]
+
+    assert list(got) == ["lora-a", "lora-b"]
+    for policy in roles:
+        assert key(got[policy]) == key(want[policy]) and got[policy], policy
+    assert {s.role for s in got["lora-a"]} == ({"writer", "rewriter"} if agents is None else {"writer"})
+    assert {s.role for s in got["lora-b"]} == {"checker", ""}
 
 
 def test_a_step_on_one_role_changes_its_adapter_only(samples: dict[str, list]) -> None:

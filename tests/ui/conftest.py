@@ -2,7 +2,8 @@
 
 The store holds known numbers so tests can check what the API and the page show: rollouts per status and
 mode, two resource versions, calls with known token counts, one TITO session of two segments, one call whose
-sampled IDs are a non-canonical split (re-tokenizing changes them), and two training runs.
+sampled IDs are a non-canonical split (re-tokenizing changes them), and two training runs. A second store
+(``roles_store``) holds a multi-agent run with a policy per role and a single-agent run, for the per-role table.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from spanlab.serving import ThreadedServer
 from spanlab.store import SpanStore
 from spanlab.types import LLMCall, RolloutConfig, Span, reward_span
 from spanlab.ui import create_app
+from tests.conftest import scripted_spans
 
 TOKENIZER_DIR = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "tokenizers" / "qwen2.5"
 
@@ -137,6 +139,58 @@ def _write_special(store: SpanStore, out: UiStore, tok: Any) -> None:
     out.drift_span, out.canonical_span = spans[3].span_id, spans[4].span_id
     for s in spans:
         out.calls[s.span_id] = (len(s.llm.prompt_token_ids), len(s.llm.response_token_ids))
+
+
+ROLES_RUN, SINGLE_RUN = "team/roles", "single"
+# a version tag that is markup: the page must show it as text (HTML-escaped), never as an element
+HOSTILE_VERSION = '<img src=x onerror="document.body.dataset.pwned=1">lora-b-v2'
+ROLE_STEPS = [  # run ROLES_RUN: (step, the attempt's steps as scripted_spans takes them)
+    (0, [("call", ("writer", "lora-a", "lora-a-v1")), ("reward", 0.5),
+         ("call", ("checker", "lora-b", "lora-b-v1")), ("final", 1.0)]),
+    (0, [("call", ("writer", "lora-a", "lora-a-v1")), ("reward", 0.0),
+         ("call", ("checker", "lora-b", "lora-b-v1")), ("final", 0.0)]),
+    (1, [("call", ("writer", "lora-a", "lora-a-v2")), ("reward", 1.0), ("call", ("writer", "lora-a", "lora-a-v2")),
+         ("call", ("checker", "lora-b", HOSTILE_VERSION)), ("final", 1.0)]),
+]
+
+
+@dataclass
+class RolesStore:
+    """The per-role test store: its file and the rollout IDs of each run, in the order written."""
+
+    path: Path
+    rollouts: dict[str, list[str]] = field(default_factory=dict)
+
+
+def write_roles_store(path: Path) -> RolesStore:
+    """ROLE_STEPS as run ROLES_RUN's rollouts, two single-agent rollouts as run SINGLE_RUN, metrics for both."""
+    out = RolesStore(path)
+    single = [(0, [("call", None), ("final", 1.0)]), (0, [("call", None), ("call", None), ("final", 0.0)])]
+    with SpanStore(path) as store:
+        for run_id, steps in ((ROLES_RUN, ROLE_STEPS), (SINGLE_RUN, single)):
+            for n, (step, script) in enumerate(steps):
+                store.enqueue_one({"task_id": f"t{n}"}, metadata={"run_id": run_id, "step": step},
+                                  config=RolloutConfig(max_attempts=1))
+                got = store.dequeue(worker_id="w")
+                assert got is not None
+                spans, _ = scripted_spans(*got, script, seed=10 * n)
+                store.add_spans(spans)
+                store.finish_attempt(got[1].attempt_id, "succeeded")
+                out.rollouts.setdefault(run_id, []).append(got[0].rollout_id)
+            for step in range(2):
+                store.add_metrics(run_id, "grpo", step, {"reward_mean": 0.5 + step / 4})
+    return out
+
+
+@pytest.fixture(scope="session")
+def roles_store(tmp_path_factory: pytest.TempPathFactory) -> RolesStore:
+    return write_roles_store(tmp_path_factory.mktemp("ui-roles") / "roles.duckdb")
+
+
+@pytest.fixture(scope="session")
+def roles_server(roles_store: RolesStore) -> Iterator[ThreadedServer]:
+    with ThreadedServer(create_app(roles_store.path), name="ui-roles") as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

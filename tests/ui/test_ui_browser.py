@@ -14,7 +14,7 @@ import pytest
 from spanlab.serving import ThreadedServer
 from spanlab.store.file_query import run_query
 from spanlab.ui.browser import browser_unavailable, chromium, open_view
-from tests.ui.conftest import UiStore
+from tests.ui.conftest import HOSTILE_VERSION, ROLES_RUN, SINGLE_RUN, RolesStore, UiStore
 
 pytestmark = pytest.mark.skipif(browser_unavailable() is not None, reason=str(browser_unavailable()))
 
@@ -141,3 +141,40 @@ def test_sql_box_returns_rows_and_refuses_writes(driver: Any, ui_server: Threade
     box.send_keys("DELETE FROM rollouts")
     _css(driver, "#sql-run")[0].click()
     assert "not allowed" in _wait(driver, "#sql-error").text
+
+
+def test_per_role_table_of_a_run_shows_rewards_and_versions_as_text(driver: Any, roles_server: ThreadedServer) -> None:
+    """The multi-agent run's role_summary rows in the table; a version tag that is markup shows as its text."""
+    from urllib.parse import quote
+
+    open_view(driver, f"{roles_server.url}/#/runs?run={quote(ROLES_RUN, safe='')}", "runs")
+    assert _css(driver, "#banner")[0].get_attribute("hidden") is not None
+    head = [th.text for th in _css(driver, "#roles-table thead th")]
+    rows = [[td.text for td in tr.find_elements("css selector", "td")] for tr in _css(driver, "#roles-table tbody tr")]
+    cell = {name: i for i, name in enumerate(head)}
+    assert [(r[cell["step"]], r[cell["role"]], r[cell["policy"]], r[cell["versions seen"]]) for r in rows] == [
+        ("0", "checker", "lora-b", "lora-b-v1"), ("0", "writer", "lora-a", "lora-a-v1"),
+        ("1", "checker", "lora-b", HOSTILE_VERSION), ("1", "writer", "lora-a", "lora-a-v2")]
+    assert [r[cell["final reward (mean)"]] for r in rows] == ["0.500", "0.500", "1", "1"]
+    assert [r[cell["intermediate reward (mean)"]] for r in rows] == ["", "0.250", "", "1"]
+    assert _css(driver, "#roles-table img") == []
+    assert driver.execute_script("return document.body.dataset.pwned") is None
+
+
+def test_a_single_agent_run_renders_without_the_role_table(driver: Any, roles_server: ThreadedServer) -> None:
+    open_view(driver, f"{roles_server.url}/#/runs?run={SINGLE_RUN}", "runs")
+    assert _css(driver, "#banner")[0].get_attribute("hidden") is not None  # no error shown
+    assert _css(driver, "#roles-table") == [] and "names an agent role" in _css(driver, "#no-roles")[0].text
+    assert len(_css(driver, "#charts .chart")) == 1  # the rest of the run's page is there
+
+
+def test_span_list_shows_each_calls_role_and_policy_version(driver: Any, roles_server: ThreadedServer,
+                                                            roles_store: RolesStore) -> None:
+    open_view(driver, f"{roles_server.url}/#/rollout/{roles_store.rollouts[ROLES_RUN][2]}", "rollout")
+    head = [th.text for th in _css(driver, "#spans-table thead th")]
+    role, version = head.index("role") + 1, head.index("policy version") + 1
+    roles = [td.text for td in _css(driver, f"#spans-table tbody tr td:nth-child({role})")]
+    versions = [td.text for td in _css(driver, f"#spans-table tbody tr td:nth-child({version})")]
+    assert roles == ["writer", "", "writer", "checker", ""]
+    assert versions == ["lora-a-v2", "", "lora-a-v2", HOSTILE_VERSION, ""]
+    assert _css(driver, "#spans-table img") == []

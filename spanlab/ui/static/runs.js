@@ -1,5 +1,6 @@
-// Training runs: the runs in train_metrics and, for one, a line chart (inline SVG) per chosen metric.
-import { api, el, grid, link } from "./common.js";
+// Training runs: the runs in train_metrics and, for one, a line chart (inline SVG) per chosen metric and its
+// per-role table (role_summary: each agent role's calls, rewards and policy versions per step).
+import { api, el, fmt, grid, link } from "./common.js";
 
 const SVG = "http://www.w3.org/2000/svg";
 const COLORS = ["#2458c6", "#d6336c", "#2e9e4f", "#b7791f", "#7048e8", "#0c8599"];
@@ -69,7 +70,9 @@ export async function renderRuns(view, params) {
   const defaults = ["reward_mean", "loss", "staleness_mean", "dropped_stale_rollouts"].filter((m) => run.metrics.includes(m))
     .concat(run.metrics.filter((m) => m.startsWith("curve_")));  // held-out accuracy during training (eval.curve)
   const chosen = (params.get("metrics") || defaults.join(",") || run.metrics.slice(0, 2).join(",")).split(",").filter(Boolean);
-  const series = await api(`/api/runs/${encodeURIComponent(run.run_id)}/metrics?names=${encodeURIComponent(chosen.join(","))}`);
+  const runPath = `/api/runs/${encodeURIComponent(run.run_id)}`;
+  const [series, roles] = await Promise.all([
+    api(`${runPath}/metrics?names=${encodeURIComponent(chosen.join(","))}`), api(`${runPath}/roles`)]);
   const cols = [
     { key: "run_id", label: "run", cls: "mono" }, { key: "algorithm", label: "algorithm" },
     { key: "steps", label: "steps", cls: "num" },
@@ -85,5 +88,31 @@ export async function renderRuns(view, params) {
   view.replaceChildren(head,
     grid(cols, runs, (r) => { location.hash = link(["runs"], { run: r.run_id }); }),
     el("h3", null, `Run ${run.run_id}`, el("span", { class: "dim" }, " — click a metric to add or remove its curve")),
-    picker, charts);
+    picker, charts, ...roleTable(roles));
+}
+
+const ROLE_COLUMNS = [
+  { key: "step", label: "step", cls: "num" },
+  { key: "mode", label: "mode" },
+  { key: "role", label: "role", render: (r) => r.role ?? "—" },
+  { key: "policy", label: "policy", cls: "mono", render: (r) => r.policy ?? "—" },
+  { key: "policy_versions", label: "versions seen", cls: "mono", render: (r) => (r.policy_versions || []).join(", ") },
+  { key: "rollouts", label: "rollouts", cls: "num" },
+  { key: "llm_calls", label: "calls", cls: "num" },
+  { key: "response_tokens", label: "sampled tok", cls: "num" },
+  { key: "final_reward_mean", label: "final reward (mean)", cls: "num" },
+  { key: "intermediate_reward_mean", label: "intermediate reward (mean)", cls: "num",
+    title: (r) => `${fmt(r.intermediate_rewards)} intermediate reward span(s)` },
+];
+
+// The run's role_summary rows; a run whose calls name no role or policy (one agent, one policy) has no table.
+function roleTable(rows) {
+  const head = el("h3", null, "Per role", el("span", { class: "dim" }, " — last attempts' calls and rewards by step"));
+  if (!rows.some((r) => r.role !== null || r.policy !== null)) {
+    return [head, el("p", { class: "dim", id: "no-roles" },
+      "No call of this run names an agent role or a policy (attributes.agent / attributes.policy).")];
+  }
+  const table = grid(ROLE_COLUMNS, rows, null);
+  table.id = "roles-table";
+  return [head, el("div", { class: "scroll" }, table)];
 }
