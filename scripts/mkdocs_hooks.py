@@ -10,7 +10,7 @@ from typing import Any
 from mkdocs.structure.files import File, Files
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from docs_reference import PAGES  # noqa: E402  (a sibling script, not a package)
+from docs_reference import PAGES  # a sibling script, not a package
 
 log = logging.getLogger("mkdocs.hooks.spanlab")
 
