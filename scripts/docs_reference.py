@@ -50,6 +50,8 @@ def _default(field: FieldInfo) -> str:
     if field.default is PydanticUndefined:
         return "**required**"
     value = field.default
+    if isinstance(value, Path):
+        return repr(str(value))
     return repr(value.value if isinstance(value, enum.Enum) else value)
 
 
