@@ -6,6 +6,7 @@ Skipped, saying so, where the ``docs`` extra (mkdocs, mkdocs-material, mkdocstri
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -17,7 +18,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.skipif(
-    any(__import__("importlib.util").util.find_spec(m) is None for m in ("mkdocs", "material", "mkdocstrings")),
+    any(importlib.util.find_spec(m) is None for m in ("mkdocs", "material", "mkdocstrings")),
     reason="the docs extra is not installed (pip install -e '.[docs]', or scripts/setup.sh)")
 
 
