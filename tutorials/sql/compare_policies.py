@@ -1,14 +1,21 @@
 """Per-role policies vs one shared policy on the SQL agent: held-out accuracy and the checker's verdict accuracy.
 
-Reads the stores of two runs that started from the same weights (``policies_shared.yaml`` and
-``policies.yaml`` with ``engine.model`` set to one warm-started folder) and evaluated the same held-out tasks:
+Reads the stores of two runs that started from the same weights and evaluated the same held-out tasks. Run as
+the tutorial configs are, each run evaluates its start itself (``base`` after a warm start is its own held-out
+phase, ``warm_start``):
 
     python tutorials/sql/compare_policies.py runs/sql-policies-shared.duckdb runs/sql-policies.duckdb
 
-Prints one markdown table: per arm and phase (``base`` = the common start, ``final``), the accuracy and the
-checker's verdict accuracy (the mean of the ``sql.verdict`` rewards, one per held-out rollout), each with a 95%
-bootstrap interval; then the paired differences (per task) final - start within each arm and per-role - shared
-at the end. Then each arm's train reward per step and role, from the ``role_summary`` view.
+To spend the start's evaluation and warm start once, warm-start one run with ``grpo.steps: 0`` (it evaluates
+phase ``warm_start`` and writes ``runs/NAME/final``), start both arms from that folder (``engine.model``, no
+``warm_start``, ``eval.base: false``), and name its store:
+
+    python tutorials/sql/compare_policies.py --start runs/sql-warm.duckdb shared.duckdb per-role.duckdb
+
+Prints the accuracy and the checker's verdict accuracy (the mean of the ``sql.verdict`` rewards, one per held-out
+rollout) at the start and at the end of each arm, each with a 95% bootstrap interval; the paired differences (per
+task) final - start and per-role - shared at the end; then each arm's train reward per step and role, from the
+``role_summary`` view.
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ from spanlab.stats import Interval, bootstrap, paired_difference
 from spanlab.store import SpanStore, StoreAPI
 
 SPLIT = "test"
-PHASES = ("base", "final")
+PHASES = ("base", "warm_start", "final")
+Scores = dict[str, dict[str, float]]  # metric -> task_id -> score
 
 
 def verdicts(store: StoreAPI, phase: str) -> dict[str, float]:
@@ -59,25 +67,41 @@ def _paired(a: dict[str, float], b: dict[str, float]) -> Interval:
     return paired_difference([a[t] for t in tasks], [b[t] for t in tasks])
 
 
-def report(arms: dict[str, Path]) -> str:
-    scores: dict[str, dict[str, dict[str, dict[str, float]]]] = {}  # arm -> metric -> phase -> task -> score
+def scores(store: StoreAPI, phase: str) -> Scores:
+    return {"accuracy": held_out(store, phase, SPLIT), "verdict accuracy": verdicts(store, phase)}
+
+
+def start_scores(store: StoreAPI) -> Scores:
+    """The run's start: after its warm start when it had one, else its base evaluation."""
+    warm = scores(store, "warm_start")
+    return warm if warm["accuracy"] else scores(store, "base")
+
+
+def report(arms: dict[str, Path], start: Path | None = None) -> str:
+    """The markdown tables (module docstring); ``start``: the store that evaluated both arms' common start."""
+    common = None
+    if start is not None:
+        with SpanStore(start) as store:
+            common = start_scores(store)
+    begin: dict[str, Scores] = {}
+    end: dict[str, Scores] = {}
     steps: dict[str, list[dict[str, object]]] = {}
     for label, db in arms.items():
         with SpanStore(db) as store:
-            scores[label] = {"accuracy": {p: held_out(store, p, SPLIT) for p in PHASES},
-                             "verdict accuracy": {p: verdicts(store, p) for p in PHASES}}
+            begin[label] = common if common is not None else start_scores(store)
+            end[label] = scores(store, "final")
             steps[label] = train_rewards(store)
     lines = ["| arm | metric | start | final | final - start, points |", "|---|---|---|---|---|"]
-    for label, metrics in scores.items():
-        for metric, by_phase in metrics.items():
-            start, final = (bootstrap(list(by_phase[p].values())) for p in PHASES)
-            diff = _paired(by_phase["final"], by_phase["base"])
-            lines.append(f"| {label} | {metric} | {_pct(start)} (n={start.n}) | {_pct(final)} (n={final.n}) "
+    for label in arms:
+        for metric in ("accuracy", "verdict accuracy"):
+            first, last = bootstrap(list(begin[label][metric].values())), bootstrap(list(end[label][metric].values()))
+            diff = _paired(end[label][metric], begin[label][metric])
+            lines.append(f"| {label} | {metric} | {_pct(first)} (n={first.n}) | {_pct(last)} (n={last.n}) "
                          f"| {_pts(diff)} |")
     (a, b) = list(arms)
     lines += ["", f"| metric | {b} - {a} at the end, points (paired by task) | n |", "|---|---|---|"]
     for metric in ("accuracy", "verdict accuracy"):
-        diff = _paired(scores[b][metric]["final"], scores[a][metric]["final"])
+        diff = _paired(end[b][metric], end[a][metric])
         lines.append(f"| {metric} | {_pts(diff)} | {diff.n} |")
     lines += ["", "| arm | step | role | policy | calls | final reward | intermediate reward |",
               "|---|---|---|---|---|---|---|"]
@@ -95,11 +119,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("shared", type=Path, help="the store of the one-shared-policy run")
     parser.add_argument("per_role", type=Path, help="the store of the per-role-policies run")
+    parser.add_argument("--start", type=Path, help="the store that evaluated both arms' common start")
     args = parser.parse_args()
-    for db in (args.shared, args.per_role):
-        if not db.is_file():
+    for db in (args.shared, args.per_role, args.start):
+        if db is not None and not db.is_file():
             parser.error(f"{db}: no such store")
-    Console().print(report({"shared": args.shared, "per-role": args.per_role}), markup=False)
+    Console().print(report({"shared": args.shared, "per-role": args.per_role}, args.start), markup=False)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ class SFTRoundsConfig(BaseModel):
     samples_per_task: int = Field(default=4, ge=1, le=1024, description="rollouts per task (best-of-n needs n >= 2)")
     filter: FilterConfig = Field(default_factory=FilterConfig)
     # One pass at 1e-5: 5e-5 x 2 epochs drove a round's loss to ~0.003 on the SQL tutorial (it memorized a handful
-    # of examples and lost held-out accuracy); tutorials/calc/README.md has the measured rounds at these values.
+    # of examples and lost held-out accuracy); docs/results.md has the measured rounds at these values.
     train: SFTConfig = Field(default_factory=lambda: SFTConfig(lr=1e-5, epochs=1))
     replay: int = Field(
         default=0, ge=0, le=100_000,
