@@ -1,6 +1,6 @@
 """``grpo.bf16``: the update's forward passes in bfloat16 under ``torch.autocast``, with fp32 weights, gradients
 and optimizer state. It runs the same way on the CPU, so CI checks it here: the update lands close to the fp32
-one but not on it, and the weights stay fp32. docs/gpu.md has its speed on a GPU."""
+one but not on it, and the weights stay fp32. docs/results.md (GPU) has its speed on a GPU."""
 
 from __future__ import annotations
 

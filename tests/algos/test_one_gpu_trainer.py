@@ -3,7 +3,7 @@ warm start's SFT and the GRPO update run there and give what they give on the CP
 checkpoints and its resume state still come back as CPU tensors.
 
 Skipped without a CUDA GPU (CI has none). On a GPU machine:
-``pytest tests/algos/test_one_gpu_trainer.py``. Its last run is recorded in docs/gpu.md.
+``pytest tests/algos/test_one_gpu_trainer.py``. Its last run is recorded in docs/results.md (GPU).
 """
 
 from __future__ import annotations
