@@ -3,8 +3,10 @@
 The optimizer is ``ScriptedOptimizerServer`` (real HTTP, OpenAI protocol) replaying
 ``tutorials/rooms/scripted.json``: one critique; edits = a JavaScript expression (must be rejected), a
 valid policy prompt, a template without ``{{ request }}`` (must be rejected). Sizes are tiny (3 val, 2
-test, 2 gradient tasks; about 12 rollouts, answers capped at 64 tokens) so one run takes about a minute on
-the shared CPU server.
+test, 2 gradient tasks; about 12 rollouts) so one run takes under a minute on the shared CPU server. The
+rollouts' time is decode time: a tool call is 65-100 tokens (``max_tokens`` stays 128), the answer turn ran
+to its cap in most rollouts, so answers are capped at 32 tokens (what is checked here is the loop, not the
+rewards).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def _config(tmp_path: Path, db: Path, engine_url: str, optimizer_url: str, name:
     return parse_train_config({
         "algorithm": "apo", "run_name": name, "out_dir": str(tmp_path / "runs"), "db": str(db),
         "engine_url": engine_url,
-        "agent": {"name": "rooms", "kwargs": {"max_tokens": 128, "answer_max_tokens": 64, "max_turns": 2}},
+        "agent": {"name": "rooms", "kwargs": {"max_tokens": 128, "answer_max_tokens": 32, "max_turns": 2}},
         "dataset": {"name": "rooms", "seed": 0, "levels": [1, 2]},
         "rollouts": {"concurrency": 8}, "eval": {"tasks": 2, "temperature": 0.0},
         "apo": {"beam_width": 1, "branch_factor": 3, "rounds": 1, "gradient_tasks": 2, "critique_examples": 1,
