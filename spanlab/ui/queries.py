@@ -251,8 +251,12 @@ def run_roles(conn: duckdb.DuckDBPyConnection, run_id: str, limit: int = 2000) -
     anyway, so the page and ``spanlab sql`` give the same numbers from one definition."""
     if "role_summary" not in objects(conn):
         return []
-    return fetch(conn, """
-        SELECT step, mode, role, policy, policy_versions, rollouts, llm_calls, response_tokens, final_reward_mean,
+    columns = {r["c"] for r in fetch(conn, "SELECT column_name AS c FROM duckdb_columns() "
+                                           "WHERE table_name = 'role_summary'")}
+    # a view written before policy versions were recorded (a read-only open cannot update it): none to show
+    versions = "policy_versions" if "policy_versions" in columns else "NULL::VARCHAR[] AS policy_versions"
+    return fetch(conn, f"""
+        SELECT step, mode, role, policy, {versions}, rollouts, llm_calls, response_tokens, final_reward_mean,
                final_rewards, intermediate_reward_mean, intermediate_rewards
         FROM role_summary WHERE run_id = ?
         ORDER BY step NULLS LAST, mode, role NULLS FIRST, policy NULLS FIRST LIMIT ?""", [run_id, limit])

@@ -4,6 +4,7 @@ versions per step and role) and each call's role and policy version in an attemp
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import quote
 
 import httpx
@@ -66,3 +67,21 @@ def test_the_span_list_names_each_calls_role_and_policy_version(http: httpx.Clie
         ("reward", None, None, None)]
     single = http.get(f"/api/rollouts/{roles_store.rollouts[SINGLE_RUN][0]}").json()
     assert [(s["role"], s["policy_version"]) for s in single["spans"]] == [(None, None), (None, None)]
+
+
+def test_a_store_whose_view_predates_policy_versions_still_gives_its_rows(tmp_path: Path) -> None:
+    """A store written by an older spanlab keeps its old role_summary until a current one opens it read-write; the
+    UI, which only reads, shows its rows with no versions rather than failing."""
+    import duckdb
+
+    from spanlab.ui import queries
+    from tests.ui.conftest import write_roles_store
+
+    path = write_roles_store(tmp_path / "old.duckdb").path
+    with duckdb.connect(str(path)) as conn:  # the view as it was before the column existed
+        (sql,) = conn.execute("SELECT sql FROM duckdb_views() WHERE view_name = 'role_summary'").fetchone()
+        conn.execute(sql.replace("VIEW role_summary", "VIEW role_summary_now", 1))
+        conn.execute("CREATE OR REPLACE VIEW role_summary AS SELECT * EXCLUDE (policy_versions) FROM role_summary_now")
+    with duckdb.connect(str(path), read_only=True) as conn:
+        rows = queries.run_roles(conn, ROLES_RUN)
+    assert [r["role"] for r in rows][:2] == ["checker", "writer"] and all(r["policy_versions"] is None for r in rows)
