@@ -4,9 +4,7 @@ then demonstrations mined from the recorded rollouts.
 The reflection model is ``ScriptedOptimizerServer`` (real HTTP, OpenAI protocol) replaying the edit model's
 answers of ``tutorials/rooms/scripted.json``: a JavaScript expression (must be rejected before any rollout),
 a valid policy prompt, a template without ``{{ request }}`` (rejected). GEPA decides what to evaluate and
-what to accept; everything it sees is a rollout recorded in the store. The run is 7 sequential batches of 2-5
-rollouts, each as long as its slowest decode: answers are capped at 32 tokens (most ran to a 64 cap), the tool
-call keeps its 128 (it takes 65-100). A demo variant still needs a train rollout with some reward.
+what to accept; everything it sees is a rollout recorded in the store.
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ def _config(tmp_path: Path, engine_url: str, optimizer_url: str) -> Any:
     return parse_train_config({
         "algorithm": "apo", "run_name": "gepa", "out_dir": str(tmp_path / "runs"), "db": str(tmp_path / "gepa.duckdb"),
         "engine_url": engine_url,
-        "agent": {"name": "rooms", "kwargs": {"max_tokens": 128, "answer_max_tokens": 32, "max_turns": 2}},
+        "agent": {"name": "rooms", "kwargs": {"max_tokens": 128, "answer_max_tokens": 64, "max_turns": 2}},
         "dataset": {"name": "rooms", "seed": 0, "levels": [1, 2]},
         "rollouts": {"concurrency": 8}, "eval": {"tasks": 2, "temperature": 0.0},
         "apo": {"search": "gepa", "rounds": 1, "branch_factor": 3, "gradient_tasks": 2, "critique_examples": 1,
