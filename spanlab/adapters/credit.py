@@ -41,12 +41,14 @@ import bisect
 import json
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from spanlab.store.base import StoreAPI
 
 __all__ = ["CreditConfig", "CreditMode", "CreditScope", "RewardTimeline", "TurnReward", "discounted_return",
@@ -97,11 +99,11 @@ class RewardTimeline:
     discount: float
     positions: dict[str, list[int]]  # attempt_id -> sequence_ids of its reward spans, ascending
     values: dict[str, list[float]]  # attempt_id -> their values, in the same order
+    tied: dict[str, list[str | None]]  # attempt_id -> the call each reward names (reward_call_span_id), in order
     owners: dict[str, list[str | None]] | None = None  # scope role: each reward's role (None: the final reward)
 
     @classmethod
-    def read(cls, store: StoreAPI, attempt_ids: Sequence[str], discount: float,
-             scope: CreditScope = "attempt") -> RewardTimeline:
+    def read(cls, store: StoreAPI, attempt_ids: Sequence[str], discount: float) -> RewardTimeline:
         """The reward spans of ``attempt_ids`` (any store: the typed ``spans_table`` read)."""
         tbl = store.spans_table(attempt_ids=list(attempt_ids), kinds=["reward"],
                                 columns=["attempt_id", "sequence_id", "reward_value", "reward_call_span_id"])
@@ -113,15 +115,43 @@ class RewardTimeline:
             positions[aid].append(int(seq))
             values[aid].append(float(value))
             tied[aid].append(call_id)
-        owners = _owners(store, positions, tied) if scope == "role" else None
-        return cls(discount, dict(positions), dict(values), owners)
+        return cls(discount, dict(positions), dict(values), dict(tied))
 
     def rewarded(self) -> set[str]:
         """Attempts with at least one reward span."""
         return set(self.positions)
 
+    def scoped_to_roles(self, calls: pa.Table) -> RewardTimeline:
+        """This timeline with each reward owned by a role (``scope: role``): None for an attempt's final reward
+        (its last one tied to no call), else the role of the call it names, else of the last call before it (""
+        when no call precedes it). ``calls``: the attempts' ``llm_call`` spans (``attempt_id``, ``span_id``,
+        ``sequence_id``, ``attributes``, in attempt and sequence order), as the caller has already read them."""
+        role_of: dict[str, str] = {}
+        call_seqs: dict[str, list[int]] = defaultdict(list)
+        call_roles: dict[str, list[str]] = defaultdict(list)
+        cols = (calls[c].to_pylist() for c in ("attempt_id", "span_id", "sequence_id", "attributes"))
+        for aid, sid, seq, attrs in zip(*cols, strict=True):
+            role_of[sid] = call_role(attrs)
+            call_seqs[aid].append(int(seq))
+            call_roles[aid].append(role_of[sid])
+        owners: dict[str, list[str | None]] = {}
+        for aid, seqs in self.positions.items():
+            untied = [i for i, call_id in enumerate(self.tied[aid]) if call_id is None]
+            final = untied[-1] if untied else None
+            row: list[str | None] = []
+            for i, (seq, call_id) in enumerate(zip(seqs, self.tied[aid], strict=True)):
+                if i == final:
+                    row.append(None)
+                elif call_id is not None and call_id in role_of:
+                    row.append(role_of[call_id])
+                else:
+                    before = bisect.bisect_left(call_seqs[aid], seq)
+                    row.append(call_roles[aid][before - 1] if before else "")
+            owners[aid] = row
+        return replace(self, owners=owners)
+
     def after(self, attempt_id: str, sequence_id: int, role: str | None = None) -> list[float]:
-        """The attempt's rewards recorded after position ``sequence_id``, in order (scope role: ``role``'s)."""
+        """The attempt's rewards recorded after position ``sequence_id``, in order (scoped: ``role``'s only)."""
         seqs = self.positions.get(attempt_id, [])
         start = bisect.bisect_right(seqs, sequence_id)
         later = self.values.get(attempt_id, [])[start:]
@@ -133,37 +163,6 @@ class RewardTimeline:
     def return_after(self, attempt_id: str, sequence_id: int, role: str | None = None) -> float:
         """The discounted return of a turn of ``role`` at ``sequence_id`` (0.0 when no reward follows it)."""
         return discounted_return(self.after(attempt_id, sequence_id, role), self.discount)
-
-
-def _owners(store: StoreAPI, positions: dict[str, list[int]],
-            tied: dict[str, list[str | None]]) -> dict[str, list[str | None]]:
-    """Each reward's role: None for an attempt's final reward (its last one tied to no call), else the role of
-    the call it names, else of the last call before it ("" when no call precedes it)."""
-    calls = store.spans_table(attempt_ids=list(positions), kinds=["llm_call"],
-                              columns=["attempt_id", "span_id", "sequence_id", "attributes"])
-    role_of: dict[str, str] = {}
-    call_seqs: dict[str, list[int]] = defaultdict(list)
-    call_roles: dict[str, list[str]] = defaultdict(list)
-    cols = (calls[c].to_pylist() for c in ("attempt_id", "span_id", "sequence_id", "attributes"))
-    for aid, sid, seq, attrs in zip(*cols, strict=True):
-        role_of[sid] = call_role(attrs)
-        call_seqs[aid].append(int(seq))
-        call_roles[aid].append(role_of[sid])
-    owners: dict[str, list[str | None]] = {}
-    for aid, seqs in positions.items():
-        untied = [i for i, call_id in enumerate(tied[aid]) if call_id is None]
-        final = untied[-1] if untied else None
-        row: list[str | None] = []
-        for i, (seq, call_id) in enumerate(zip(seqs, tied[aid], strict=True)):
-            if i == final:
-                row.append(None)
-            elif call_id is not None and call_id in role_of:
-                row.append(role_of[call_id])
-            else:
-                before = bisect.bisect_left(call_seqs[aid], seq)
-                row.append(call_roles[aid][before - 1] if before else "")
-        owners[aid] = row
-    return owners
 
 
 @dataclass(frozen=True)
@@ -190,11 +189,13 @@ def turn_rewards(store: StoreAPI, rollout_ids: Sequence[str], credit: CreditConf
     attempts = {a.attempt_id: r.rollout_id for r, a in store.last_attempts(list(dict.fromkeys(rollout_ids)))}
     if not attempts:
         return []
-    # per_turn reads every reward span's position, broadcast only each attempt's final reward
-    timeline = RewardTimeline.read(store, list(attempts), credit.discount, credit.scope) if credit.per_turn else None
-    finals = {} if credit.per_turn else _final_rewards(store, list(attempts))
     calls = store.spans_table(attempt_ids=list(attempts), kinds=["llm_call"],
                               columns=["attempt_id", "span_id", "sequence_id", "attributes"])
+    # per_turn reads every reward span's position, broadcast only each attempt's final reward
+    timeline = RewardTimeline.read(store, list(attempts), credit.discount) if credit.per_turn else None
+    if timeline is not None and credit.scope == "role":
+        timeline = timeline.scoped_to_roles(calls)
+    finals = {} if credit.per_turn else _final_rewards(store, list(attempts))
     wanted = None if agents is None else set(agents)
     out = []
     cols = (calls[c].to_pylist() for c in ("attempt_id", "span_id", "sequence_id", "attributes"))

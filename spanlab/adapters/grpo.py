@@ -109,7 +109,7 @@ def _iter_exact(store: StoreAPI, rollout_ids: Sequence[str], *, group_key: str |
     has_reward = rewards.final.keys() | (rewards.per_call_attempts if reward == "per_call" else set())
     timeline = None
     if credit is not None and credit.per_turn:
-        timeline = RewardTimeline.read(store, list(attempts), credit.discount, credit.scope)
+        timeline = RewardTimeline.read(store, list(attempts), credit.discount)
         has_reward = timeline.rewarded()
     rewarded = {a: group for a, (_, group) in attempts.items() if a in has_reward}  # attempt_id -> group_id
     skipped = sorted({rid for a, (rid, _) in attempts.items() if a not in rewarded}
@@ -118,7 +118,9 @@ def _iter_exact(store: StoreAPI, rollout_ids: Sequence[str], *, group_key: str |
         logger.info("skipping %d rollout(s) without a reward or an attempt: %s", len(skipped), ", ".join(skipped[:5]))
     if not rewarded:
         return
-    roles, positions = _call_agents(store, list(rewarded))  # span_id -> role (multi-agent calls), sequence_id
+    roles, positions, calls = _call_agents(store, list(rewarded))  # span_id -> role (multi-agent), sequence_id
+    if timeline is not None and credit is not None and credit.scope == "role":
+        timeline = timeline.scoped_to_roles(calls)
 
     def reward_of(span_ids: list[str], attempt_id: str) -> float | None:
         if timeline is not None:  # a turn's position is its first call's
@@ -184,15 +186,16 @@ def _last_attempts(store: StoreAPI, rollout_ids: list[str], group_key: str | Non
             for r, a in store.last_attempts(rollout_ids)}
 
 
-def _call_agents(store: StoreAPI, attempt_ids: list[str]) -> tuple[dict[str, str], dict[str, int]]:
-    """``span_id -> attributes.agent`` of the calls that name a role (none in a single-agent store), and
-    ``span_id -> sequence_id`` of every call (a turn's position, for per-turn credit)."""
+def _call_agents(store: StoreAPI, attempt_ids: list[str]) -> tuple[dict[str, str], dict[str, int], pa.Table]:
+    """``span_id -> attributes.agent`` of the calls that name a role (none in a single-agent store),
+    ``span_id -> sequence_id`` of every call (a turn's position, for per-turn credit), and the calls as read
+    (what :meth:`RewardTimeline.scoped_to_roles` attributes rewards with)."""
     tbl = store.spans_table(attempt_ids=attempt_ids, kinds=["llm_call"],
-                            columns=["span_id", "sequence_id", "attributes"])
+                            columns=["attempt_id", "span_id", "sequence_id", "attributes"])
     span_ids = tbl["span_id"].to_pylist()
     agents = {sid: call_role(attrs) for sid, attrs in zip(span_ids, tbl["attributes"].to_pylist(), strict=True)}
     positions = dict(zip(span_ids, tbl["sequence_id"].to_pylist(), strict=True))
-    return {sid: agent for sid, agent in agents.items() if agent}, positions
+    return {sid: agent for sid, agent in agents.items() if agent}, positions, tbl
 
 
 def _read_rewards(store: StoreAPI, attempt_ids: list[str]) -> _Rewards:
