@@ -32,7 +32,8 @@ AttemptStatus = Literal["preparing", "running", "failed", "succeeded", "timeout"
 FinishedAttemptStatus = Literal["failed", "succeeded", "timeout", "unresponsive"]
 RetryableStatus = Literal["failed", "timeout", "unresponsive"]
 RolloutMode = Literal["train", "val", "test"]
-SpanKind = Literal["llm_call", "tool_call", "reward", "message", "custom"]
+SpanKind = Literal["llm_call", "tool_call", "reward", "message", "custom", "demonstration"]
+TOKEN_SPAN_KINDS: frozenset[str] = frozenset({"llm_call", "demonstration"})  # the kinds that carry `llm` token fields
 SpanStatus = Literal["ok", "error", "unset"]
 ResourceKind = Literal["prompt_template", "model_checkpoint", "lora_adapter", "llm_endpoint", "other"]
 
@@ -226,10 +227,10 @@ class Span(StrictModel):
     def _kind_fields(self) -> Span:
         if (self.rollout_id is None) != (self.attempt_id is None):
             raise ValueError("rollout_id and attempt_id must both be set or both be None")
-        if self.kind == "llm_call" and self.llm is None:
-            raise ValueError("an llm_call span needs its `llm` fields")
-        if self.kind != "llm_call" and self.llm is not None:
-            raise ValueError(f"only llm_call spans carry `llm` fields, not {self.kind!r}")
+        if self.kind in TOKEN_SPAN_KINDS and self.llm is None:
+            raise ValueError(f"a {self.kind} span needs its `llm` fields")
+        if self.kind not in TOKEN_SPAN_KINDS and self.llm is not None:
+            raise ValueError(f"only llm_call and demonstration spans carry `llm` fields, not {self.kind!r}")
         if self.kind == "reward" and self.reward is None:
             raise ValueError("a reward span needs its `reward` field")
         if self.kind != "reward" and self.reward is not None:

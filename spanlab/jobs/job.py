@@ -260,10 +260,11 @@ class Job:
         ws = self.config.warm_start
         if ws is None or self.policy is None:
             return
+        from spanlab.jobs.demos import stored_demonstrations
         from spanlab.training.policy import warm_start
 
-        self.report.warm_start = warm_start(self.policy, self.task_set.demonstration, self.splits["demos"], ws,
-                                            demos=ws.demos, progress=self.progress)
+        samples = stored_demonstrations(self, self.splits["demos"][: ws.demos], "warm_start", key="warm_start")
+        self.report.warm_start = warm_start(self.policy, samples, ws, progress=self.progress)
         self.held_out("warm_start")
 
 

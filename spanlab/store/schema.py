@@ -184,6 +184,16 @@ SELECT
 FROM spans
 WHERE kind = 'llm_call';
 
+CREATE OR REPLACE VIEW demonstrations AS
+SELECT
+    span_id, attributes->>'$.run_id' AS run_id, attributes->>'$.source' AS source,
+    attributes->>'$.task_id' AS task_id, (attributes->>'$.level')::INTEGER AS level, model,
+    to_timestamp(start_time) AS recorded_at, len(prompt_token_ids) + len(response_token_ids) AS num_tokens,
+    list_sum(loss_mask)::BIGINT AS trained_tokens, request_messages, prompt_token_ids, response_token_ids,
+    loss_mask, attributes
+FROM spans
+WHERE kind = 'demonstration';
+
 CREATE OR REPLACE VIEW rewards AS
 SELECT
     rollout_id, attempt_id, sequence_id, span_id, reward_name AS name, reward_value AS value,

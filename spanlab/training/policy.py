@@ -22,15 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from spanlab.adapters.conversation import encode_conversation
 from spanlab.engine.weights import ReplicaWeightSync, SyncTiming, save_weights
-from spanlab.errors import ConfigError
 from spanlab.training.model import apply_lora
 from spanlab.training.settings import LoraConfig, SFTConfig
 from spanlab.training.supervised import sft_train
 from spanlab.types import version_tag
 
 if TYPE_CHECKING:
+    from spanlab.adapters.samples import Sample
     from spanlab.progress import PhaseProgress
 
 logger = logging.getLogger(__name__)
@@ -151,14 +150,9 @@ def open_policy(stack: ExitStack, *, model_name: str, root_url: str | Sequence[s
     return Policy(model, tokenizer, pad_token_id(tokenizer), PolicySync(client, record, run_dir, served))
 
 
-def warm_start(policy: Policy, demonstration: Callable[[dict[str, Any]], dict[str, Any]] | None,
-               tasks: list[dict[str, Any]], config: SFTConfig, *, demos: int,
+def warm_start(policy: Policy, samples: list[Sample], config: SFTConfig, *,
                progress: PhaseProgress | None) -> dict[str, float]:
-    """SFT on generated demonstrations of the first ``demos`` tasks, then pushed (a model that never earns a
-    reward gives RL and reward filtering nothing to keep)."""
-    if demonstration is None:
-        raise ConfigError("warm_start: the task set has no demonstrations; remove warm_start from the config")
-    samples = [encode_conversation(policy.tokenizer, d["messages"], d.get("tools"))
-               for d in map(demonstration, tasks[:demos])]
+    """SFT on demonstrations (encoded conversations; the job reads them from its store), then pushed (a model that
+    never earns a reward gives RL and reward filtering nothing to keep)."""
     metrics = sft_train(policy.model, samples, config, pad_id=policy.pad_id, progress=progress)
     return {**metrics, "sync_s": policy.push()}

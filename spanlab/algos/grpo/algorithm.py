@@ -37,6 +37,9 @@ class GRPO(Algorithm[GRPOSection]):
         if self.settings.kl_beta > 0 and self.config.trainer.processes > 1:
             raise ConfigError("grpo.kl_beta: the KL term's reference model runs in one trainer process; "
                               "set trainer.processes: 1 or kl_beta: 0")
+        if self.settings.demonstrations is not None and (self.config.trainer.processes > 1 or self.config.policies):
+            raise ConfigError("grpo.demonstrations: the demonstration term trains one policy in one trainer process; "
+                              "set trainer.processes: 1 and drop policies, or remove grpo.demonstrations")
         if self.config.trainer.sharding == "fsdp" and self.settings.lora is not None:
             raise ConfigError("trainer.sharding: fsdp trains full weights, not a LoRA adapter; "
                               "set grpo.lora: null or trainer.sharding: none")

@@ -28,6 +28,22 @@ class GRPOCredit(CreditConfig):
         return "group_role" if self.per_turn else "group"
 
 
+class DemonstrationTerm(BaseModel):
+    """``grpo.demonstrations``: the demonstrations' NLL added to every GRPO update (InstructGPT's PPO-ptx), so that
+    RL adds a skill without unlearning what the demonstrations taught. The demonstrations are the run's stored ones
+    (``demonstration`` spans: the warm start's when the run had one), else ``demos`` generated for train tasks of
+    ``levels``, recorded in the store first; each update draws ``per_step`` of them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    coef: float = Field(gt=0, le=100, description="weight of the demonstrations' mean token NLL in the loss")
+    per_step: int = Field(default=16, ge=1, le=100_000, description="demonstrations drawn for each update")
+    demos: int = Field(default=512, ge=1, le=1_000_000, description=(
+        "demonstrations generated when the run has none stored (no warm start)"))
+    levels: tuple[int, ...] | None = Field(default=None, description=(
+        "task levels of the generated ones; None: warm_start.levels, else every level"))
+
+
 class GRPOConfig(BaseModel):
     """Library config of the GRPO update; validated when built so a bad option fails before any rollout."""
 
@@ -53,6 +69,8 @@ class GRPOConfig(BaseModel):
     bf16: bool = Field(default=False, description=(
         "forward passes in bfloat16 (torch.autocast; weights, gradients, optimizer state and the log-softmax stay "
         "fp32): less GPU memory, faster only with large micro-batches (docs/gpu.md)"))
+    demonstrations: DemonstrationTerm | None = Field(default=None, description=(
+        "PPO-ptx: {coef, per_step, demos, levels}: the demonstrations' NLL in every update; None: RL alone"))
     credit: GRPOCredit = Field(default_factory=GRPOCredit, description=(
         "per-turn credit: {mode: broadcast|per_turn, discount, normalize: group|group_role}; "
         "default: the final reward broadcast to every turn"))

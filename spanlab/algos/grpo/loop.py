@@ -110,9 +110,11 @@ def _update(job: Job, settings: GRPOSection) -> tuple[Callable[[list[Sample]], d
     if trainer.processes == 1:  # the job keeps the optimizer: its state is saved with each step for --resume
         optimizer = job.attach_optimizer(make_optimizer(p for p in policy.model.parameters() if p.requires_grad))
         ref_model = _reference(policy.model) if settings.kl_beta > 0 else None
+        draw_demos = _demonstration_draws(job, settings)
 
         def update_here(samples: list[Sample]) -> dict[str, float]:
-            return grpo_step(policy.model, optimizer, samples, settings, pad_id=policy.pad_id, ref_model=ref_model)
+            return grpo_step(policy.model, optimizer, samples, settings, pad_id=policy.pad_id, ref_model=ref_model,
+                             demos=draw_demos())
 
         return update_here, policy.push
     from spanlab.engine.model import resolve_model
@@ -127,6 +129,31 @@ def _update(job: Job, settings: GRPOSection) -> tuple[Callable[[list[Sample]], d
     if trainer.sharding == "none":
         return update, policy.push
     return update, lambda: policy.sync.push_state(dp.full_state_dict()).total_s  # rank 0 holds only its shard
+
+
+def _demonstration_draws(job: Job, settings: GRPOSection) -> Callable[[], list[Sample] | None]:
+    """Each update's demonstrations for ``grpo.demonstrations`` (None without it): ``per_step`` of the run's
+    stored ones, drawn with a seed of the step, so a resumed run draws what the first would have."""
+    term = settings.demonstrations
+    if term is None:
+        return lambda: None
+    from spanlab.jobs.demos import stored_demonstrations
+
+    ws, data = job.config.warm_start, job.config.dataset
+    if ws is not None:  # the warm start recorded its demonstrations: the term replays exactly those
+        pool = stored_demonstrations(job, job.splits["demos"][: ws.demos], "warm_start", key="warm_start")
+    else:
+        levels = set(term.levels or data.levels)
+        tasks = [t for t in job.splits["train"] if t.get("level") in levels or "level" not in t][: term.demos]
+        pool = stored_demonstrations(job, tasks, "grpo.demonstrations", key="grpo.demonstrations")
+    logger.info("grpo.demonstrations: %d stored demonstrations, %d per update, coef %g", len(pool), term.per_step,
+                term.coef)
+
+    def draw() -> list[Sample]:
+        rng = random.Random(f"spanlab-demos:{data.seed}:{len(job.report.steps)}")
+        return rng.sample(pool, min(term.per_step, len(pool)))
+
+    return draw
 
 
 def _reference(model: torch.nn.Module) -> torch.nn.Module:

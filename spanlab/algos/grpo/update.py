@@ -171,6 +171,7 @@ def grpo_step(
     pad_id: int,
     ref_model: nn.Module | None = None,
     ranks: Ranks | None = None,
+    demos: list[Sample] | None = None,
 ) -> dict[str, float]:
     """One GRPO update on ``samples``; returns a flat metrics dict (``skipped`` 1.0 when no group has signal).
 
@@ -180,6 +181,9 @@ def grpo_step(
     clipping: the update equals one process on the whole batch. Metrics are the whole batch's on every rank.
     A sharded model (``ranks.sharded``) needs every rank in each forward and backward: a rank with fewer
     micro-batches than another runs copies of one with a zero weight.
+
+    ``demos`` (with ``config.demonstrations``): demonstration rows whose mean token NLL, times its ``coef``, is
+    added to the loss of this update (PPO-ptx); one process only.
     """
     if config.kl_beta > 0 and ref_model is None:
         raise ValueError("kl_beta > 0 needs a ref_model")
@@ -218,6 +222,7 @@ def grpo_step(
     model.train()
     sums: dict[str, float] = defaultdict(float)
     total_loss, grad_norm = 0.0, 0.0
+    demo_metrics: dict[str, float] = {}
     drift_sum, drift_n = 0.0, 0  # |logp_trainer - logp_engine| at the step's start, over aligned trained tokens
     for _epoch in range(config.epochs_per_batch):
         for j, b in enumerate(batches):
@@ -241,6 +246,8 @@ def grpo_step(
                 drift_sum, drift_n = drift_sum + d_sum, drift_n + d_n
             for k, v in m.items():  # token-weighted sums, averaged below
                 sums[k] += v * m["loss_tokens"] if k != "loss_tokens" else v
+        if demos and config.demonstrations is not None:
+            demo_metrics = _demonstration_term(model, demos, config, pad_id, device)
         if ranks is not None:
             ranks.reduce_grads(params)
         grad_norm = _norm_value(torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm))
@@ -264,7 +271,25 @@ def grpo_step(
         "peak_rss_mb": peak_rss_mb(),
         "peak_rss_mb_all_ranks": rss_all_ranks,
         "drift_logp_abs_diff": drift_sum / drift_n if drift_n else math.nan,
-    }
+    } | demo_metrics
+
+
+def _demonstration_term(model: nn.Module, demos: list[Sample], config: GRPOConfig, pad_id: int,
+                        device: torch.device) -> dict[str, float]:
+    """Backward of ``coef`` x the demonstrations' mean token NLL (over all their trained tokens, in micro-batches),
+    into the gradients the GRPO loss left; its metrics. The NLL is at temperature 1: the model's own distribution,
+    the one SFT trained."""
+    assert config.demonstrations is not None
+    coef, n_tokens = config.demonstrations.coef, float(sum(int(d.loss_mask.sum()) for d in demos))
+    nll_sum = 0.0
+    for chunk in packed_micro_batches([d.input_ids for d in demos], config.micro_batch_tokens):
+        b = collate([demos[k] for k in chunk], [0.0] * len(chunk), pad_id).to(device)
+        with _autocast(model, config):
+            logprobs_B_T = token_logprobs(model, b.input_ids, b.attention_mask, positions_mask=b.loss_mask > 0)
+        nll = -(logprobs_B_T * b.loss_mask.to(logprobs_B_T.dtype)).sum() / max(n_tokens, 1.0)
+        (coef * nll).backward()
+        nll_sum += float(nll.detach())
+    return {"demo_nll": nll_sum, "demo_tokens": n_tokens, "demo_samples": float(len(demos))}
 
 
 def _norm_value(norm: torch.Tensor) -> float:
