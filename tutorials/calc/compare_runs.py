@@ -1,0 +1,81 @@
+"""GRPO variants of the calc main job from one warm start: what each gained on level 4 and kept on levels 1-3.
+
+Warm-start once (the main job with ``grpo.steps: 0``: it evaluates phase ``warm_start`` and writes
+``runs/calc-ws/final``), run each variant from that folder (``engine.model``, no ``warm_start``, ``eval.base:
+false``), then:
+
+    python tutorials/calc/compare_runs.py --start runs/calc-ws.duckdb runs/calc-rl.duckdb runs/calc-ptx.duckdb
+
+Prints, per variant: each split's accuracy at the start and the end, paired by task with a 95% bootstrap interval
+(:mod:`spanlab.compare`); the demonstrated levels' paired change level by level (test and family pooled); and,
+where the runs recorded it, the share of answers whose calculator expression used more operations than the
+problem needs (``calc.extra_ops``), at the start and the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+
+from spanlab.compare import Arm, build_table
+from spanlab.stats import paired_difference
+from spanlab.store import SpanStore, StoreAPI
+
+SPLITS = ("test", "family", "test_l4", "family_l4", "depth")
+DEMONSTRATED = ("test", "family")
+
+
+def by_task(store: StoreAPI, phase: str, splits: tuple[str, ...]) -> dict[tuple[str, str], tuple[int, float]]:
+    """(split, task_id) -> (level, reward) of the held-out rollouts of ``phase``."""
+    out: dict[tuple[str, str], tuple[int, float]] = {}
+    for split in splits:
+        for row in store.rollout_summaries(metadata={"phase": phase, "split": split}):
+            if row.mode == "test" and isinstance(row.input, dict):
+                out[(split, str(row.input["task_id"]))] = (int(row.input.get("level", 0)),
+                                                           float(row.final_reward or 0.0))
+    return out
+
+
+def extra_ops_share(store: StoreAPI, phase: str) -> dict[str, float]:
+    """split -> mean of the ``calc.extra_ops`` measurements of the held-out rollouts of ``phase`` (none: absent)."""
+    sql = f"""
+        SELECT s.metadata->>'split' AS split, avg(r.value) AS share, count(*) AS n
+        FROM rewards r JOIN rollout_summary s USING (rollout_id)
+        WHERE r.name = 'calc.extra_ops' AND s.mode = 'test' AND s.metadata->>'phase' = '{phase}'
+        GROUP BY 1 ORDER BY 1"""
+    return {row["split"]: row["share"] for row in store.query(sql).to_pylist()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--start", type=Path, required=True, help="the warm start's store (phase warm_start)")
+    parser.add_argument("runs", type=Path, nargs="+", help="the variants' stores (phase final)")
+    parser.add_argument("--splits", default=",".join(SPLITS))
+    args = parser.parse_args()
+    console = Console(width=200)
+    splits = tuple(args.splits.split(","))
+    start = Arm("warm start", "sft", args.start, "warm_start", counts_rollouts=False)
+    arms = [Arm(db.stem, "grpo", db, "final") for db in args.runs]
+    console.print(build_table([start, *arms], start, splits))
+    with SpanStore(args.start) as store:
+        before = by_task(store, "warm_start", DEMONSTRATED)
+        console.print(f"\nwarm start: extra-operation share {extra_ops_share(store, 'warm_start')}")
+    for db in args.runs:
+        with SpanStore(db) as store:
+            after = by_task(store, "final", DEMONSTRATED)
+            share = extra_ops_share(store, "final")
+        console.print(f"\n{db.stem}: extra-operation share at the end {share}")
+        common = sorted(set(before) & set(after))
+        for level in sorted({before[k][0] for k in common}):
+            keys = [k for k in common if before[k][0] == level]
+            diff = paired_difference([after[k][1] for k in keys], [before[k][1] for k in keys])
+            console.print(f"  level {level} (test + family, n={len(keys)}): "
+                          f"{100 * sum(before[k][1] for k in keys) / len(keys):.1f}% -> "
+                          f"{100 * sum(after[k][1] for k in keys) / len(keys):.1f}%, paired "
+                          f"{100 * diff.mean:+.1f} [{100 * diff.low:+.1f}, {100 * diff.high:+.1f}]")
+
+
+if __name__ == "__main__":
+    main()
