@@ -390,6 +390,8 @@ def train(
 
     out = Console()
     out.print(report.table())
+    if (metrics := report.metrics_table()) is not None:
+        out.print(metrics)
     if report.steps:
         out.print(report.curve_table())
     if report.paired_gains():

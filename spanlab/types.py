@@ -9,6 +9,7 @@ span its reward. Timestamps are Unix epoch seconds (float) to keep conversions c
 from __future__ import annotations
 
 import math
+import re
 import time
 import uuid
 from typing import Annotated, Any, Literal
@@ -248,6 +249,28 @@ def reward_span(rollout_id: str, attempt_id: str, value: float, *, name: str = "
         kind="reward",
         reward=Reward(name=name, value=value, call_span_id=call_span_id),
     )
+
+
+METRIC_ATTRIBUTE = "metric"  # a measurement span's value: ``attributes["metric"]`` of a ``custom`` span
+_METRIC_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
+
+
+def metric_span(rollout_id: str, attempt_id: str, name: str, value: float) -> Span:
+    """A named measurement of an attempt (``calc.extra_ops``): a ``custom`` span named ``name`` whose
+    ``attributes["metric"]`` is ``value``.
+
+    Not a reward span on purpose: every reward span is credit some algorithm trains on (per-turn credit sums
+    the rewards after a turn), and a measurement must never become one. Held-out evaluations report each
+    name's mean per split and phase. ``accuracy`` is taken (the reward's own mean); a name has no ``/``
+    (train_metrics keeps flat keys only).
+    """
+    if not _METRIC_NAME.fullmatch(name) or name == "accuracy":
+        raise ValueError(f"metric name {name!r}: use a letter, then letters, digits, '_', '.' or '-' (at most 64), "
+                         "and not 'accuracy'")
+    if not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"metric {name!r}: value must be a finite number, got {value!r}")
+    return Span(rollout_id=rollout_id, attempt_id=attempt_id, name=name, kind="custom",
+                attributes={METRIC_ATTRIBUTE: float(value)})
 
 
 class Resource(StrictModel):

@@ -172,3 +172,15 @@ class LongTailAgent(Agent):
             if await asyncio.to_thread(current_policy_version, ctx.store) >= start + versions:
                 return
             await asyncio.sleep(0.05)
+
+
+class MetricAgent(Agent):
+    """Records ``task['metrics']`` (name -> value) with ``ctx.add_metric``, then returns ``task['reward']``."""
+
+    def __init__(self, **model_settings: Any) -> None:  # a job passes `model` and `temperature`; no model is called
+        self.model_settings = model_settings
+
+    async def run(self, task: Any, ctx: RolloutContext) -> float | None:
+        for name, value in task.get("metrics", {}).items():
+            await asyncio.to_thread(ctx.add_metric, name, value)
+        return task["reward"]

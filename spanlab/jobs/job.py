@@ -32,9 +32,9 @@ from spanlab.jobs import checkpoints, resuming
 from spanlab.jobs.algorithm import Algorithm
 from spanlab.jobs.config import TrainConfig
 from spanlab.jobs.registry import load_algorithm
-from spanlab.jobs.report import Evaluation, TrainReport
+from spanlab.jobs.report import Evaluation, TrainReport, metric_means
 from spanlab.jobs.rig import Rig, open_rig
-from spanlab.jobs.rollouts import RolloutBatch
+from spanlab.jobs.rollouts import RolloutBatch, rollout_metrics
 from spanlab.jobs.tasks import TaskSet, load_task_set
 from spanlab.jobs.tracking import Trackers, open_trackers
 from spanlab.progress import Phase, PhaseProgress, log_console, running_mean
@@ -236,16 +236,23 @@ class Job:
         by_level: dict[str, list[float]] = {}
         for task, reward in zip(tasks, batch.rewards, strict=True):
             by_level.setdefault(str(task.get("level", "all")), []).append(reward)
+        recorded = rollout_metrics(self.rig.store, batch.rollout_ids)  # the agent's ctx.add_metric values
         result = Evaluation(phase=phase, split=split, n=len(tasks), accuracy=batch.mean_reward,
                             by_level={k: sum(v) / len(v) for k, v in sorted(by_level.items())},
-                            seconds=batch.seconds, failed=batch.failed, rewards=list(batch.rewards))
+                            seconds=batch.seconds, failed=batch.failed, rewards=list(batch.rewards),
+                            metrics=metric_means(recorded.values()))
         logger.info("%s: held-out accuracy on %s %.1f%% (n=%d) in %.0fs", phase, split, 100 * result.accuracy,
                     result.n, result.seconds)
+        if result.metrics:
+            logger.info("%s: agent metrics on %s: %s", phase, split,
+                        ", ".join(f"{k} {m.mean:.3f} (n={m.n})" for k, m in result.metrics.items()))
         self.report.evaluations.append(result)
         metrics = {}
         if not phase.startswith("step-"):
-            key = f"eval_accuracy_{phase}" if split == self.config.eval.split else f"eval_accuracy_{phase}_{split}"
-            metrics = {key: result.accuracy, **{f"{key}/level_{k}": v for k, v in result.by_level.items()}}
+            suffix = phase if split == self.config.eval.split else f"{phase}_{split}"
+            key = f"eval_accuracy_{suffix}"
+            metrics = {key: result.accuracy, **{f"{key}/level_{k}": v for k, v in result.by_level.items()},
+                       **{f"eval_{name}_{suffix}": m.mean for name, m in result.metrics.items()}}
         curve = self.config.eval.curve
         if curve is not None and split in curve.splits and not (phase == "base" and self.config.warm_start):
             metrics[f"curve_{split}"] = result.accuracy  # one series over steps: start, every few steps, final

@@ -1,5 +1,5 @@
-"""What a training run reports: held-out accuracy per phase (with n), per-step metrics, timings, and the paired
-gain of the final policy over its start.
+"""What a training run reports: held-out accuracy per phase (with n), the agent's own metrics per phase, per-step
+metrics, timings, and the paired gain of the final policy over its start.
 
 Every phase evaluates the same tasks of a split in the same order (``split_tasks`` fixes them once), so
 the final policy and its start can be compared task by task: a paired interval is much tighter than two
@@ -10,11 +10,28 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 from rich.table import Table
+
+
+class MetricMean(BaseModel):
+    """One agent metric (``ctx.add_metric``) over an evaluation: its mean over the ``n`` rollouts that recorded it."""
+
+    mean: float
+    n: int
+
+
+def metric_means(per_rollout: Iterable[dict[str, float]]) -> dict[str, MetricMean]:
+    """Each metric name's mean over the rollouts that recorded it (a rollout without it is not a zero)."""
+    values: dict[str, list[float]] = {}
+    for metrics in per_rollout:
+        for name, value in metrics.items():
+            values.setdefault(name, []).append(value)
+    return {name: MetricMean(mean=sum(v) / len(v), n=len(v)) for name, v in sorted(values.items())}
 
 
 class Evaluation(BaseModel):
@@ -26,6 +43,7 @@ class Evaluation(BaseModel):
     seconds: float = 0.0
     failed: int = 0
     rewards: list[float] = Field(default_factory=list, description="one per task, in the split's task order")
+    metrics: dict[str, MetricMean] = Field(default_factory=dict, description="the agent's metrics, by name")
 
 
 class PairedGain(BaseModel):
@@ -138,11 +156,33 @@ class TrainReport(BaseModel):
             table.add_row(ev.phase, ev.split, str(ev.n), f"{100 * ev.accuracy:.1f}%", levels, f"{ev.seconds:.0f}")
         return table
 
+    def metrics_table(self) -> Table | None:
+        """The agent's metrics (``ctx.add_metric``) per split, one column per evaluated phase but the curve's
+        (``step-k``): the start and the end side by side. None when no evaluation recorded any."""
+        phases = list(dict.fromkeys(ev.phase for ev in self.evaluations if not ev.phase.startswith("step-")))
+        cells: dict[tuple[str, str], dict[str, MetricMean]] = {}
+        for ev in self.evaluations:
+            for name, m in ev.metrics.items():
+                cells.setdefault((ev.split, name), {})[ev.phase] = m
+        if not cells:
+            return None
+        table = Table(title="agent metrics on the held-out splits: mean (n rollouts that recorded it)")
+        for col in ("split", "metric", *phases):
+            table.add_column(col)
+        for (split, name), by_phase in cells.items():
+            table.add_row(split, name, *(f"{by_phase[p].mean:.3f} ({by_phase[p].n})" if p in by_phase else ""
+                                         for p in phases))
+        return table
+
     def summary(self) -> dict[str, Any]:
         headline = self.evaluations[0].split if self.evaluations else "test"
         acc = {ev.phase: ev.accuracy for ev in self.evaluations if ev.split == headline}
         by_split: dict[str, dict[str, float]] = {}
+        metrics: dict[str, dict[str, dict[str, float]]] = {}
         for ev in self.evaluations:
             by_split.setdefault(ev.split, {})[ev.phase] = ev.accuracy
-        return {"run_id": self.run_id, "accuracy": acc, "accuracy_by_split": by_split, "steps": len(self.steps),
-                "seconds": round(self.seconds), "paired_gains": [g.model_dump() for g in self.paired_gains()]}
+            for name, m in ev.metrics.items():
+                metrics.setdefault(name, {}).setdefault(ev.split, {})[ev.phase] = m.mean
+        return {"run_id": self.run_id, "accuracy": acc, "accuracy_by_split": by_split, "metrics_by_split": metrics,
+                "steps": len(self.steps), "seconds": round(self.seconds),
+                "paired_gains": [g.model_dump() for g in self.paired_gains()]}

@@ -21,7 +21,7 @@ from spanlab.jobs.background import BackgroundRollouts, serve_locally
 from spanlab.runner.agent import load_agent
 from spanlab.runner.worker import RolloutDone, Worker, run_then_close
 from spanlab.store.base import StoreAPI
-from spanlab.types import Rollout, RolloutConfig, RolloutMode
+from spanlab.types import METRIC_ATTRIBUTE, Rollout, RolloutConfig, RolloutMode
 
 if TYPE_CHECKING:
     from spanlab.runner.ray_runner import RayRunner
@@ -155,6 +155,22 @@ def final_rewards(store: StoreAPI, rollout_ids: Sequence[str]) -> dict[str, floa
     if not rollout_ids:
         return {}
     return {s.rollout_id: s.final_reward for s in store.rollout_summaries(rollout_ids) if s.final_reward is not None}
+
+
+def rollout_metrics(store: StoreAPI, rollout_ids: Sequence[str]) -> dict[str, dict[str, float]]:
+    """``rollout_id -> {metric name: value}`` that each rollout's last attempt recorded with ``ctx.add_metric``
+    (a name recorded twice: its last value). Rollouts that recorded none are absent."""
+    if not rollout_ids:
+        return {}
+    last = [a.attempt_id for _, a in store.last_attempts(list(rollout_ids))]
+    out: dict[str, dict[str, float]] = {}
+    if not last:
+        return out
+    for span in store.iter_spans(attempt_ids=last, kinds=["custom"]):  # in sequence order: a later value wins
+        value = span.attributes.get(METRIC_ATTRIBUTE)
+        if span.rollout_id is not None and isinstance(value, int | float) and not isinstance(value, bool):
+            out.setdefault(span.rollout_id, {})[span.name] = float(value)
+    return out
 
 
 def cancel_leftovers(store: StoreAPI, why: str = "left queued by an earlier run") -> int:

@@ -3,7 +3,8 @@
 Agents talk to the model through ``ctx.llm_base_url`` (the gateway's URL for this attempt, so every
 call is recorded as a span of the attempt) with ``ctx.llm_api_key`` as the OpenAI client's ``api_key`` (the
 gateway's token when it has one, docs/scale.md) and may report intermediate rewards with
-``ctx.add_reward``. The runner records the returned reward as the attempt's final reward.
+``ctx.add_reward`` and measurements that are not rewards (reported per held-out split) with
+``ctx.add_metric``. The runner records the returned reward as the attempt's final reward.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 from spanlab.errors import ConfigError, one_line
 from spanlab.store.base import StoreAPI
-from spanlab.types import Attempt, Resource, Rollout, Span, reward_span
+from spanlab.types import Attempt, Resource, Rollout, Span, metric_span, reward_span
 
 # Tutorial agents by short name; anything else is given as "package.module:ClassName".
 REGISTERED_AGENTS: dict[str, str] = {
@@ -55,6 +56,11 @@ class RolloutContext:
         """An intermediate reward (``call_span_id`` ties it to one LLM call)."""
         self.store.add_spans([reward_span(self.rollout.rollout_id, self.attempt.attempt_id, value, name=name,
                                           call_span_id=call_span_id)])
+
+    def add_metric(self, name: str, value: float) -> None:
+        """A measurement of this attempt that no algorithm trains on (``calc.extra_ops``): held-out evaluations
+        report its mean per split and phase (see :func:`~spanlab.types.metric_span`)."""
+        self.store.add_spans([metric_span(self.rollout.rollout_id, self.attempt.attempt_id, name, value)])
 
     def add_span(self, name: str, kind: str = "custom", **attributes: Any) -> None:
         """A custom span (a tool call the agent ran itself, a note) in this attempt."""

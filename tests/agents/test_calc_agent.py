@@ -19,6 +19,7 @@ import pytest
 from spanlab.agents.calc.agent import CalcAgent, history_items, score
 from spanlab.agents.calc.demos import calculator_tools, conversation, demonstration
 from spanlab.agents.calc.mcp_server import evaluate
+from spanlab.agents.calc.operations import EXTRA_OPS_METRIC, call_expression, count_operations, extra_operations
 from spanlab.agents.calc.tasks import make_tasks
 from spanlab.gateway import GatewayServer
 from spanlab.runner import Worker
@@ -33,6 +34,19 @@ def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str
 
 def _spans(store: SpanStore, attempt_id: str) -> list[Span]:
     return sorted(store.iter_spans(attempt_ids=[attempt_id]), key=lambda s: s.sequence_id or 0)
+
+
+def _metrics(spans: list[Span]) -> list[float]:
+    """The ``calc.extra_ops`` values the agent recorded (it records one per rollout at most)."""
+    return [s.attributes["metric"] for s in spans if s.kind == "custom" and s.name == EXTRA_OPS_METRIC]
+
+
+def _evaluates(expression: str) -> bool:
+    try:
+        evaluate(expression)
+    except ValueError:
+        return False
+    return True
 
 
 def _server_pids() -> set[int]:
@@ -83,6 +97,11 @@ def test_rollouts_through_worker_are_recorded_with_token_ids_and_reward(
         assert all(len(c.llm.prompt_token_ids) > 100 and len(c.llm.response_token_ids) > 0 for c in calls)
         if not any(s.name == "no_final_answer" for s in spans):
             assert reward == score(calls[-1].llm.response_message.get("content"), task)
+        # The agent's calc.extra_ops agrees with the calculator calls the gateway recorded.
+        recorded = [call_expression(tc["function"]["arguments"]) for c in calls
+                    for tc in (c.llm.response_message or {}).get("tool_calls") or []]
+        expected = extra_operations([e for e in recorded if e is not None], task)
+        assert _metrics(spans) == ([] if expected is None else [expected])
 
         # The first request is exactly the demonstration's prompt: messages, tools and token IDs.
         demo = demonstration(task)
@@ -97,7 +116,8 @@ def test_forced_calculator_call_is_a_real_mcp_round_trip(
     store: SpanStore, gateway: GatewayServer, vllm_server: Any, tokenizer: Any
 ) -> None:
     agent = CalcAgent(vllm_server.model, temperature=0.0, max_tokens=48, tool_choice="required", strict_tools=True)
-    task = {"task_id": "t", "question": "What is 47 + 38?", "answer": 85, "level": 1, "split": "test"}
+    task = {"task_id": "t", "question": "What is 47 + 38?", "answer": 85, "level": 1, "split": "test",
+            "expression": "47 + 38"}
     assert _run_worker(store, gateway, agent, [task]).succeeded == 1
     (row,) = store.query("SELECT rollout_id FROM rollouts").to_pylist()
     (attempt,) = store.list_attempts(row["rollout_id"])
@@ -116,6 +136,12 @@ def test_forced_calculator_call_is_a_real_mcp_round_trip(
     assert calls[1].request_messages[3]["content"] == [{"type": "text", "text": result}]
     assert list(calls[1].prompt_token_ids) == _render(tokenizer, expected, calculator_tools(strict=True))
     assert reward == score(calls[-1].response_message.get("content"), task)
+    # The forced call is a measured one: calc.extra_ops says whether it used more than the one operation needed
+    # (when the model called again, the last call's expression is the answer's).
+    expressions = [json.loads(tc["function"]["arguments"])["expression"] for c in calls
+                   for tc in (c.response_message or {}).get("tool_calls") or []]
+    answered = [e for e in expressions if _evaluates(e)]  # the first one does (checked above)
+    assert _metrics(spans) == [float((count_operations(answered[-1]) or 0) > 1)]
 
 
 @pytest.mark.vllm

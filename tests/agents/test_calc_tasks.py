@@ -83,6 +83,17 @@ def test_original_phrasings_are_the_tutorials_questions() -> None:
     assert {t["family"].rsplit("/", 1)[1] for ts in tasks for t in ts} == {"0"}
 
 
+def test_level_four_families_leave_the_demonstrated_levels_tasks_as_they_were() -> None:
+    """Level 4 is trained in as many wording families per kind as levels 1-3 (issue 59: two were too few), and
+    adding them changed no task of levels 1-3 (each level draws from a stream of its own): a warm start made
+    before them is still the main job's. Pinned with 2 level-4 families per kind."""
+    assert all(len(TRAIN[k]) >= 10 for k in KINDS[4])
+    tasks = [t for s in ("train", "val", "test") for t in make_tasks(s, 360, 0, (1, 2, 3, 4), phrasings="all")
+             if t["level"] <= 3]
+    digest = hashlib.sha256(json.dumps(tasks, sort_keys=True).encode()).hexdigest()
+    assert digest == "b4d2caf86b848fd501417fed8beb7f0e14f7d2b40226a67a1359266c42ba993b"
+
+
 def test_family_split_uses_only_templates_no_other_split_uses() -> None:
     used = {t["family"] for s in ("train", "val", "test") for seed in (0, 1)
             for t in make_tasks(s, 300 if s == "train" else 60, seed=seed, phrasings="all")}

@@ -5,7 +5,10 @@ One rollout = one ``Runner.run`` of an SDK ``Agent`` whose model is ``OpenAIChat
 recorded with its exact token IDs. The calculator is ``spanlab.agents.calc.mcp_server`` in a
 subprocess, reached with the SDK's ``MCPServerStdio``. Reward: 1.0 when the last number in the final
 output equals ``task["answer"]`` (:func:`score`), else 0.0; a run that ends without a final answer
-(``max_turns`` exhausted, a call to an unknown tool) also scores 0.0.
+(``max_turns`` exhausted, a call to an unknown tool) also scores 0.0. Each rollout whose task holds its
+``expression`` and that called the calculator also records the metric ``calc.extra_ops`` (1.0 when its
+answer's expression used more operations than the task needs, :mod:`spanlab.agents.calc.operations`), which
+held-out evaluations report per split.
 
 The system prompt is ``system_prompt`` unless the rollout's resources hold a POML template named
 ``prompt_resource`` (APO's prompt versions): then the template rendered with the task's ``question`` gives
@@ -36,11 +39,13 @@ from typing import Any, Literal
 from agents import Agent as SDKAgent
 from agents import ModelSettings, OpenAIChatCompletionsModel, RunConfig, Runner
 from agents.exceptions import MaxTurnsExceeded, ModelBehaviorError
+from agents.items import RunItem, ToolCallItem
 from agents.mcp import MCPServerStdio, MCPServerStdioParams
 from openai import AsyncOpenAI
 
 from spanlab.agents.calc.demos import SYSTEM_PROMPT
 from spanlab.agents.calc.mcp_server import TOOL_NAME
+from spanlab.agents.calc.operations import EXTRA_OPS_METRIC, call_expression, extra_operations
 from spanlab.prompts import DEFAULT_RENDERER, PromptRenderer
 from spanlab.runner.agent import Agent, RolloutContext
 
@@ -67,6 +72,14 @@ def score(text: str | None, task: dict[str, Any]) -> float:
     """1.0 when the last number in ``text`` equals the answer (``1,080`` and ``85.0`` count), else 0.0."""
     numbers = _NUMBER.findall(_THOUSANDS.sub("", text or ""))
     return float(bool(numbers) and float(numbers[-1]) == task["answer"])
+
+
+def calculator_expressions(items: list[RunItem]) -> list[str]:
+    """The expressions of a run's calculator calls, in order (from the SDK's run items)."""
+    calls = (item for item in items if isinstance(item, ToolCallItem) and item.tool_name == TOOL_NAME)
+    raw = (c.raw_item.get("arguments") if isinstance(c.raw_item, dict) else getattr(c.raw_item, "arguments", None)
+           for c in calls)
+    return [e for e in map(call_expression, raw) if e is not None]
 
 
 def server_params() -> MCPServerStdioParams:
@@ -210,6 +223,12 @@ class CalcAgent(Agent):
     async def solve(self, question: str | list[Any], base_url: str, instructions: str | None = None,
                     api_key: str = "spanlab") -> str | None:
         """The final output for ``question`` (a string, or SDK input items to continue a conversation)."""
+        output, _ = await self._solve(question, base_url, instructions, api_key)
+        return output
+
+    async def _solve(self, question: str | list[Any], base_url: str, instructions: str | None,
+                     api_key: str) -> tuple[str | None, list[RunItem]]:
+        """The final output and the run's new items (its tool calls among them)."""
         server = await self._process().ready()
         async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
             result = await Runner.run(
@@ -218,7 +237,7 @@ class CalcAgent(Agent):
                 max_turns=self.max_turns,
                 run_config=RunConfig(tracing_disabled=True),
             )
-        return None if result.final_output is None else str(result.final_output)
+        return None if result.final_output is None else str(result.final_output), list(result.new_items)
 
     async def run(self, task: Any, ctx: RolloutContext) -> float:
         if ctx.llm_base_url is None:
@@ -230,9 +249,12 @@ class CalcAgent(Agent):
             messages = await self.renderer.arender(str(res.payload["template"]), {"question": task["question"]})
             instructions, question = prompt_input(messages)
         try:
-            output = await self.solve(question, ctx.llm_base_url, instructions, ctx.llm_api_key)
+            output, items = await self._solve(question, ctx.llm_base_url, instructions, ctx.llm_api_key)
         except (MaxTurnsExceeded, ModelBehaviorError) as exc:
             logger.debug("task %s ended without an answer: %r", task.get("task_id"), exc)
             await asyncio.to_thread(ctx.add_span, "no_final_answer", error=repr(exc))
-            return 0.0
+            output, items = None, list(exc.run_data.new_items) if exc.run_data is not None else []
+        extra = extra_operations(calculator_expressions(items), task)
+        if extra is not None:
+            await asyncio.to_thread(ctx.add_metric, EXTRA_OPS_METRIC, extra)
         return score(output, task)

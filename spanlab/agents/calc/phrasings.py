@@ -10,10 +10,13 @@ all`` takes every training template of the kind in turn, with its choices drawn 
 ``HELD_OUT`` templates are never used for training or for the question-held-out splits: they make the
 ``family`` split, which asks whether an agent learned the arithmetic or the sentence.
 ``tests/agents/test_calc_tasks.py`` checks that no wording a training template of any level stands
-for repeats a held-out one, or seven words of one. The training wordings were written after the
-held-out ones, by people who had read them: the family split is unseen *templates*, not a blind test
-of vocabulary. Levels 4 and 5 (three and four operations) are never trained by the default levels;
+for repeats a held-out one, or seven words of one. The training wordings of levels 1-3 were written
+after the held-out ones, by people who had read them: the family split is unseen *templates*, not a blind
+test of vocabulary. Levels 4 and 5 (three and four operations) are never trained by the default levels;
 they make the ``depth`` split, and their held-out templates the family split of a run that trains them.
+Each level-4 kind's templates after its first two were written without reading any held-out template or
+split output (issue 59: RL that met a new skill in two wordings only learned a habit where wordings were
+new); only that overlap test compared them with the held-out ones.
 
 Slots: ``name``/``other`` (two different people), ``item`` (plural), ``box`` (plural container),
 numbers ``a`` ... ``e`` and ``ab`` (``a * b``, for divisions).
@@ -269,23 +272,100 @@ TRAIN: dict[str, tuple[str, ...]] = {
         "{item} does {name} have now?",
         "{name} starts the day with {a} {item}, gets {b} more {box} of {c} {item} each, and then loses {d}. How "
         "many {item} are left?",  # reworded 2026-12-04: it repeated the l3_add_mul held-out template
+        "[After buying|After getting|After receiving] {b} {box} of {c} {item} [each|apiece], {name} [gives|hands] "
+        "{d} {item} to {other}. {name} had {a} {item} to begin with. How many {item} does {name} have [now|left]?",
+        "Suppose {name} [owns|holds] {a} {item}, [takes in|accepts] {b} {box} of {c} apiece, and [spends|uses up] "
+        "{d}. [What count of {item} remains?|How large is the pile of {item} afterwards?]",
+        "[You have|You own] {a} {item}. You [buy|get] {b} {box} with {c} {item} in each and then [give away|lose|use] "
+        "{d}. How many {item} do you have [now|left]?",
+        "{name} [keeps|stores] {a} {item} in a drawer, [orders|receives] {b} {box} that each hold {c} {item}, and "
+        "[later|afterwards] [donates|lends] {d} {item} to a school. What number of {item} does {name} end with?",
+        "[First|To start], {name} [counts|has] {a} {item}. [Next|Then], {b} {box} arrive, each [holding|with] {c} "
+        "{item}. [Last|Finally], {d} {item} [go to|are given to] {other}. How many {item} [stay with|remain with] "
+        "{name}?",
+        "{a} {item} [sit|wait] in {name}'s room. {name} [unpacks|opens] {b} {box} [of|containing] {c} {item} "
+        "[each|apiece] and [mails|posts] {d} to a cousin. [Find how many {item} the room holds now.|How many {item} "
+        "are in the room now?]",
+        "Find the number of {item} {name} [ends up with|keeps|is left with]: {name} [owned|had] {a}, [bought|got] "
+        "{b} {box} with {c} in each, and [sold|gave away|lost] {d}.",
+        "{name}'s collection [held|had] {a} {item}. [A birthday|A trip|A fair] [added|brought] {b} {box} of {c} "
+        "{item} [each|apiece], but {d} {item} were [ruined|misplaced] [soon after|a week later]. How many {item} "
+        "are in the collection [now|at this point]?",
     ),
     "l4_mul_add_mul": (
         "{name} has {b} {box} with {c} {item} each and {d} {box} with {e} {item} each. How many {item} does "
         "{name} have?",
         "There are {b} {box} holding {c} {item} apiece and {d} more {box} holding {e} apiece. How many {item} "
         "are there in all?",
+        "How many {item} are there [in total|altogether] in {b} {box} of {c} {item} [each|apiece] and {d} {box} of "
+        "{e} {item} [each|apiece]?",
+        "{name} [packs|fills] {b} {box} with {c} {item} each, and {other} [packs|fills] {d} {box} with {e} {item} "
+        "each. How many {item} is that [together|between them|in total]?",
+        "A [shelf|cart|truck] carries {b} {box} with {c} {item} in each and {d} [bigger|smaller|other] {box} with "
+        "{e} {item} in each. How many {item} [does it carry|are on it]?",
+        "[You buy|You order|You get] {b} {box} of {item} with {c} in each, and {d} {box} with {e} in each. How many "
+        "{item} [do you get|is that]?",
+        "{name} [counts|finds] {c} {item} in each of {b} {box} and {e} {item} in each of {d} [other|more] {box}. "
+        "How many {item} does {name} count [in all|altogether]?",
+        "Work out the total number of {item}: {b} {box} [hold|contain] {c} each, and {d} [other|more] {box} "
+        "[hold|contain] {e} each.",
+        "{name} [buys|gets|orders] {b} {box} with {c} {item} in each. {other} [buys|gets|orders] {d} {box} with {e} "
+        "{item} in each. If they [put|combine] all the {item} together, how many [are there|do they have]?",
+        "There are two kinds of {box}: {b} of them [hold|have] {c} {item} each, and {d} of them [hold|have] {e} "
+        "{item} each. [How many {item} are there in total?|How many {item} do the {box} hold altogether?]",
     ),
     "l4_sum_mul_sub": (
         "One pack of {item} costs {a} dollars. {name} buys {b} packs and {other} buys {c} packs. A coupon takes "
         "{d} dollars off. How many dollars do they pay?",
         "{name} buys {b} packs of {item} and {other} buys {c}; each pack is {a} dollars, and they get {d} "
         "dollars back. What do they pay in dollars?",
+        "{a} dollars [buys|gets you] one pack of {item}. {name} [grabs|selects] {b} packs, {other} [grabs|selects] "
+        "{c}, and a [gift card|promo code] [saves|cuts] {d} dollars. [What is the amount paid, in dollars?|How many "
+        "dollars leave their wallets?]",
+        "How many dollars do {name} and {other} [spend|pay] if {name} buys {b} packs of {item}, {other} buys {c}, "
+        "each pack costs {a} dollars, and they [get|receive] {d} dollars [off|back]?",
+        "You [pick up|grab] {b} packs of {item}, and a friend [picks up|grabs] {c} more; the price is {a} dollars "
+        "[per|for each] pack. A {d}-dollar [voucher|reward card] [is used|lowers the cost]. [What is the cost to you "
+        "both|How much do you both pay], in dollars?",
+        "[Our|The] [chess|drama|art] group [needs|puts in for] {b} packs of {item} for {name} and {c} for {other}. "
+        "[Packs are|A pack is] {a} dollars, and the group [has|holds] a {d}-dollar credit. [How many dollars does the "
+        "group pay?|What does the group owe in dollars?]",
+        "[Together,|Between them,] {name} and {other} [walk out with|carry home] {b} plus {c} packs of {item}. "
+        "[Every|Each] pack was {a} dollars, and the cashier [knocked|took] {d} dollars off the [total|sum]. How "
+        "many dollars did they [hand over|pay]?",
+        "Each pack of {item} [sells for|is priced at] {a} dollars. [On Monday|In the morning] {name} buys {b} "
+        "packs; [on Tuesday|in the afternoon] {other} buys {c} packs. The shop [later refunds|gives back] {d} "
+        "dollars. How many dollars did they spend [in the end|after that]?",
+        "{name}'s cart has {b} packs of {item} and {other}'s has {c}; [the sticker says|the label reads] {a} "
+        "dollars a pack. [At the till|At checkout] a {d}-dollar [rebate|markdown] [is deducted|comes off]. "
+        "[Find|Give] the dollars they [hand over|part with].",
+        "{other} [is after|would like] {c} packs of {item}, {name} [is after|would like] {b}, and [one pack|a single "
+        "pack] [goes for|runs] {a} dollars. [A voucher|A store credit] covers {d} dollars of it. [How many dollars "
+        "are left to pay?|What do they still owe, in dollars?]",
     ),
     "l4_sub_sub_sub": (
         "{name} has {a} {item}, gives {b} to {other}, loses {c} and sells {d}. How many {item} are left?",
         "A box held {a} {item}. {b} were used on Monday, {c} on Tuesday and {d} on Wednesday. How many {item} "
         "are left?",
+        "{name} [buys|collects|has] {a} {item}. {b} go to {other}, {c} go to a neighbour and {d} [are lost|go "
+        "missing|are dropped]. How many {item} [are left|remain]?",
+        "{name} [owns|keeps] {a} {item} and [parts with|lets go of] {b} one week, {c} the [next|following] week and "
+        "{d} the week after. [How many {item} remain with {name}?|How many {item} does {name} keep?]",
+        "[You have|You start with] {a} {item}. You [give away|lose|use] {b}, then {c}, then {d} more. How many "
+        "{item} do you have [left|now]?",
+        "[The|A] [school|town] library [started the year with|held] {a} {item}. [Over the year|Since then] it "
+        "[lost|retired|gave away] {b}, [misplaced|donated] {c}, and [sold|threw out] {d}. [What is its count of "
+        "{item} now?|How many {item} does the library still hold?]",
+        "{a} {item} [lie|sit] on a table. {name} [grabs|scoops up] {b}, {other} [grabs|scoops up] {c}, and {d} "
+        "[are knocked off|fall off]. [Count|Say] how many {item} [are still on the table|stay on the table].",
+        "{name}'s [tin|jar|drawer] [held|contained] {a} {item} [at dawn|first thing]. Three visitors [came "
+        "by|stopped in]: the first took {b}, the second {c}, the third {d}. How many {item} [were still there "
+        "afterwards|were left after the visits]?",
+        "Start from {a} {item}, [subtract|take away|remove] {b}, then {c}, then {d}. How many {item} [are "
+        "left|remain]?",
+        "{name} [gave out|handed out] {b} {item} [in the morning|before lunch], {c} [at noon|after lunch] and {d} "
+        "[in the evening|at night]. {name} [started with|began with|had] {a} {item}. How many does {name} have "
+        "[left|now]?",
     ),
     # Level 5: four operations.
     "l5_mul_add_mul_sub": (
