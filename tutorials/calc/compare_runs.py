@@ -19,7 +19,9 @@ from pathlib import Path
 
 from rich.console import Console
 
+from spanlab.agents.calc.operations import EXTRA_OPS_METRIC, call_expression, extra_operations
 from spanlab.compare import Arm, build_table
+from spanlab.jobs.rollouts import rollout_metrics
 from spanlab.stats import paired_difference
 from spanlab.store import SpanStore, StoreAPI
 
@@ -39,13 +41,37 @@ def by_task(store: StoreAPI, phase: str, splits: tuple[str, ...]) -> dict[tuple[
 
 
 def extra_ops_share(store: StoreAPI, phase: str) -> dict[str, float]:
-    """split -> mean of the ``calc.extra_ops`` measurements of the held-out rollouts of ``phase`` (none: absent)."""
-    sql = f"""
-        SELECT s.metadata->>'split' AS split, avg(r.value) AS share, count(*) AS n
-        FROM rewards r JOIN rollout_summary s USING (rollout_id)
-        WHERE r.name = 'calc.extra_ops' AND s.mode = 'test' AND s.metadata->>'phase' = '{phase}'
-        GROUP BY 1 ORDER BY 1"""
-    return {row["split"]: row["share"] for row in store.query(sql).to_pylist()}
+    """split -> share of the held-out rollouts of ``phase`` whose answer's expression has more operations than
+    the task needs: the runs' own ``calc.extra_ops`` metric spans, or, in a store recorded before that metric,
+    the same rule applied to the recorded calls' calculator arguments."""
+    shares: dict[str, float] = {}
+    for split in SPLITS:
+        rows = [r for r in store.rollout_summaries(metadata={"phase": phase, "split": split}) if r.mode == "test"]
+        if not rows:
+            continue
+        recorded = rollout_metrics(store, [r.rollout_id for r in rows])
+        values = [recorded[r.rollout_id][EXTRA_OPS_METRIC] for r in rows
+                  if EXTRA_OPS_METRIC in recorded.get(r.rollout_id, {})]
+        if not recorded:
+            values = [v for r in rows if (v := _from_calls(store, r.rollout_id, r.input)) is not None]
+        if values:
+            shares[split] = sum(values) / len(values)
+    return shares
+
+
+def _from_calls(store: StoreAPI, rollout_id: str, task: dict) -> float | None:
+    expressions = []
+    for span in store.iter_spans(rollout_ids=[rollout_id], kinds=["llm_call"]):
+        message = (span.llm.response_message if span.llm else None) or {}
+        for call in message.get("tool_calls") or []:
+            expression = call_expression((call.get("function") or {}).get("arguments"))
+            if expression is not None:
+                expressions.append(expression)
+    return extra_operations(expressions, task)
+
+
+def _fmt(shares: dict[str, float]) -> str:
+    return ", ".join(f"{k} {100 * v:.1f}%" for k, v in shares.items()) or "(none recorded)"
 
 
 def main() -> None:
@@ -53,20 +79,22 @@ def main() -> None:
     parser.add_argument("--start", type=Path, required=True, help="the warm start's store (phase warm_start)")
     parser.add_argument("runs", type=Path, nargs="+", help="the variants' stores (phase final)")
     parser.add_argument("--splits", default=",".join(SPLITS))
+    parser.add_argument("--start-phase", default="warm_start", help="the start's phase (base: a run that evaluated "
+                        "its start itself, e.g. on other level-4 wordings)")
     args = parser.parse_args()
     console = Console(width=200)
     splits = tuple(args.splits.split(","))
-    start = Arm("warm start", "sft", args.start, "warm_start", counts_rollouts=False)
+    start = Arm("start", "sft", args.start, args.start_phase, counts_rollouts=False)
     arms = [Arm(db.stem, "grpo", db, "final") for db in args.runs]
     console.print(build_table([start, *arms], start, splits))
     with SpanStore(args.start) as store:
-        before = by_task(store, "warm_start", DEMONSTRATED)
-        console.print(f"\nwarm start: extra-operation share {extra_ops_share(store, 'warm_start')}")
+        before = by_task(store, args.start_phase, DEMONSTRATED)
+        console.print(f"\nstart: extra-operation share {_fmt(extra_ops_share(store, args.start_phase))}")
     for db in args.runs:
         with SpanStore(db) as store:
             after = by_task(store, "final", DEMONSTRATED)
             share = extra_ops_share(store, "final")
-        console.print(f"\n{db.stem}: extra-operation share at the end {share}")
+        console.print(f"\n{db.stem}: extra-operation share at the end {_fmt(share)}")
         common = sorted(set(before) & set(after))
         for level in sorted({before[k][0] for k in common}):
             keys = [k for k in common if before[k][0] == level]
