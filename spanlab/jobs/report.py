@@ -16,6 +16,10 @@ from typing import Any
 from pydantic import BaseModel, Field
 from rich.table import Table
 
+from spanlab.adapters.trainable import Dropped
+
+_SAMPLE_RULE_KEYS = tuple(Dropped().metrics())  # dropped_error_spans, ...: what each step's read left out
+
 
 class Evaluation(BaseModel):
     phase: str  # base | warm_start | final
@@ -138,6 +142,12 @@ class TrainReport(BaseModel):
             table.add_row(ev.phase, ev.split, str(ev.n), f"{100 * ev.accuracy:.1f}%", levels, f"{ev.seconds:.0f}")
         return table
 
+    def dropped(self) -> dict[str, int]:
+        """What the sample rule left out over the run (:mod:`spanlab.adapters.trainable`): each step's
+        ``dropped_*`` counts summed, the non-zero ones (``kept_failed_attempts`` too: trained on a set reward)."""
+        totals = {k: int(sum(step.get(k, 0.0) for step in self.steps)) for k in _SAMPLE_RULE_KEYS}
+        return {k: v for k, v in totals.items() if v}
+
     def summary(self) -> dict[str, Any]:
         headline = self.evaluations[0].split if self.evaluations else "test"
         acc = {ev.phase: ev.accuracy for ev in self.evaluations if ev.split == headline}
@@ -145,4 +155,5 @@ class TrainReport(BaseModel):
         for ev in self.evaluations:
             by_split.setdefault(ev.split, {})[ev.phase] = ev.accuracy
         return {"run_id": self.run_id, "accuracy": acc, "accuracy_by_split": by_split, "steps": len(self.steps),
-                "seconds": round(self.seconds), "paired_gains": [g.model_dump() for g in self.paired_gains()]}
+                "seconds": round(self.seconds), "paired_gains": [g.model_dump() for g in self.paired_gains()],
+                "not_trained": self.dropped()}
