@@ -165,6 +165,6 @@ class GroupLosses:
         for group_id, reasons in sorted(self.lost.items()):
             lost, size = sum(reasons.values()), group_sizes.get(group_id, 0)
             if size and lost * 2 > size:
-                why = ", ".join(f"{n} {reason.replace('_', ' ')}" for reason, n in sorted(reasons.items()))
+                why = ", ".join(f"{reason.replace('_', ' ')}: {n}" for reason, n in sorted(reasons.items()))
                 logger.warning("group %s: %d of its %d rollouts give no sample (%s); its advantages compare the "
                                "%d left", group_id, lost, size, why, size - lost)

@@ -73,7 +73,7 @@ def test_grpo_reads_only_the_finished_attempts_ok_calls_and_counts_the_rest(
                                  "dropped_no_attempt": 0.0, "dropped_empty_samples": 0.0,
                                  "kept_failed_attempts": 0.0}
     assert "group t: 3 of its 4 rollouts give no sample" in caplog.text
-    assert "2 failed attempt" in caplog.text and "1 unfinished attempt" in caplog.text
+    assert "(failed attempt: 2, unfinished attempt: 1)" in caplog.text
 
 
 def test_failed_attempts_are_kept_only_under_the_switch_and_only_on_its_reward(any_store: StoreAPI) -> None:
