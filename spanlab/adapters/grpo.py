@@ -45,12 +45,11 @@ from spanlab.adapters.credit import CreditConfig, RewardTimeline, call_role
 from spanlab.adapters.retokenize import Retokenizer, TokenSource, retokenize_samples
 from spanlab.adapters.samples import Batch, Sample, collate, micro_batches
 from spanlab.adapters.trainable import (
+    AttemptRewards,
     Dropped,
     FailedAttempts,
     GroupLosses,
-    attempt_verdict,
-    final_index,
-    final_mark,
+    select_attempts,
     trainable_call,
 )
 from spanlab.store.base import StoreAPI
@@ -62,13 +61,6 @@ logger = logging.getLogger(__name__)
 RewardMode = Literal["final", "per_call"]
 _SPAN_COLUMNS = ("span_id", "rollout_id", "attempt_id", "status", "prompt_token_ids", "response_token_ids",
                  "response_logprobs", "loss_mask")
-
-
-@dataclass
-class _Rewards:
-    final: dict[str, float]  # attempt_id -> final reward
-    per_call: dict[str, float]  # llm call span_id -> reward
-    per_call_attempts: set[str]  # attempts with at least one per-call reward
 
 
 def iter_samples(
@@ -126,18 +118,9 @@ def _iter_exact(store: StoreAPI, rollout_ids: Sequence[str], *, group_key: str |
     losses = GroupLosses(dropped)
     never = sorted(set(rollout_ids) - {a.rollout_id for a in attempts.values()})
     dropped.no_attempt += len(never)
-    fixed: dict[str, float] = {}  # kept failed attempts -> the configured reward
-    finished: list[str] = []
-    for aid, a in attempts.items():
-        verdict = attempt_verdict(a.status, failed_attempts)
-        if verdict == "train":
-            finished.append(aid)
-        elif verdict == "keep_failed" and not isinstance(failed_attempts, str):
-            fixed[aid] = failed_attempts.reward
-            dropped.kept_failed_attempts += 1
-        else:
-            losses.lose(a.group_id, "failed_attempt" if verdict == "failed" else "unfinished_attempt")
-    rewards = _read_rewards(store, finished)
+    selected = select_attempts({aid: (a.group_id, a.status) for aid, a in attempts.items()}, failed_attempts, losses)
+    finished, fixed = selected.finished, selected.fixed  # fixed: kept failed attempts -> the configured reward
+    rewards = AttemptRewards.read(store, finished)
     has_reward = rewards.final.keys() | (rewards.per_call_attempts if reward == "per_call" else set())
     timeline = None
     if credit is not None and credit.per_turn:
@@ -253,28 +236,7 @@ def _call_agents(store: StoreAPI, attempt_ids: list[str]) -> tuple[dict[str, str
     return {sid: agent for sid, agent in agents.items() if agent}, positions, tbl
 
 
-def _read_rewards(store: StoreAPI, attempt_ids: list[str]) -> _Rewards:
-    """Each attempt's final reward (:func:`~spanlab.adapters.trainable.final_index`) and the last reward tied to
-    each call (by sequence, as ``rollout_summary`` reads them)."""
-    rewards = _Rewards({}, {}, set())
-    if not attempt_ids:
-        return rewards
-    cols = ("attempt_id", "reward_call_span_id", "reward_value", "attributes")
-    tbl = store.spans_table(attempt_ids=attempt_ids, kinds=["reward"], columns=list(cols))  # in sequence order
-    by_attempt: dict[str, list[tuple[str | None, float, bool | None]]] = {}
-    for aid, call_id, value, attrs in zip(*(tbl[c].to_pylist() for c in cols), strict=True):
-        by_attempt.setdefault(aid, []).append((call_id, float(value), final_mark(attrs)))
-        if call_id is not None:
-            rewards.per_call[call_id] = float(value)
-            rewards.per_call_attempts.add(aid)
-    for aid, rows in by_attempt.items():
-        i = final_index([mark for _, _, mark in rows], [call_id for call_id, _, _ in rows])
-        if i is not None:
-            rewards.final[aid] = rows[i][1]
-    return rewards
-
-
-def _reward_of(span_ids: list[str], attempt_id: str, rewards: _Rewards, mode: RewardMode) -> float | None:
+def _reward_of(span_ids: list[str], attempt_id: str, rewards: AttemptRewards, mode: RewardMode) -> float | None:
     if mode == "per_call":
         for sid in reversed(span_ids):
             if sid in rewards.per_call:

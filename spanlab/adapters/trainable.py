@@ -37,9 +37,9 @@ from pydantic import BaseModel, ConfigDict, Field
 if TYPE_CHECKING:
     from spanlab.store.base import StoreAPI
 
-__all__ = ["FINAL_ATTRIBUTE", "AttemptVerdict", "Dropped", "FailedAttempts", "GroupLosses",
-           "KeepFailed", "attempt_verdict", "final_index", "final_mark", "final_rewards", "trainable_call",
-           "trainable_rollouts"]
+__all__ = ["FINAL_ATTRIBUTE", "AttemptRewards", "AttemptVerdict", "Dropped", "FailedAttempts", "GroupLosses",
+           "KeepFailed", "Selection", "attempt_verdict", "final_index", "final_mark", "final_rewards",
+           "select_attempts", "trainable_call", "trainable_rollouts"]
 
 logger = logging.getLogger(__name__)
 
@@ -91,25 +91,39 @@ def final_index(marks: Sequence[bool | None], tied: Sequence[str | None]) -> int
     return unmarked[-1] if unmarked else None
 
 
+@dataclass
+class AttemptRewards:
+    """The rewards of some attempts as the rule reads them: each one's final reward (rule 3), and the last reward
+    tied to each call (``reward="per_call"``)."""
+
+    final: dict[str, float]  # attempt_id -> final reward
+    per_call: dict[str, float]  # llm call span_id -> its last tied reward
+    per_call_attempts: set[str]  # attempts with at least one tied reward
+
+    @classmethod
+    def read(cls, store: StoreAPI, attempt_ids: Sequence[str]) -> AttemptRewards:
+        """One typed span read of the attempts' reward spans (any store)."""
+        rewards = cls({}, {}, set())
+        if not attempt_ids:
+            return rewards
+        cols = ("attempt_id", "reward_call_span_id", "reward_value", "attributes")
+        tbl = store.spans_table(attempt_ids=list(attempt_ids), kinds=["reward"], columns=list(cols))  # in order
+        by_attempt: dict[str, list[tuple[str | None, float, bool | None]]] = defaultdict(list)
+        for aid, call_id, value, attrs in zip(*(tbl[c].to_pylist() for c in cols), strict=True):
+            by_attempt[aid].append((call_id, float(value), final_mark(attrs)))
+            if call_id is not None:
+                rewards.per_call[call_id] = float(value)
+                rewards.per_call_attempts.add(aid)
+        for aid, rows in by_attempt.items():
+            i = final_index([mark for _, _, mark in rows], [call_id for call_id, _, _ in rows])
+            if i is not None:
+                rewards.final[aid] = rows[i][1]
+        return rewards
+
+
 def final_rewards(store: StoreAPI, attempt_ids: Sequence[str]) -> dict[str, float]:
-    """``attempt_id -> final reward`` of the given attempts (absent: none), by rule 3 (the typed span read)."""
-    if not attempt_ids:
-        return {}
-    cols = ("attempt_id", "reward_call_span_id", "reward_value", "attributes")
-    tbl = store.spans_table(attempt_ids=list(attempt_ids), kinds=["reward"], columns=list(cols))  # sequence order
-    values: dict[str, list[float]] = defaultdict(list)
-    marks: dict[str, list[bool | None]] = defaultdict(list)
-    tied: dict[str, list[str | None]] = defaultdict(list)
-    for aid, call_id, value, attrs in zip(*(tbl[c].to_pylist() for c in cols), strict=True):
-        values[aid].append(float(value))
-        marks[aid].append(final_mark(attrs))
-        tied[aid].append(call_id)
-    out = {}
-    for aid in values:
-        i = final_index(marks[aid], tied[aid])
-        if i is not None:
-            out[aid] = values[aid][i]
-    return out
+    """``attempt_id -> final reward`` of the given attempts (absent: none), by rule 3."""
+    return AttemptRewards.read(store, attempt_ids).final
 
 
 def trainable_rollouts(store: StoreAPI, rollout_ids: Sequence[str]) -> set[str]:
@@ -168,3 +182,27 @@ class GroupLosses:
                 why = ", ".join(f"{reason.replace('_', ' ')}: {n}" for reason, n in sorted(reasons.items()))
                 logger.warning("group %s: %d of its %d rollouts give no sample (%s); its advantages compare the "
                                "%d left", group_id, lost, size, why, size - lost)
+
+
+@dataclass
+class Selection:
+    """Rule 2 applied to last attempts: those trained on what they recorded, and the failed ones kept."""
+
+    finished: list[str]  # attempt_ids that succeeded
+    fixed: dict[str, float]  # attempt_id -> the reward a kept failed attempt trains on
+
+
+def select_attempts(attempts: Mapping[str, tuple[str, str]], failed_attempts: FailedAttempts,
+                    losses: GroupLosses) -> Selection:
+    """``attempts``: ``attempt_id -> (group_id, status)``; the ones left out are counted in ``losses``."""
+    selection = Selection([], {})
+    for aid, (group_id, status) in attempts.items():
+        verdict = attempt_verdict(status, failed_attempts)
+        if verdict == "train":
+            selection.finished.append(aid)
+        elif verdict == "keep_failed" and not isinstance(failed_attempts, str):
+            selection.fixed[aid] = failed_attempts.reward
+            losses.dropped.kept_failed_attempts += 1
+        else:
+            losses.lose(group_id, "failed_attempt" if verdict == "failed" else "unfinished_attempt")
+    return selection
