@@ -20,9 +20,9 @@ undiscounted. A turn with no reward after it gets 0.0.
 
 Which later rewards count (``scope``). ``attempt``: every one. ``role``: the attempt's final reward (the reward
 span marked final, :mod:`spanlab.adapters.trainable`, as ``rollout_summary`` reads it) and the intermediate rewards
-that *belong* to
-the turn's role. An intermediate reward belongs to the role of the call it names (``call_span_id``), else to the
-role of the last call recorded before it, which is how the ``role_summary`` view attributes it. Why: with
+that *belong* to the turn's role. An intermediate reward belongs to the role of the call it names
+(``call_span_id``), else to the role of the last call recorded before it, which is how the ``role_summary`` view
+attributes it. Why: with
 ``attempt`` a writer's turn is also paid for the checker's verdict on its query, so a wrong draft that the
 checker rightly rejects earns the writer more than a right one; with ``role`` each role is paid for its own
 work and for the outcome. The exponent counts rewards, not calls: a role that
