@@ -10,6 +10,7 @@ through a real gateway, vLLM and runner are in test_trainable_vllm.py.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 
@@ -163,3 +164,19 @@ def test_rule_three_in_one_place() -> None:
     assert final_index([True, True, False], [None, "sp-a", None]) == 1  # the last marked, tied or not
     assert [final_mark(a) for a in ('{"final": true}', {"final": False}, None, "{}", '{"final": 1}')] == [
         True, False, None, None, None]
+
+
+def test_the_report_sums_each_steps_drops_and_ends_with_a_line(tmp_path: Path) -> None:
+    from spanlab.jobs.outcome import end_lines
+    from spanlab.jobs.report import TrainReport
+
+    steps = [Dropped(error_spans=1, failed_attempts=2).metrics() | {"reward_mean": 0.5, "dropped_stale_groups": 3.0},
+             Dropped(failed_attempts=1, kept_failed_attempts=4).metrics()]
+    report = TrainReport(run_name="r", algorithm="grpo", model="m", db="d", steps=steps)
+    assert report.dropped() == {"dropped_error_spans": 1, "dropped_failed_attempts": 3, "kept_failed_attempts": 4}
+    assert report.summary()["not_trained"] == report.dropped()  # the async loop's stale drops are its own metric
+    (line,) = [text for _, text in end_lines(report, tmp_path) if "sample rule" in text]
+    assert "1 error spans, 3 failed attempts" in line and "kept" not in line
+    assert not [text for _, text in end_lines(TrainReport(run_name="r", algorithm="grpo", model="m", db="d",
+                                                          steps=[Dropped().metrics()]), tmp_path)
+                if "sample rule" in text]
