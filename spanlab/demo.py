@@ -68,7 +68,7 @@ def run_demo(db: Path, n_rollouts: int = 24, seed: int = 0) -> str:
                 )
             )
             spans.append(_llm_span(rollout.rollout_id, attempt.attempt_id, q, f"The answer is {guess}.", rng))
-            spans.append(reward_span(rollout.rollout_id, attempt.attempt_id, float(guess == truth)))
+            spans.append(reward_span(rollout.rollout_id, attempt.attempt_id, float(guess == truth), final=True))
             store.add_spans(spans)
             store.finish_attempt(attempt.attempt_id, "succeeded")
         summaries = store.rollout_summaries()

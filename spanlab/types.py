@@ -189,7 +189,9 @@ class LLMCall(StrictModel):
 
 
 class Reward(StrictModel):
-    """A scalar reward; ``call_span_id`` attaches it to one LLM call (an intermediate reward)."""
+    """A scalar reward; ``call_span_id`` attaches it to one LLM call (an intermediate reward). Whether it is the
+    attempt's final reward is its span's ``attributes.final`` (:func:`reward_span`, :mod:`spanlab.adapters.trainable`).
+    """
 
     name: str = "reward"
     value: float
@@ -236,17 +238,23 @@ class Span(StrictModel):
             raise ValueError("a reward span needs its `reward` field")
         if self.kind != "reward" and self.reward is not None:
             raise ValueError(f"only reward spans carry `reward`, not {self.kind!r}")
+        if self.kind == "reward" and not isinstance(self.attributes.get("final", False), bool):
+            raise ValueError(f"a reward span's attributes.final is true or false, not {self.attributes['final']!r}")
         return self
 
 
 def reward_span(rollout_id: str, attempt_id: str, value: float, *, name: str = "reward",
-                call_span_id: str | None = None) -> Span:
-    """A reward span for an attempt: the final reward, or a per-call one when ``call_span_id`` is set."""
+                call_span_id: str | None = None, final: bool | None = None) -> Span:
+    """A reward span for an attempt; ``call_span_id`` ties it to one call. ``final`` marks it the attempt's outcome
+    (True: what the runner records from the agent's return) or an intermediate reward (False: ``ctx.add_reward``);
+    None leaves it unmarked, read as stores before the marker were: final when it is the attempt's last reward
+    tied to no call and none is marked final (:mod:`spanlab.adapters.trainable`)."""
     return Span(
         rollout_id=rollout_id,
         attempt_id=attempt_id,
         name=name,
         kind="reward",
+        attributes={} if final is None else {"final": final},
         reward=Reward(name=name, value=value, call_span_id=call_span_id),
     )
 

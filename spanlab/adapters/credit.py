@@ -18,15 +18,17 @@ spans with a larger ``sequence_id`` (tied to a call or not, intermediate or fina
 so with ``discount: 1`` a turn gets the sum of every later reward, and the turn before the final reward gets it
 undiscounted. A turn with no reward after it gets 0.0.
 
-Which later rewards count (``scope``). ``attempt``: every one. ``role``: the attempt's final reward (its last
-reward span not tied to a call, as ``rollout_summary`` reads it) and the intermediate rewards that *belong* to
-the turn's role. An intermediate reward belongs to the role of the call it names (``call_span_id``), else to the
-role of the last call recorded before it, which is how the ``role_summary`` view attributes it. Why: with
+Which later rewards count (``scope``). ``attempt``: every one. ``role``: the attempt's final reward (the reward
+span marked final, :mod:`spanlab.adapters.trainable`, as ``rollout_summary`` reads it) and the intermediate rewards
+that *belong* to the turn's role. An intermediate reward belongs to the role of the call it names
+(``call_span_id``), else to the role of the last call recorded before it, which is how the ``role_summary`` view
+attributes it. Why: with
 ``attempt`` a writer's turn is also paid for the checker's verdict on its query, so a wrong draft that the
 checker rightly rejects earns the writer more than a right one; with ``role`` each role is paid for its own
 work and for the outcome. The exponent counts rewards, not calls: a role that
 makes more calls does not discount its later rewards more. Only attempts with at least one reward span are read
-(an attempt with none is skipped, as the broadcast mode skips one with no final reward).
+(an attempt with none is skipped, as the broadcast mode skips one with no final reward), and only the calls and
+attempts :mod:`spanlab.adapters.trainable` says are trainable.
 
 Any algorithm reads per-turn rewards through here (or :func:`~spanlab.adapters.grpo.iter_samples` with
 ``credit=``), never with its own SQL: :func:`turn_rewards` gives each call's return without token tensors.
@@ -45,6 +47,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from spanlab.adapters.trainable import attempt_verdict, final_index, final_mark, final_rewards, trainable_call
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -100,22 +104,24 @@ class RewardTimeline:
     positions: dict[str, list[int]]  # attempt_id -> sequence_ids of its reward spans, ascending
     values: dict[str, list[float]]  # attempt_id -> their values, in the same order
     tied: dict[str, list[str | None]]  # attempt_id -> the call each reward names (reward_call_span_id), in order
+    marks: dict[str, list[bool | None]]  # attempt_id -> each reward's ``attributes.final`` marker, in order
     owners: dict[str, list[str | None]] | None = None  # scope role: each reward's role (None: the final reward)
 
     @classmethod
     def read(cls, store: StoreAPI, attempt_ids: Sequence[str], discount: float) -> RewardTimeline:
         """The reward spans of ``attempt_ids`` (any store: the typed ``spans_table`` read)."""
-        tbl = store.spans_table(attempt_ids=list(attempt_ids), kinds=["reward"],
-                                columns=["attempt_id", "sequence_id", "reward_value", "reward_call_span_id"])
+        names = ("attempt_id", "sequence_id", "reward_value", "reward_call_span_id", "attributes")
+        tbl = store.spans_table(attempt_ids=list(attempt_ids), kinds=["reward"], columns=list(names))
         positions: dict[str, list[int]] = defaultdict(list)
         values: dict[str, list[float]] = defaultdict(list)
         tied: dict[str, list[str | None]] = defaultdict(list)
-        cols = (tbl[c].to_pylist() for c in ("attempt_id", "sequence_id", "reward_value", "reward_call_span_id"))
-        for aid, seq, value, call_id in zip(*cols, strict=True):  # attempt, then sequence order
+        marks: dict[str, list[bool | None]] = defaultdict(list)
+        for aid, seq, value, call_id, attrs in zip(*(tbl[c].to_pylist() for c in names), strict=True):  # in order
             positions[aid].append(int(seq))
             values[aid].append(float(value))
             tied[aid].append(call_id)
-        return cls(discount, dict(positions), dict(values), dict(tied))
+            marks[aid].append(final_mark(attrs))
+        return cls(discount, dict(positions), dict(values), dict(tied), dict(marks))
 
     def rewarded(self) -> set[str]:
         """Attempts with at least one reward span."""
@@ -123,9 +129,9 @@ class RewardTimeline:
 
     def scoped_to_roles(self, calls: pa.Table) -> RewardTimeline:
         """This timeline with each reward owned by a role (``scope: role``): None for an attempt's final reward
-        (its last one tied to no call), else the role of the call it names, else of the last call before it (""
-        when no call precedes it). ``calls``: the attempts' ``llm_call`` spans (``attempt_id``, ``span_id``,
-        ``sequence_id``, ``attributes``, in attempt and sequence order), as the caller has already read them."""
+        (:func:`~spanlab.adapters.trainable.final_index`), else the role of the call it names, else of the last
+        call before it ("" when no call precedes it). ``calls``: the attempts' ``llm_call`` spans (``attempt_id``,
+        ``span_id``, ``sequence_id``, ``attributes``, in attempt and sequence order), as the caller has read them."""
         role_of: dict[str, str] = {}
         call_seqs: dict[str, list[int]] = defaultdict(list)
         call_roles: dict[str, list[str]] = defaultdict(list)
@@ -136,8 +142,7 @@ class RewardTimeline:
             call_roles[aid].append(role_of[sid])
         owners: dict[str, list[str | None]] = {}
         for aid, seqs in self.positions.items():
-            untied = [i for i, call_id in enumerate(self.tied[aid]) if call_id is None]
-            final = untied[-1] if untied else None
+            final = final_index(self.marks[aid], self.tied[aid])
             row: list[str | None] = []
             for i, (seq, call_id) in enumerate(zip(seqs, self.tied[aid], strict=True)):
                 if i == final:
@@ -181,27 +186,29 @@ def turn_rewards(store: StoreAPI, rollout_ids: Sequence[str], credit: CreditConf
                  *, agents: Sequence[str] | None = None) -> list[TurnReward]:
     """Each call of the rollouts' last attempts with its reward, in attempt and sequence order.
 
-    ``broadcast``: the attempt's final reward (the last reward span not tied to a call, as ``rollout_summary``
-    reads it; attempts without one are left out). ``per_turn``: the call's discounted return. ``agents``: only
-    these roles' calls. A TITO session sample takes the reward of its first call
+    ``broadcast``: the attempt's final reward (the reward span marked final, as ``rollout_summary`` reads it;
+    attempts without one are left out). ``per_turn``: the call's discounted return. ``agents``: only these roles'
+    calls. Only trainable calls of finished attempts (:mod:`spanlab.adapters.trainable`; failed ones dropped).
+    A TITO session sample takes the reward of its first call
     (:func:`~spanlab.adapters.grpo.iter_samples` with ``credit=`` gives the samples themselves).
     """
-    attempts = {a.attempt_id: r.rollout_id for r, a in store.last_attempts(list(dict.fromkeys(rollout_ids)))}
+    attempts = {a.attempt_id: r.rollout_id for r, a in store.last_attempts(list(dict.fromkeys(rollout_ids)))
+                if attempt_verdict(a.status) == "train"}
     if not attempts:
         return []
     calls = store.spans_table(attempt_ids=list(attempts), kinds=["llm_call"],
-                              columns=["attempt_id", "span_id", "sequence_id", "attributes"])
+                              columns=["attempt_id", "span_id", "sequence_id", "attributes", "status"])
     # per_turn reads every reward span's position, broadcast only each attempt's final reward
     timeline = RewardTimeline.read(store, list(attempts), credit.discount) if credit.per_turn else None
     if timeline is not None and credit.scope == "role":
         timeline = timeline.scoped_to_roles(calls)
-    finals = {} if credit.per_turn else _final_rewards(store, list(attempts))
+    finals = {} if credit.per_turn else final_rewards(store, list(attempts))
     wanted = None if agents is None else set(agents)
     out = []
-    cols = (calls[c].to_pylist() for c in ("attempt_id", "span_id", "sequence_id", "attributes"))
-    for aid, sid, seq, attrs in zip(*cols, strict=True):
+    cols = (calls[c].to_pylist() for c in ("attempt_id", "span_id", "sequence_id", "attributes", "status"))
+    for aid, sid, seq, attrs, status in zip(*cols, strict=True):
         role = call_role(attrs)
-        if wanted is not None and role not in wanted:
+        if (wanted is not None and role not in wanted) or not trainable_call(status):
             continue
         if timeline is not None:
             if aid in timeline.positions:  # rewarded
@@ -217,10 +224,3 @@ def call_role(attributes_json: str | None) -> str:
     attrs = json.loads(attributes_json) if attributes_json else {}
     agent = attrs.get("agent") if isinstance(attrs, dict) else None
     return agent if isinstance(agent, str) else ""
-
-
-def _final_rewards(store: StoreAPI, attempt_ids: list[str]) -> dict[str, float]:
-    tbl = store.spans_table(attempt_ids=attempt_ids, kinds=["reward"],
-                            columns=["attempt_id", "reward_call_span_id", "reward_value"])  # sequence order
-    cols = (tbl[c].to_pylist() for c in ("attempt_id", "reward_call_span_id", "reward_value"))
-    return {aid: float(v) for aid, call_id, v in zip(*cols, strict=True) if call_id is None}

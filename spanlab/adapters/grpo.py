@@ -3,10 +3,12 @@
 One ``Sample`` per LLM call (a per-call triplet: prompt + response, loss on the response), or one per
 TITO session segment when the spans carry a session ``loss_mask`` over prompt + response: then each call
 of a segment extends the previous one and only the last span is kept, with the engine logprobs of all
-the segment's sampled turns put back at their positions. Rewards: the attempt's final reward (the last
-reward span not tied to a call: what the runner records and ``rollout_summary.final_reward`` reads), or
-with ``reward="per_call"`` the last reward tied to a call (``call_span_id``), falling back to the final.
-Only the last attempt of each rollout is read; rollouts with no reward are skipped with a log line.
+the segment's sampled turns put back at their positions. What is read is what :mod:`spanlab.adapters.trainable`
+says is trainable: ``ok`` calls of each rollout's last attempt when it finished (a failed or timed-out one only
+under ``failed_attempts={reward: R}``), and what was left out is counted in ``dropped``. Rewards: the attempt's
+final reward (the reward span marked final: what the runner records and ``rollout_summary.final_reward`` reads),
+or with ``reward="per_call"`` the last reward tied to a call (``call_span_id``), falling back to the final.
+Rollouts with no reward are skipped with a log line.
 A multi-agent attempt (calls made through ``ctx.agent_base_url(role)``, ``attributes.agent``) holds one
 session per role; ``agents=[...]`` keeps only those roles' calls, so an algorithm trains the roles a
 config selects and the others' calls never reach it. Every role's sample takes the attempt's reward, unless
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +44,14 @@ import pyarrow as pa
 from spanlab.adapters.credit import CreditConfig, RewardTimeline, call_role
 from spanlab.adapters.retokenize import Retokenizer, TokenSource, retokenize_samples
 from spanlab.adapters.samples import Batch, Sample, collate, micro_batches
+from spanlab.adapters.trainable import (
+    AttemptRewards,
+    Dropped,
+    FailedAttempts,
+    GroupLosses,
+    select_attempts,
+    trainable_call,
+)
 from spanlab.store.base import StoreAPI
 
 __all__ = ["Batch", "Sample", "collate", "iter_samples", "micro_batches"]
@@ -48,15 +59,8 @@ __all__ = ["Batch", "Sample", "collate", "iter_samples", "micro_batches"]
 logger = logging.getLogger(__name__)
 
 RewardMode = Literal["final", "per_call"]
-_SPAN_COLUMNS = ("span_id", "rollout_id", "attempt_id", "prompt_token_ids", "response_token_ids",
+_SPAN_COLUMNS = ("span_id", "rollout_id", "attempt_id", "status", "prompt_token_ids", "response_token_ids",
                  "response_logprobs", "loss_mask")
-
-
-@dataclass
-class _Rewards:
-    final: dict[str, float]  # attempt_id -> final reward
-    per_call: dict[str, float]  # llm call span_id -> reward
-    per_call_attempts: set[str]  # attempts with at least one per-call reward
 
 
 def iter_samples(
@@ -71,6 +75,8 @@ def iter_samples(
     chat_template: str | Path | None = None,
     agents: Sequence[str] | None = None,
     credit: CreditConfig | None = None,
+    failed_attempts: FailedAttempts = "drop",
+    dropped: Dropped | None = None,
 ) -> Iterator[Sample]:
     """Stream the samples of the given rollouts' last attempts, in rollout/attempt/call order.
 
@@ -79,6 +85,8 @@ def iter_samples(
     ``token_source="retokenized"`` needs the training-side ``tokenizer``; ``chat_template`` (a Jinja file)
     renders with another template than the tokenizer's, to model an inference/training stack mismatch.
     ``credit``: None or ``broadcast`` reads ``reward`` as above; ``per_turn`` gives each sample its return.
+    ``failed_attempts``: ``"drop"`` or ``KeepFailed(reward=R)`` (:mod:`spanlab.adapters.trainable`, rule 2).
+    ``dropped``: counts what was left out and why, added to across calls (read it once the iterator is spent).
     """
     if reward not in ("final", "per_call"):
         raise ValueError(f"reward must be 'final' or 'per_call', not {reward!r}")
@@ -87,42 +95,54 @@ def iter_samples(
     if token_source == "retokenized":
         retokenizer = Retokenizer(tokenizer, chat_template)
         exact = _iter_exact(store, rollout_ids, group_key=group_key, reward=reward, batch_rows=batch_rows,
-                            agents=agents, credit=credit)
+                            agents=agents, credit=credit, failed_attempts=failed_attempts, dropped=dropped)
         yield from retokenize_samples(store, exact, retokenizer, chunk=batch_rows)
         return
     if token_source != "exact" or chat_template is not None:
         raise ValueError(f"token_source must be 'exact' or 'retokenized', not {token_source!r}"
                          if token_source != "exact" else "chat_template is only used with token_source 'retokenized'")
     yield from _iter_exact(store, rollout_ids, group_key=group_key, reward=reward, batch_rows=batch_rows,
-                           agents=agents, credit=credit)
+                           agents=agents, credit=credit, failed_attempts=failed_attempts, dropped=dropped)
 
 
 def _iter_exact(store: StoreAPI, rollout_ids: Sequence[str], *, group_key: str | None, reward: RewardMode,
-                batch_rows: int, agents: Sequence[str] | None = None,
-                credit: CreditConfig | None = None) -> Iterator[Sample]:
+                batch_rows: int, agents: Sequence[str] | None = None, credit: CreditConfig | None = None,
+                failed_attempts: FailedAttempts = "drop", dropped: Dropped | None = None) -> Iterator[Sample]:
     """The samples as the engine sampled them (the module docstring)."""
+    dropped = dropped if dropped is not None else Dropped()
     rollout_ids = list(dict.fromkeys(rollout_ids))
     if not rollout_ids:
         return
-    attempts = _last_attempts(store, rollout_ids, group_key)  # attempt_id -> (rollout_id, group_id)
-    rewards = _read_rewards(store, list(attempts))
+    attempts = _last_attempts(store, rollout_ids, group_key)  # attempt_id -> its rollout, group and status
+    group_sizes = Counter(a.group_id for a in attempts.values())
+    losses = GroupLosses(dropped)
+    never = sorted(set(rollout_ids) - {a.rollout_id for a in attempts.values()})
+    dropped.no_attempt += len(never)
+    selected = select_attempts({aid: (a.group_id, a.status) for aid, a in attempts.items()}, failed_attempts, losses)
+    finished, fixed = selected.finished, selected.fixed  # fixed: kept failed attempts -> the configured reward
+    rewards = AttemptRewards.read(store, finished)
     has_reward = rewards.final.keys() | (rewards.per_call_attempts if reward == "per_call" else set())
     timeline = None
     if credit is not None and credit.per_turn:
-        timeline = RewardTimeline.read(store, list(attempts), credit.discount)
+        timeline = RewardTimeline.read(store, finished, credit.discount)
         has_reward = timeline.rewarded()
-    rewarded = {a: group for a, (_, group) in attempts.items() if a in has_reward}  # attempt_id -> group_id
-    skipped = sorted({rid for a, (rid, _) in attempts.items() if a not in rewarded}
-                     | (set(rollout_ids) - {rid for rid, _ in attempts.values()}))
+    rewarded = {aid: attempts[aid].group_id for aid in [*finished, *fixed] if aid in has_reward or aid in fixed}
+    for aid in finished:
+        if aid not in rewarded:
+            losses.lose(attempts[aid].group_id, "unrewarded_attempt")
+    skipped = sorted({attempts[aid].rollout_id for aid in finished if aid not in rewarded} | set(never))
     if skipped:
         logger.info("skipping %d rollout(s) without a reward or an attempt: %s", len(skipped), ", ".join(skipped[:5]))
     if not rewarded:
+        losses.warn(group_sizes)
         return
     roles, positions, calls = _call_agents(store, list(rewarded))  # span_id -> role (multi-agent), sequence_id
     if timeline is not None and credit is not None and credit.scope == "role":
         timeline = timeline.scoped_to_roles(calls)
 
     def reward_of(span_ids: list[str], attempt_id: str) -> float | None:
+        if attempt_id in fixed:
+            return fixed[attempt_id]
         if timeline is not None:  # a turn's position is its first call's
             return timeline.return_after(attempt_id, positions[span_ids[0]], roles.get(span_ids[0], ""))
         return _reward_of(span_ids, attempt_id, rewards, reward)
@@ -131,18 +151,26 @@ def _iter_exact(store: StoreAPI, rollout_ids: Sequence[str], *, group_key: str |
     reader = store.spans_reader(attempt_ids=list(rewarded), kinds=["llm_call"], columns=list(_SPAN_COLUMNS),
                                 batch_size=batch_rows)
     sessions: dict[str, _Session] = {}  # the open TITO segment of each role of the current attempt
-    n_unrewarded = 0
+    gave: set[str] = set()  # attempts that gave a sample
+    empty = Counter[str]()  # samples left out for want of sampled tokens or of a reward, per attempt
+
+    def counted(sample: Sample | None, attempt_id: str) -> Iterator[Sample]:
+        if sample is None:
+            dropped.empty_samples += 1
+            empty[attempt_id] += 1
+            return
+        gave.add(attempt_id)
+        yield sample
 
     def finish(session: _Session) -> Iterator[Sample]:
-        nonlocal n_unrewarded
-        sample = session.to_sample(reward_of(session.span_ids, session.attempt_id))
-        n_unrewarded += sample is None
-        if sample is not None:
-            yield sample
+        yield from counted(session.to_sample(reward_of(session.span_ids, session.attempt_id)), session.attempt_id)
 
     for call in _iter_calls(reader):
         role = roles.get(call.span_id, "")
         if wanted is not None and role not in wanted:
+            continue
+        if not trainable_call(call.status):  # rule 1: an abandoned or failed call is never trained
+            dropped.error_spans += 1
             continue
         if sessions and next(iter(sessions.values())).attempt_id != call.attempt_id:
             for session in sessions.values():
@@ -156,14 +184,16 @@ def _iter_exact(store: StoreAPI, rollout_ids: Sequence[str], *, group_key: str |
         if call.loss_mask is not None:  # TITO: a session mask over prompt + response
             sessions[role] = session.extend(call) if session is not None else _Session.start(call, group_id, role)
         else:
-            sample = call.to_sample(group_id, reward_of([call.span_id], call.attempt_id), role)
-            n_unrewarded += sample is None
-            if sample is not None:
-                yield sample
+            yield from counted(call.to_sample(group_id, reward_of([call.span_id], call.attempt_id), role),
+                               call.attempt_id)
     for session in sessions.values():
         yield from finish(session)
-    if n_unrewarded:
-        logger.info("skipped %d sample(s) with no reward or no sampled tokens", n_unrewarded)
+    for aid, group_id in rewarded.items():
+        if aid not in gave:
+            losses.lose(group_id, "no_samples")
+    if empty:
+        logger.info("skipped %d sample(s) with no reward or no sampled tokens", empty.total())
+    losses.warn(group_sizes)
 
 
 # --- reading the store ---------------------------------------------------------------------------
@@ -181,8 +211,16 @@ def _group_id(input_json: str | None, metadata_json: str | None, group_key: str 
     return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
 
 
-def _last_attempts(store: StoreAPI, rollout_ids: list[str], group_key: str | None) -> dict[str, tuple[str, str]]:
-    return {a.attempt_id: (r.rollout_id, _group_id(json.dumps(r.input), json.dumps(r.metadata), group_key))
+@dataclass(frozen=True)
+class _Attempt:
+    rollout_id: str
+    group_id: str
+    status: str
+
+
+def _last_attempts(store: StoreAPI, rollout_ids: list[str], group_key: str | None) -> dict[str, _Attempt]:
+    return {a.attempt_id: _Attempt(r.rollout_id, _group_id(json.dumps(r.input), json.dumps(r.metadata), group_key),
+                                   a.status)
             for r, a in store.last_attempts(rollout_ids)}
 
 
@@ -198,22 +236,7 @@ def _call_agents(store: StoreAPI, attempt_ids: list[str]) -> tuple[dict[str, str
     return {sid: agent for sid, agent in agents.items() if agent}, positions, tbl
 
 
-def _read_rewards(store: StoreAPI, attempt_ids: list[str]) -> _Rewards:
-    """The last reward per attempt and per call (the last by sequence, as ``rollout_summary`` does)."""
-    tbl = store.spans_table(attempt_ids=attempt_ids, kinds=["reward"],
-                            columns=["attempt_id", "reward_call_span_id", "reward_value"])  # in sequence order
-    rewards = _Rewards({}, {}, set())
-    cols = ("attempt_id", "reward_call_span_id", "reward_value")
-    for aid, call_id, value in zip(*(tbl[c].to_pylist() for c in cols), strict=True):
-        if call_id is None:
-            rewards.final[aid] = float(value)
-        else:
-            rewards.per_call[call_id] = float(value)
-            rewards.per_call_attempts.add(aid)
-    return rewards
-
-
-def _reward_of(span_ids: list[str], attempt_id: str, rewards: _Rewards, mode: RewardMode) -> float | None:
+def _reward_of(span_ids: list[str], attempt_id: str, rewards: AttemptRewards, mode: RewardMode) -> float | None:
     if mode == "per_call":
         for sid in reversed(span_ids):
             if sid in rewards.per_call:
@@ -226,6 +249,7 @@ class _Call:
     span_id: str
     rollout_id: str
     attempt_id: str
+    status: str
     prompt: np.ndarray
     response: np.ndarray
     logprobs: np.ndarray | None
@@ -300,7 +324,7 @@ def _list_column(batch: pa.RecordBatch, name: str) -> tuple[np.ndarray, np.ndarr
 
 def _iter_calls(reader: pa.RecordBatchReader) -> Iterator[_Call]:
     for batch in reader:
-        span_ids, rollout_ids, attempt_ids = (batch.column(c).to_pylist() for c in _SPAN_COLUMNS[:3])
+        span_ids, rollout_ids, attempt_ids, statuses = (batch.column(c).to_pylist() for c in _SPAN_COLUMNS[:4])
         (pv, po, _), (rv, ro, _) = _list_column(batch, "prompt_token_ids"), _list_column(batch, "response_token_ids")
         (lv, lo, lnull), (mv, mo, mnull) = _list_column(batch, "response_logprobs"), _list_column(batch, "loss_mask")
         for i in range(batch.num_rows):
@@ -308,5 +332,5 @@ def _iter_calls(reader: pa.RecordBatchReader) -> Iterator[_Call]:
             mask = None if mnull[i] else mv[mo[i]:mo[i + 1]]
             if mask is not None and len(mask) != len(prompt) + len(response):
                 mask = None  # not a session mask: train on the response as a per-call triplet
-            yield _Call(span_ids[i], rollout_ids[i], attempt_ids[i], prompt, response,
+            yield _Call(span_ids[i], rollout_ids[i], attempt_ids[i], statuses[i], prompt, response,
                         None if lnull[i] else lv[lo[i]:lo[i + 1]].astype(np.float32), mask)

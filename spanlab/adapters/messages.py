@@ -1,8 +1,9 @@
 """Stored spans -> the chat conversation of each rollout, for algorithms that read text (APO's critiques).
 
 A rollout's conversation is its last attempt's last successful LLM call: the request messages plus
-the response message (each call's request already holds the history before it). The agent's own
-``custom`` spans (a grader's verdict, notes) come along as ``notes``; the final reward too. Reads are
+the response message (each call's request already holds the history before it; a call that failed or that the
+agent abandoned is never read, :mod:`spanlab.adapters.trainable`). The agent's own ``custom`` spans (a grader's
+verdict, notes) come along as ``notes``; the final reward too (the one :func:`~.trainable.final_index` picks). Reads are
 one query for all rollouts (the store is slow per rollout, REFERENCE.md §8), messages only, no tokens.
 """
 
@@ -13,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from spanlab.adapters.trainable import final_index, final_mark, trainable_call
 from spanlab.store.base import StoreAPI
 
 _COLUMNS = ["rollout_id", "attempt_id", "sequence_id", "name", "kind", "status", "attributes",
@@ -34,17 +36,21 @@ def conversations(store: StoreAPI, rollout_ids: Sequence[str]) -> dict[str, Conv
         return out
     last_attempts = {a.attempt_id for _, a in store.last_attempts(list(rollout_ids))}
     rows = store.spans_reader(rollout_ids=list(rollout_ids), columns=_COLUMNS).read_all().to_pylist()
+    rewards: dict[str, list[dict[str, Any]]] = {}  # rollout_id -> its last attempt's reward rows, in order
     for row in rows:  # ordered by rollout, attempt, sequence: the last ok call of the attempt wins
         if row["attempt_id"] not in last_attempts:
             continue
         conv = out[row["rollout_id"]]
-        if row["kind"] == "llm_call" and row["status"] == "ok":
+        if row["kind"] == "llm_call" and trainable_call(row["status"]):
             response = _json(row["response_message"])
             conv.messages = list(_json(row["request_messages"]) or []) + ([response] if response else [])
         elif row["kind"] == "custom":
             conv.notes[row["name"]] = _json(row["attributes"]) or {}
-        elif row["kind"] == "reward" and row["reward_call_span_id"] is None:
-            conv.reward = row["reward_value"]
+        elif row["kind"] == "reward":
+            rewards.setdefault(row["rollout_id"], []).append(row)
+    for rollout_id, rows_R in rewards.items():
+        i = final_index([final_mark(r["attributes"]) for r in rows_R], [r["reward_call_span_id"] for r in rows_R])
+        out[rollout_id].reward = None if i is None else rows_R[i]["reward_value"]
     return out
 
 

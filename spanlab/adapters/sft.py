@@ -1,6 +1,8 @@
 """Spans -> a reward-filtered SFT dataset on the exact token IDs the engine read and sampled.
 
-Rejection-sampling fine-tuning: keep the rollouts that earned a reward (``threshold``), the best fraction of
+Rejection-sampling fine-tuning: of the samples the sample rule allows (:mod:`spanlab.adapters.trainable`: ``ok``
+calls of finished attempts, each with its attempt's final reward; failed attempts are always dropped here), keep
+the rollouts that earned a reward (``threshold``), the best fraction of
 each task's group (``top_frac``) or the best ``n`` per task (``best_of_n``), drop exact duplicates, and train
 on the sampled tokens only. The IDs come from ``iter_samples`` unchanged (no re-tokenization, so no drift);
 ``labels`` are the IDs where the TITO loss mask is 1 and -100 elsewhere (prompts, tool results), the format
@@ -31,6 +33,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from spanlab.adapters.grpo import Sample, iter_samples
+from spanlab.adapters.trainable import Dropped
 from spanlab.store.base import StoreAPI
 
 __all__ = ["SFT_SCHEMA", "FilterConfig", "FilterStats", "as_hf_dataset", "build_sft_dataset", "filter_samples",
@@ -246,11 +249,16 @@ def rows_from_table(table: pa.Table) -> list[dict[str, Any]]:
             for ids, labels, weight in zip(cols["input_ids"], cols["labels"], cols["weight"], strict=True)]
 
 
-def build_sft_dataset(store: StoreAPI, rollout_ids: Sequence[str], config: FilterConfig,
-                      **sample_kwargs: Any) -> tuple[pa.Table, FilterStats]:
-    """Read the rollouts' samples (``sample_kwargs`` go to ``iter_samples``: group_key, agents, ...), filter, table."""
-    kept, stats = filter_samples(iter_samples(store, rollout_ids, **sample_kwargs), config)
+def build_sft_dataset(store: StoreAPI, rollout_ids: Sequence[str], config: FilterConfig, *,
+                      dropped: Dropped | None = None, **sample_kwargs: Any) -> tuple[pa.Table, FilterStats]:
+    """Read the rollouts' samples (``sample_kwargs`` go to ``iter_samples``: group_key, agents, ...), filter, table.
+
+    ``dropped`` counts what the sample rule left out before the filter saw it (a round's ``dropped_*`` metrics)."""
+    dropped = dropped if dropped is not None else Dropped()
+    kept, stats = filter_samples(iter_samples(store, rollout_ids, dropped=dropped, **sample_kwargs), config)
     logger.info("SFT dataset: kept %d of %d samples in %d groups (dropped: reward %d, rank %d, duplicate %d, "
-                "too long %d, no tokens %d)", stats.kept, stats.seen, stats.groups, stats.dropped_reward,
-                stats.dropped_rank, stats.dropped_duplicate, stats.dropped_too_long, stats.dropped_no_tokens)
+                "too long %d, no tokens %d; before the filter: %d error spans, %d failed and %d unrewarded "
+                "attempts)", stats.kept, stats.seen, stats.groups, stats.dropped_reward, stats.dropped_rank,
+                stats.dropped_duplicate, stats.dropped_too_long, stats.dropped_no_tokens, dropped.error_spans,
+                dropped.failed_attempts, dropped.unrewarded_attempts)
     return to_table(kept), stats

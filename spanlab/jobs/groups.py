@@ -12,7 +12,10 @@ never trains on anything older than the bound. A group's version is its oldest m
 
 The rules, applied whenever the trainer asks for groups (the version only moves at a push, just before):
 
-* a group is *ready* when every member has ended (succeeded, failed or cancelled), as in the sync loop;
+* a group is *ready* when every member has ended (succeeded, failed or cancelled), as in the sync loop. Ended is
+  not trained: the update reads a ready group through the sample rule (:mod:`spanlab.adapters.trainable`), which
+  leaves out its failed, timed-out and cancelled members (unless ``grpo.failed_attempts`` keeps them) and counts
+  them in the step's ``dropped_*`` metrics; a group left with fewer than half its members says so in the log;
 * a group whose oldest member is more than ``max_staleness`` versions behind is *dropped*: its members
   still queued or running are cancelled, and its rollouts are counted, never trained on. A late member
   therefore keeps its group waiting until it ends or until the group falls too far behind, whichever is first;

@@ -89,6 +89,10 @@ def end_lines(report: TrainReport, run_dir: Path) -> list[tuple[str, str]]:
                   f"report in {run_dir / 'report.json'}")]
     if (plot := run_dir / "reward.png").is_file():
         lines.append(("", f"reward and held-out curves: {plot} (again: spanlab plot --db {report.db})"))
+    if dropped := {k: n for k, n in report.dropped().items() if k.startswith("dropped_")}:
+        counts = ", ".join(f"{n} {k.removeprefix('dropped_').replace('_', ' ')}" for k, n in dropped.items())
+        lines.append(("yellow", f"left out of training by the sample rule: {counts} (per step: the dropped_* "
+                                "metrics; docs/adapters.md)"))
     nothing = learned_nothing(report)
     if nothing:
         lines.append(("bold red", f"LEARNED NOTHING: none of the {len(report.steps)} {report.algorithm} steps "

@@ -17,6 +17,10 @@ from typing import Any
 from pydantic import BaseModel, Field
 from rich.table import Table
 
+from spanlab.adapters.trainable import Dropped
+
+_SAMPLE_RULE_KEYS = tuple(Dropped().metrics())  # dropped_error_spans, ...: what each step's read left out
+
 
 class MetricMean(BaseModel):
     """One agent metric (``ctx.add_metric``) over an evaluation: its mean over the ``n`` rollouts that recorded it."""
@@ -174,6 +178,12 @@ class TrainReport(BaseModel):
                                          for p in phases))
         return table
 
+    def dropped(self) -> dict[str, int]:
+        """What the sample rule left out over the run (:mod:`spanlab.adapters.trainable`): each step's
+        ``dropped_*`` counts summed, the non-zero ones (``kept_failed_attempts`` too: trained on a set reward)."""
+        totals = {k: int(sum(step.get(k, 0.0) for step in self.steps)) for k in _SAMPLE_RULE_KEYS}
+        return {k: v for k, v in totals.items() if v}
+
     def summary(self) -> dict[str, Any]:
         headline = self.evaluations[0].split if self.evaluations else "test"
         acc = {ev.phase: ev.accuracy for ev in self.evaluations if ev.split == headline}
@@ -185,4 +195,4 @@ class TrainReport(BaseModel):
                 metrics.setdefault(name, {}).setdefault(ev.split, {})[ev.phase] = m.mean
         return {"run_id": self.run_id, "accuracy": acc, "accuracy_by_split": by_split, "metrics_by_split": metrics,
                 "steps": len(self.steps), "seconds": round(self.seconds),
-                "paired_gains": [g.model_dump() for g in self.paired_gains()]}
+                "paired_gains": [g.model_dump() for g in self.paired_gains()], "not_trained": self.dropped()}

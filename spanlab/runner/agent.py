@@ -3,8 +3,10 @@
 Agents talk to the model through ``ctx.llm_base_url`` (the gateway's URL for this attempt, so every
 call is recorded as a span of the attempt) with ``ctx.llm_api_key`` as the OpenAI client's ``api_key`` (the
 gateway's token when it has one, docs/scale.md) and may report intermediate rewards with
-``ctx.add_reward`` and measurements that are not rewards (reported per held-out split) with
-``ctx.add_metric``. The runner records the returned reward as the attempt's final reward.
+``ctx.add_reward`` and measurements that are not rewards (reported per held-out split) with ``ctx.add_metric``.
+The runner records the returned reward as the attempt's final reward (a reward span marked ``final: true``);
+``ctx.add_reward`` records intermediate ones (``final: false``), which are never read as the outcome, even when
+the attempt stops before it returns (:mod:`spanlab.adapters.trainable`).
 """
 
 from __future__ import annotations
@@ -53,9 +55,10 @@ class RolloutContext:
         return f"{self.llm_base_url.removesuffix('/').removesuffix('/v1')}/agent/{name}/v1"
 
     def add_reward(self, value: float, *, name: str = "reward", call_span_id: str | None = None) -> None:
-        """An intermediate reward (``call_span_id`` ties it to one LLM call)."""
+        """An intermediate reward (``call_span_id`` ties it to one LLM call), marked so: never the final reward,
+        which is what :meth:`Agent.run` returns."""
         self.store.add_spans([reward_span(self.rollout.rollout_id, self.attempt.attempt_id, value, name=name,
-                                          call_span_id=call_span_id)])
+                                          call_span_id=call_span_id, final=False)])
 
     def add_metric(self, name: str, value: float) -> None:
         """A measurement of this attempt that no algorithm trains on (``calc.extra_ops``): held-out evaluations

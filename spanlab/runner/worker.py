@@ -122,7 +122,7 @@ class Worker:
             reward = await asyncio.wait_for(agent_task, None if limit is None else limit - (time.monotonic() - started))
             status = "succeeded"
             if reward is not None:
-                spans.append(reward_span(rollout.rollout_id, attempt.attempt_id, float(reward)))
+                spans.append(reward_span(rollout.rollout_id, attempt.attempt_id, float(reward), final=True))
         except asyncio.TimeoutError:
             status = "timeout"
         except asyncio.CancelledError:

@@ -171,6 +171,20 @@ def init(cur: duckdb.DuckDBPyConnection, path: str) -> None:
     cur.execute(VIEWS_DDL)
 
 
+# An attempt's final reward (spanlab.adapters.trainable, rule 3), an aggregate over its reward spans: the last one
+# marked final (attributes.final true), else, in a store written before the marker, the last unmarked one tied to
+# no call. ``{where}`` narrows the rows it reads (the UI's query reads spans of every kind).
+_MARK = "(attributes->'$.final')::VARCHAR"
+FINAL_REWARD_SQL = ("coalesce(arg_max({value}, sequence_id) FILTER (WHERE {where} AND " + _MARK + " = 'true'), "
+                    "arg_max({value}, sequence_id) FILTER (WHERE {where} AND reward_call_span_id IS NULL AND "
+                    + _MARK + " IS DISTINCT FROM 'true' AND " + _MARK + " IS DISTINCT FROM 'false'))")
+
+
+def final_reward_sql(value: str = "reward_value", where: str = "TRUE") -> str:
+    """:data:`FINAL_REWARD_SQL` of column ``value`` over the rows ``where`` holds (a SQL condition)."""
+    return FINAL_REWARD_SQL.format(value=value, where=where)
+
+
 VIEWS_DDL = """
 CREATE OR REPLACE VIEW llm_calls AS
 SELECT
@@ -197,7 +211,8 @@ WHERE kind = 'demonstration';
 CREATE OR REPLACE VIEW rewards AS
 SELECT
     rollout_id, attempt_id, sequence_id, span_id, reward_name AS name, reward_value AS value,
-    reward_call_span_id AS call_span_id, start_time, to_timestamp(start_time) AS recorded_at
+    reward_call_span_id AS call_span_id, TRY_CAST(attributes->'$.final' AS BOOLEAN) AS final,
+    start_time, to_timestamp(start_time) AS recorded_at
 FROM spans
 WHERE kind = 'reward';
 
@@ -211,8 +226,7 @@ WITH last_attempt AS (
            sum(len(prompt_token_ids))::BIGINT AS prompt_tokens, sum(len(response_token_ids))::BIGINT AS response_tokens
     FROM spans WHERE kind = 'llm_call' GROUP BY attempt_id
 ), rw AS (
-    SELECT attempt_id, sum(reward_value) AS total_reward,
-           arg_max(reward_value, sequence_id) FILTER (WHERE reward_call_span_id IS NULL) AS final_reward
+    SELECT attempt_id, sum(reward_value) AS total_reward, {final_reward} AS final_reward
     FROM spans WHERE kind = 'reward' GROUP BY attempt_id
 )
 SELECT
@@ -254,8 +268,8 @@ GROUP BY rollout_id, attempt_id, agent, segment;
 -- Per role (attributes.agent; NULL for a single agent's calls) and policy (attributes.policy; NULL until the
 -- gateway records one) of each training step (metadata.step; an SFT run's metadata.round; NULL for an async
 -- loop's rollouts) of each run: the last attempts' calls, their final reward, and the intermediate rewards the
--- role earned. An intermediate reward is every reward span but an attempt's final one (its last reward span not
--- tied to a call, as in rollout_summary); it is the role's whose call it names (call_span_id), else the role of
+-- role earned. An intermediate reward is every reward span but an attempt's final one (as in rollout_summary:
+-- spanlab.adapters.trainable, rule 3); it is the role's whose call it names (call_span_id), else the role of
 -- the last call recorded before it (an ASOF join on sequence_id): what that turn's work was rewarded with.
 -- policy_versions: the versions of the policy that answered the calls (attributes.policy_version), sorted.
 CREATE OR REPLACE VIEW role_summary AS
@@ -268,12 +282,12 @@ WITH last_attempt AS (
     FROM spans s JOIN last_attempt la USING (attempt_id)
     WHERE s.kind = 'llm_call'
 ), rw AS (
-    SELECT s.attempt_id, s.span_id, s.sequence_id, s.reward_value, s.reward_call_span_id
+    SELECT s.attempt_id, s.span_id, s.sequence_id, s.reward_value, s.reward_call_span_id, s.attributes
     FROM spans s JOIN last_attempt la USING (attempt_id)
     WHERE s.kind = 'reward'
 ), finals AS (
-    SELECT attempt_id, arg_max(reward_value, sequence_id) AS final_reward, arg_max(span_id, sequence_id) AS span_id
-    FROM rw WHERE reward_call_span_id IS NULL GROUP BY attempt_id
+    SELECT attempt_id, {final_reward} AS final_reward, {final_span} AS span_id
+    FROM rw GROUP BY attempt_id HAVING span_id IS NOT NULL
 ), intermediate AS (
     SELECT coalesce(tied.span_id, prev.span_id) AS call_span_id, rw.reward_value
     FROM rw
@@ -305,4 +319,4 @@ FROM per_attempt p
 JOIN rollouts r USING (rollout_id)
 LEFT JOIN finals f USING (attempt_id)
 GROUP BY ALL;
-"""
+""".format(final_reward=final_reward_sql(), final_span=final_reward_sql("span_id"))

@@ -20,17 +20,18 @@ from typing import Any, Literal
 import duckdb
 
 from spanlab.errors import NotFoundError
+from spanlab.store.schema import final_reward_sql
 from spanlab.ui.db import fetch, fetch_arrow, objects
 
 RolloutSort = Literal["newest", "oldest"]
 _ORDER: dict[RolloutSort, str] = {"newest": "enqueue_time DESC, rollout_id", "oldest": "enqueue_time, rollout_id"}
 
 # the final reward of each rollout's last attempt, as in rollout_summary; only built when a reward filter asks
-_FINAL_REWARD_SQL = """
+_FINAL_REWARD_SQL = f"""
 SELECT la.rollout_id FROM (
     SELECT rollout_id, arg_max(attempt_id, sequence_id) AS attempt_id FROM attempts GROUP BY rollout_id
 ) la JOIN (
-    SELECT attempt_id, arg_max(reward_value, sequence_id) FILTER (WHERE reward_call_span_id IS NULL) AS reward
+    SELECT attempt_id, {final_reward_sql()} AS reward
     FROM spans WHERE kind = 'reward' GROUP BY attempt_id
 ) w USING (attempt_id) WHERE w.reward >= ? AND w.reward <= ?
 """
@@ -85,8 +86,7 @@ def _attempt_summaries(conn: duckdb.DuckDBPyConnection, attempt_ids: list[str]) 
                coalesce(sum(len(prompt_token_ids)) FILTER (WHERE kind = 'llm_call'), 0)::BIGINT AS prompt_tokens,
                coalesce(sum(len(response_token_ids)) FILTER (WHERE kind = 'llm_call'), 0)::BIGINT AS response_tokens,
                sum(reward_value) FILTER (WHERE kind = 'reward') AS total_reward,
-               arg_max(reward_value, sequence_id) FILTER (WHERE kind = 'reward' AND reward_call_span_id IS NULL)
-                   AS final_reward
+               {final_reward_sql(where="kind = 'reward'")} AS final_reward
         FROM spans WHERE {rows} GROUP BY attempt_id""")
     return {r.pop("attempt_id"): r for r in found}
 

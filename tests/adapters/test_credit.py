@@ -120,6 +120,7 @@ def test_a_tito_session_is_one_turn_placed_at_its_first_call(store: StoreAPI) ->
 
     first, second = tito([1, 2], [10], [0, 0, 1]), tito([1, 2, 10, 3], [11], [0, 0, 1, 0, 1])
     store.add_spans([first, reward_span(rid, aid, 0.4), second, reward_span(rid, aid, 1.0)])
+    store.finish_attempt(aid, "succeeded")  # only a finished attempt is trained (adapters/trainable.py)
     (sample,) = iter_samples(store, [rid], credit=CreditConfig(mode="per_turn", discount=0.5))
     assert sample.span_ids == [first.span_id, second.span_id]
     assert sample.reward == pytest.approx(0.4 + 0.5 * 1.0)  # both rewards came after its first call

@@ -93,6 +93,7 @@ def test_final_reward_is_the_last_untied_reward_and_per_call_rewards_are_opt_in(
     rid, aid = rollout.rollout_id, got[1].attempt_id
     store.add_spans([a, b, reward_span(rid, aid, 0.3, call_span_id=a.span_id), reward_span(rid, aid, 0.1),
                      reward_span(rid, aid, 0.9)])  # the runner's final reward comes last
+    store.finish_attempt(aid, "succeeded")  # only a finished attempt is trained (adapters/trainable.py)
     final = {s.span_ids[0]: s.reward for s in iter_samples(store, [rid])}
     per_call = {s.span_ids[0]: s.reward for s in iter_samples(store, [rid], reward="per_call")}
     assert final == {a.span_id: 0.9, b.span_id: 0.9}
@@ -116,6 +117,7 @@ def test_interleaved_roles_of_one_attempt_are_separate_sessions_and_can_be_selec
     w2 = _tito(*got, [1, 2, 10, 3], [11], [0, 0, 1, 0, 1], [-0.3], agent="writer")  # extends the writer's buffer
     c2 = _tito(*got, [7, 8, 30, 9], [31], [0, 0, 1, 0, 1], [-0.4], agent="checker")
     store.add_spans([w1, c1, w2, c2, reward_span(rollout.rollout_id, got[1].attempt_id, 1.0)])
+    store.finish_attempt(got[1].attempt_id, "succeeded")
     for rows in (1, 3, 256):
         by_role = {tuple(s.span_ids): s for s in iter_samples(store, [rollout.rollout_id], batch_rows=rows)}
         assert set(by_role) == {(w1.span_id, w2.span_id), (c1.span_id, c2.span_id)}  # one sample per role
@@ -138,6 +140,7 @@ def test_tito_session_keeps_the_last_span_of_each_segment(store: StoreAPI) -> No
     # history rewritten: a new segment whose prompt does not extend the buffer
     turn3 = _tito(*got, [5, 6], [13, 14], [0, 0, 1, 1], [-0.4, -0.5])
     store.add_spans([turn1, turn2, turn3, reward_span(rollout.rollout_id, got[1].attempt_id, 1.0)])
+    store.finish_attempt(got[1].attempt_id, "succeeded")
     for rows in (1, 2, 256):
         first, second = iter_samples(store, [rollout.rollout_id], batch_rows=rows)
         assert first.input_ids.tolist() == [1, 2, 3, 10, 11, 20, 21, 12]

@@ -9,11 +9,12 @@ draft ran (the orchestrator runs both, so a broken rewrite cannot undo a working
 repeats check -> rewrite. Reward: 1.0 when the final query's result matches the gold query's
 (``execution.execution_match``), else 0.0.
 
-Two intermediate rewards (``ctx.add_reward``), each recorded right after the call it judges, so per-turn credit
-(``grpo.credit``, :mod:`spanlab.adapters.credit`) can pay each role for its own work: ``sql.verdict`` (1.0 when
-the checker said OK to a query that matches the gold result or WRONG to one that does not, else 0.0; its mean
-over an evaluation is the checker's verdict accuracy) and ``sql.fix`` (1.0 when the rewrite matches the gold
-result and the query it was asked to fix did not, else 0.0).
+Two intermediate rewards (``ctx.add_reward``: marked ``final: false``, so an attempt that times out after the
+checker spoke is never trained on the verdict as its outcome), each recorded right after the call it judges, so
+per-turn credit (``grpo.credit``, :mod:`spanlab.adapters.credit`) can pay each role for its own work:
+``sql.verdict`` (1.0 when the checker said OK to a query that matches the gold result or WRONG to one that does
+not, else 0.0; its mean over an evaluation is the checker's verdict accuracy) and ``sql.fix`` (1.0 when the
+rewrite matches the gold result and the query it was asked to fix did not, else 0.0).
 
 Each role is an OpenAI Agents SDK agent of its own (``instructions`` = its one-line system prompt,
 ``OpenAIChatCompletionsModel`` on ``AsyncOpenAI(base_url=ctx.agent_base_url(role))``), so every call

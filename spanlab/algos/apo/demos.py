@@ -3,10 +3,11 @@
 Bootstrap few-shot, as DSPy does it: a small model often follows an example better than an instruction,
 and choosing examples needs no optimizer model. After the instruction search (beam or GEPA), the winner
 gets ``candidates`` variants, each with ``k`` solved examples drawn (seeded) from the highest-reward train
-rollouts the search recorded: the task's request and what the agent did (its tool calls with their
-arguments, then its answer), read back from the rollout's spans. Each variant is a prompt version like
-any other: validated, scored on the same validation tasks through the rollout cache; the best by
-validation mean wins (the variant without examples competes too, ties go to the older version).
+rollouts the search recorded (only rollouts whose last attempt finished with a final reward, and only their
+successful calls: the sample rule of :mod:`spanlab.adapters.trainable`): the task's request and what the agent
+did (its tool calls with their arguments, then its answer), read back from the rollout's spans. Each variant
+is a prompt version like any other: validated, scored on the same validation tasks through the rollout cache;
+the best by validation mean wins (the variant without examples competes too, ties go to the older version).
 
 The examples are rendered into the system part of the POML template as ``<cp caption="Example N">``
 paragraphs, not as POML ``<example>`` turns: those render as user/assistant chat turns whose
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from spanlab.adapters.messages import Conversation, conversations
+from spanlab.adapters.trainable import trainable_rollouts
 from spanlab.prompts import check_template
 
 if TYPE_CHECKING:
@@ -72,13 +74,17 @@ def with_demos(template: str, demos: list[Demo]) -> str:
 
 
 def mine(search: BeamSearch, min_reward: float) -> list[Demo]:
-    """One demo per train task, from its best recorded rollout at or above ``min_reward``, best first."""
+    """One demo per train task, from its best recorded trainable rollout at or above ``min_reward``, best first."""
     train = {t["task_id"]: t for t in search.train}
+    store = search.runner.collector.store
+    candidates = [(task_id, rollout_id, reward) for (_, task_id), (rollout_id, reward) in search.runner.cache.items()
+                  if task_id in train and reward >= min_reward]
+    usable = trainable_rollouts(store, [rid for _, rid, _ in candidates])
     best: dict[str, tuple[str, float]] = {}
-    for (_, task_id), (rollout_id, reward) in search.runner.cache.items():
-        if task_id in train and reward >= min_reward and reward > best.get(task_id, ("", -1.0))[1]:
+    for task_id, rollout_id, reward in candidates:
+        if rollout_id in usable and reward > best.get(task_id, ("", -1.0))[1]:
             best[task_id] = (rollout_id, reward)
-    convs = conversations(search.runner.collector.store, [rid for rid, _ in best.values()])
+    convs = conversations(store, [rid for rid, _ in best.values()])
     demos = []
     for task_id, (rollout_id, reward) in best.items():
         steps = steps_of(convs[rollout_id])

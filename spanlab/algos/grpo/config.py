@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from spanlab.adapters.credit import CreditConfig
+from spanlab.adapters.trainable import FailedAttempts
 from spanlab.training.settings import LoraConfig
 
 Aggregation = Literal["token_mean", "seq_mean", "constant"]
@@ -74,6 +75,9 @@ class GRPOConfig(BaseModel):
     credit: GRPOCredit = Field(default_factory=GRPOCredit, description=(
         "per-turn credit: {mode: broadcast|per_turn, discount, normalize: group|group_role}; "
         "default: the final reward broadcast to every turn"))
+    failed_attempts: FailedAttempts = Field(default="drop", description=(
+        "a failed or timed-out attempt: drop (default) or {reward: R}, trained with every sample on reward R "
+        "(spanlab.adapters.trainable)"))
 
     @model_validator(mode="after")
     def _consistent(self) -> GRPOConfig:

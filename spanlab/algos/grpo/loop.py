@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from spanlab.adapters.grpo import Sample, iter_samples
+from spanlab.adapters.trainable import Dropped
 from spanlab.algos.grpo.config import GRPOSection
 from spanlab.algos.grpo.step_parts import StepParts
 from spanlab.algos.grpo.update import grpo_step
@@ -46,10 +47,13 @@ def train_grpo(job: Job, settings: GRPOSection) -> None:
     group_key = None if config.loop.mode == "async" else "task_id"  # async groups carry their own group_id
 
     def adapt_and_update(rollout_ids: list[str]) -> dict[str, float]:
-        return update(list(iter_samples(job.rig.store, rollout_ids, group_key=group_key,
-                                        token_source=config.token_source, tokenizer=policy.tokenizer,
-                                        chat_template=config.retokenize_template, agents=config.agents,
-                                        credit=settings.credit)))
+        dropped = Dropped()  # what the sample rule left out of this step (adapters/trainable.py)
+        samples = list(iter_samples(job.rig.store, rollout_ids, group_key=group_key,
+                                    token_source=config.token_source, tokenizer=policy.tokenizer,
+                                    chat_template=config.retokenize_template, agents=config.agents,
+                                    credit=settings.credit, failed_attempts=settings.failed_attempts,
+                                    dropped=dropped))
+        return update(samples) | dropped.metrics()
 
     parts = StepParts(adapt_and_update, push, job.log_step)
     if config.loop.mode == "async":

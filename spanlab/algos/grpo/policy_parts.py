@@ -7,7 +7,8 @@ calls of its roles), runs ``grpo_step`` once per policy on its own adapter and o
 as its next version. A policy whose samples had no reward variance (or that had none) is left as it was and not
 pushed. The step's metrics hold every policy's own (``<policy>/loss``, ``<policy>/reward_mean``,
 ``<policy>/n_samples``, ...) and, over all of them, the keys the report and the "learned nothing" check read:
-``reward_mean`` (over the step's rollouts), ``n_samples`` and ``skipped`` (1.0: no policy changed).
+``reward_mean`` (over the step's rollouts), ``n_samples``, ``skipped`` (1.0: no policy changed) and what the sample
+rule left out (``dropped_*``, :mod:`spanlab.adapters.trainable`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from functools import partial
 import torch
 
 from spanlab.adapters.samples import Sample
+from spanlab.adapters.trainable import Dropped
 from spanlab.algos.grpo.config import GRPOSection
 from spanlab.algos.grpo.step_parts import StepParts
 from spanlab.algos.grpo.update import grpo_step
@@ -40,13 +42,15 @@ def policy_step_parts(job: Job, settings: GRPOSection) -> StepParts:
     changed: list[str] = []  # the policies the last update moved: the push serves their next version
 
     def update(rollout_ids: list[str]) -> dict[str, float]:
+        dropped = Dropped()
         samples = samples_by_policy(job.rig.store, rollout_ids, policies, agents=config.agents, group_key="task_id",
                                     token_source=config.token_source, tokenizer=policy.tokenizer,
-                                    chat_template=config.retokenize_template, credit=settings.credit)
+                                    chat_template=config.retokenize_template, credit=settings.credit,
+                                    failed_attempts=settings.failed_attempts, dropped=dropped)
         metrics = step_each_policy(model, optimizers, samples,
                                    lambda m, opt, s: grpo_step(m, opt, s, settings, pad_id=policy.pad_id))
         changed[:] = [p for p, s in samples.items() if s and metrics.get(f"{p}/skipped") != 1.0]
-        return metrics | step_summary(samples, changed, policies.names)
+        return metrics | step_summary(samples, changed, policies.names) | dropped.metrics()
 
     def push() -> float:
         return sum(adapters.push(model, name).timing.total_s for name in changed)

@@ -3,9 +3,10 @@
 Rejection-sampling fine-tuning, the Unsloth example of the seeds (REFERENCE.md §5) done on exact token
 IDs: each round samples several rollouts per task from the served policy, keeps the rewarded ones
 (``sft.filter``: a threshold, the top fraction or the best n per task; deduplicated; only the roles in
-``agents``), fine-tunes on their sampled tokens and pushes the new weights to the engine, so the next
-round samples from the improved policy. Every round's dataset is kept as Parquet in the run folder and
-its figures go to ``train_metrics``.
+``agents``; only trainable samples, :mod:`spanlab.adapters.trainable`, the rest counted as ``dropped_*``),
+fine-tunes on their sampled tokens and pushes the new weights to the engine, so the next round samples from
+the improved policy. Every round's dataset is kept as Parquet in the run folder and its figures go to
+``train_metrics``.
 
 Replay (``sft.replay``): the kept examples are what the policy already gets right, often a handful of one
 kind of task, and fine-tuning on those alone pulls the model away from the rest of what the warm start
@@ -32,6 +33,7 @@ import torch
 from spanlab.adapters.conversation import encode_conversation
 from spanlab.adapters.grpo import Sample
 from spanlab.adapters.sft import IGNORE_INDEX, build_sft_dataset, rows_from_table, write_dataset
+from spanlab.adapters.trainable import Dropped
 from spanlab.algos.sft.config import SFTRoundsConfig
 from spanlab.errors import ConfigError
 from spanlab.jobs.job import Job
@@ -56,10 +58,12 @@ def train_sft(job: Job, rounds: SFTRoundsConfig) -> None:
 
     for r, tasks in job.steps(rounds.rounds, rounds.tasks_per_round, "SFT rounds"):
         batch = job.collect(tasks, group_size=rounds.samples_per_task, round=r)
-        table, stats = build_sft_dataset(job.rig.store, batch.rollout_ids, rounds.filter, agents=config.agents)
+        dropped = Dropped()  # what the sample rule left out before the filter (adapters/trainable.py)
+        table, stats = build_sft_dataset(job.rig.store, batch.rollout_ids, rounds.filter, agents=config.agents,
+                                         dropped=dropped)
         write_dataset(table, config.run_dir / f"round-{r}.parquet")
         metrics: dict[str, float] = {"reward_mean": batch.mean_reward, "rollout_s": batch.seconds,
-                                     "rollout_failed": batch.failed, **stats.metrics()}
+                                     "rollout_failed": batch.failed, **stats.metrics(), **dropped.metrics()}
         if table.num_rows == 0:
             logger.warning("round %d: the filter kept no examples (reward mean %.2f); nothing to train on",
                            r, batch.mean_reward)
