@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from spanlab.errors import ConfigError
+from spanlab.strict_scalars import scalar_problem
 
 
 class _Config(BaseModel):
@@ -177,7 +178,10 @@ def number_out_of_range(data: Any) -> str | None:
 
 def parse(model: type[BaseModel], data: dict[str, Any], source: str = "config") -> Any:
     """Validate ``data`` as ``model``; the error lists each bad key as ``section.key: problem`` (the first
-    :data:`MAX_PROBLEMS`, then how many more)."""
+    :data:`MAX_PROBLEMS`, then how many more). Booleans and integers are strict (:mod:`spanlab.strict_scalars`):
+    ``steps: true`` is refused, not read as 1."""
+    if problem := scalar_problem(model, data):
+        raise ConfigError(f"{source} is invalid: {_short(problem)}")
     try:
         return model.model_validate(data)
     except ValidationError as exc:
