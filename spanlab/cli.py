@@ -78,7 +78,9 @@ def sql(
                 raise ConfigError("give --db (a file) or --url (a store server), not both")
             from spanlab.store import StoreClient
 
-            with StoreClient(url, token=token, timeout_s=timeout_s, retry_for_s=5.0) as client:
+            # One try: a query typed at a prompt fails at once with one line, where a worker would wait out a
+            # restart (a refused port is not worth 5 s of retry warnings).
+            with StoreClient(url, token=token, timeout_s=timeout_s, retry_for_s=0.0) as client:
                 table = client.query(query, limit if limit is not None else 1_000_000)
         else:
             table = file_query.run_query(sql_text.resolve_db(db), query, max_rows=limit, timeout_s=timeout_s,

@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from spanlab.errors import ConfigError
+from spanlab.strict_scalars import scalar_problem
 
 
 class _Config(BaseModel):
@@ -67,8 +68,8 @@ class RunConfig(_Config):
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
 
 
-MAX_YAML_NODES = 100_000  # values in a config once its aliases are expanded: far above any real one
-_TOO_MANY = MAX_YAML_NODES + 1  # sizes are counted up to here (a bomb's true size has hundreds of digits)
+MAX_ALIAS_VALUES = 100_000  # values a config's aliases may add once expanded: far above any real one's
+_COUNT_CAP = 10**18  # expanded sizes are counted up to here (a bomb's true size has hundreds of digits)
 MAX_PROBLEMS = 10  # problems listed in one error; the rest are counted
 # No number of a config is infinite or past 2**31-1 (tokens, steps, epochs, seeds alike): 1e20 micro-batch tokens
 # or 1e9 epochs is a typo that would only fail, or never end, once the run is under way. Checked over the raw
@@ -76,8 +77,9 @@ MAX_PROBLEMS = 10  # problems listed in one error; the rest are counted
 MAX_CONFIG_NUMBER = 2**31 - 1
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """A YAML loader that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
+class _StrictLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """A YAML loader that refuses a key given twice in one mapping (PyYAML keeps the last silently). It parses with
+    libyaml where PyYAML was built with it: the pure-Python parser takes seconds per MB of config."""
 
 
 def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
@@ -123,21 +125,24 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def _load(text: str) -> Any:
-    """Compose the document, refuse it if its aliases expand past :data:`MAX_YAML_NODES`, then build it."""
+    """Compose the document, refuse it if its aliases add more than :data:`MAX_ALIAS_VALUES` values once
+    expanded, then build it. Only what aliases add counts: a long config of plain keys is no bomb."""
     loader = _StrictLoader(text)
     try:
         node = loader.get_single_node()
-        if node is not None and _expanded_size(node) > MAX_YAML_NODES:
-            raise ConfigError(f"holds more than {MAX_YAML_NODES} values once its aliases are expanded (a config "
-                              "holds far fewer: an alias bomb?)")
+        if node is not None and "*" in text and (added := _alias_growth(node)) > MAX_ALIAS_VALUES:
+            raise ConfigError(f"holds {'far ' if added >= _COUNT_CAP // 2 else ''}more than {MAX_ALIAS_VALUES} "
+                              "values beyond its own text once its aliases are expanded (a config's aliases add "
+                              "far fewer: an alias bomb?)")
         return None if node is None else loader.construct_document(node)
     finally:
         loader.dispose()  # type: ignore[no-untyped-call]
 
 
-def _expanded_size(root: yaml.Node) -> int:
-    """How many nodes ``root`` is once every alias is copied out (a "billion laughs" document: 10^9 from a few
-    lines), counted over the composed graph (shared nodes once each), so counting costs what the text does."""
+def _alias_growth(root: yaml.Node) -> int:
+    """How many nodes aliases add to ``root`` once each is copied out (a "billion laughs" document: 10^9 from a
+    few lines): its expanded size less its nodes as written, counted over the composed graph (shared nodes once
+    each), so counting costs what the text does."""
     sizes: dict[int, int] = {}
     open_: set[int] = set()
     stack: list[tuple[yaml.Node, bool]] = [(root, False)]
@@ -148,7 +153,7 @@ def _expanded_size(root: yaml.Node) -> int:
         children = ([n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode)
                     else list(node.value) if isinstance(node, yaml.SequenceNode) else [])
         if children_done:
-            sizes[id(node)] = min(_TOO_MANY, 1 + sum(sizes[id(c)] for c in children))
+            sizes[id(node)] = min(_COUNT_CAP, 1 + sum(sizes[id(c)] for c in children))
             open_.discard(id(node))
             continue
         if id(node) in open_:
@@ -156,7 +161,7 @@ def _expanded_size(root: yaml.Node) -> int:
         open_.add(id(node))
         stack.append((node, True))
         stack.extend((c, False) for c in children if id(c) not in sizes)
-    return sizes[id(root)]
+    return sizes[id(root)] - len(sizes)
 
 
 def number_out_of_range(data: Any) -> str | None:
@@ -177,7 +182,10 @@ def number_out_of_range(data: Any) -> str | None:
 
 def parse(model: type[BaseModel], data: dict[str, Any], source: str = "config") -> Any:
     """Validate ``data`` as ``model``; the error lists each bad key as ``section.key: problem`` (the first
-    :data:`MAX_PROBLEMS`, then how many more)."""
+    :data:`MAX_PROBLEMS`, then how many more). Booleans and integers are strict (:mod:`spanlab.strict_scalars`):
+    ``steps: true`` is refused, not read as 1."""
+    if problem := scalar_problem(model, data):
+        raise ConfigError(f"{source} is invalid: {_short(problem)}")
     try:
         return model.model_validate(data)
     except ValidationError as exc:

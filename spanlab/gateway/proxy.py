@@ -37,7 +37,7 @@ from starlette.routing import BaseRoute, Route
 from spanlab.gateway.attribution import AttemptChecker, requested_agent, requested_attribution
 from spanlab.gateway.config import GatewayConfig
 from spanlab.gateway.outcomes import SPAN_IDS_HEADER, CallOutcomes, error_response
-from spanlab.gateway.policy_routing import PolicyRouter
+from spanlab.gateway.policy_routing import PolicyRoute, PolicyRouter
 from spanlab.gateway.protocol import (
     ENDPOINT_PATHS,
     BadRequestError,
@@ -195,8 +195,6 @@ class Gateway:
         try:
             agent = requested_agent(request.path_params, request.headers)
             policy = None if self.policies is None else self.policies.route(agent)
-            if policy is not None:
-                body = policy.body_for(body)
             upstream_body, asked = prepare_upstream(endpoint, body)
             rollout_id, attempt_id = requested_attribution(request.path_params, request.headers)
             if rollout_id is not None and attempt_id is not None:
@@ -222,10 +220,8 @@ class Gateway:
             ctx.upstream = self.router.pinned(f"{rollout_id}/{attempt_id}")
             return self.outcomes.fail(ctx, exc.status_code, exc.code, str(exc))
         ctx.policy_version = self.router.versions[ctx.upstream.base_url]
-        if policy is not None:
-            ctx.policy = policy.policy
-            if policy.version is not None:
-                ctx.policy_version = policy.version
+        if policy is not None and (refused := await self._route_to_policy(ctx, policy, upstream_body)) is not None:
+            return refused
         if self.tito is not None and endpoint == "chat":
             served = await self.tito.serve(self.outcomes, ctx, headers)
             if served is not None:
@@ -247,6 +243,27 @@ class Gateway:
         except UpstreamError as exc:
             return self.outcomes.fail(ctx, exc.status_code, exc.code, str(exc))
         return await self._unary(ctx, upstream.status, raw)
+
+    async def _route_to_policy(self, ctx: CallContext, route: PolicyRoute, upstream_body: dict[str, Any]
+                               ) -> Response | None:
+        """Send the call to the model its role's policy names, whatever ``model`` the agent asked for (None);
+        the error answer when the engine cannot say which model is its base."""
+        assert self.policies is not None and ctx.upstream is not None
+        ctx.policy = route.policy
+        if route.version is not None:
+            ctx.policy_version = route.version
+        try:
+            model = await self.policies.served_model(route, ctx.upstream)
+        except UpstreamError as exc:
+            return self.outcomes.fail(ctx, exc.status_code, exc.code, str(exc))
+        except ValueError as exc:
+            return self.outcomes.fail(ctx, 502, "upstream_bad_response", str(exc))
+        asked = ctx.body.get("model")
+        if asked != model:
+            ctx.requested_model = asked if isinstance(asked, str) or asked is None else repr(asked)[:200]
+            ctx.body = {**ctx.body, "model": model}
+            upstream_body["model"] = model
+        return None
 
     async def _unary(self, ctx: CallContext, status: int, raw: bytes) -> Response:
         end = time.time()

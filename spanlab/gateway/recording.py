@@ -52,6 +52,7 @@ class CallContext:
     upstream: UpstreamClient | None = None  # the engine this call went to (:mod:`.routing`)
     policy_version: str | None = None  # the weights (or the policy's adapter) version served when the call was sent
     policy: str | None = None  # with ``policies``: the policy that answered (``base``: the base model)
+    requested_model: str | None = None  # with ``policies``: the ``model`` the agent asked, when another was served
 
     def engine(self) -> UpstreamClient:
         """The engine the proxy picked for this call; it picks one before any handler sends the call on."""
@@ -78,6 +79,8 @@ def base_attributes(ctx: CallContext, upstream_status: int | None) -> dict[str, 
         attrs["policy_version"] = ctx.policy_version
     if ctx.policy is not None:
         attrs["policy"] = ctx.policy
+    if ctx.requested_model is not None:
+        attrs["requested_model"] = ctx.requested_model
     prompt = ctx.body.get("prompt")
     if ctx.endpoint == "completions" and isinstance(prompt, str):
         attrs["request_prompt"] = prompt  # token-ID prompts are already in prompt_token_ids

@@ -297,8 +297,9 @@ def build_algorithm(config: TrainConfig) -> Algorithm:
 
 def check_job(config: TrainConfig) -> tuple[Algorithm, TaskSet, dict[str, Tasks]]:
     """Everything ``spanlab train`` can check before an engine starts: the algorithm's checks, the task
-    splits, the agent and its kwargs, the store's folder. ``spanlab train --check`` runs this only; a run
-    goes on with the algorithm, task set and splits it built."""
+    splits, the agent and its kwargs and roles, LoRA targets against the model, the store's folder.
+    ``spanlab train --check`` runs this only; a run goes on with the algorithm, task set and splits it built."""
+    from spanlab.jobs.model_checks import check_lora_targets, check_roles
     from spanlab.jobs.prompt import check_prompt
     from spanlab.jobs.rig import check_writable
     from spanlab.jobs.runner_rig import check_runner
@@ -308,8 +309,10 @@ def check_job(config: TrainConfig) -> tuple[Algorithm, TaskSet, dict[str, Tasks]
     task_set = load_task_set(config.dataset.name)
     splits = split_tasks(task_set, config, algorithm.train_tasks())
     # Built the way rollouts build it (they always pass the served model name), so a bad kwarg fails here.
-    load_agent(config.agent.name, {"model": config.engine.served_model_name or config.engine.model,
-                                   **config.agent.kwargs})
+    agent = load_agent(config.agent.name, {"model": config.engine.served_model_name or config.engine.model,
+                                           **config.agent.kwargs})
+    check_roles(config, agent)
+    check_lora_targets(config, algorithm)
     check_prompt(config)
     check_writable(config.db, config.run_dir)
     check_runner(config.runner)

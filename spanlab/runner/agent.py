@@ -72,7 +72,13 @@ class RolloutContext:
 
 
 class Agent(ABC):
-    """Subclass and implement :meth:`run`. Keep it async: a blocking agent stalls its worker's heartbeats."""
+    """Subclass and implement :meth:`run`. Keep it async: a blocking agent stalls its worker's heartbeats.
+
+    ``roles``: the role names its calls carry (:meth:`RolloutContext.agent_base_url`); ``()`` for an agent whose
+    calls name no role; None (the default) when it does not say. ``spanlab train --check`` checks a config's
+    ``agents`` and ``policies.roles`` against it, since a role the agent never uses is a policy never trained."""
+
+    roles: tuple[str, ...] | None = None
 
     @abstractmethod
     async def run(self, task: Any, ctx: RolloutContext) -> float | None:

@@ -68,9 +68,11 @@ class StoreClient(StoreAPI):
             else:
                 if resp.status < 500 or not idempotent:
                     return self._check(resp)
-                err = StoreError(f"store server answered {resp.status}: {_text(resp)[:300]}")
+                err = StoreError(f"store server {self.url} answered {resp.status}: {_detail(resp)}")
             if time.monotonic() + delay > deadline:
-                raise StoreError(f"store server {self.url} unreachable: {err}") from err
+                if isinstance(err, StoreError):  # it answered, with an error
+                    raise err
+                raise StoreError(f"store server {self.url} unreachable: {_reason(err)}") from err
             logger.warning("store server call %s %s failed (%s); retrying", method, path, err)
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
@@ -79,18 +81,20 @@ class StoreClient(StoreAPI):
     def _check(resp: urllib3.BaseHTTPResponse) -> urllib3.BaseHTTPResponse:
         if 200 <= resp.status < 300:
             return resp
-        try:
-            detail = json.loads(resp.data).get("detail", _text(resp))
-        except (ValueError, AttributeError):
-            detail = _text(resp)
+        detail = _detail(resp)
         if resp.status == 401:
             raise StoreError(f"store server refused the request: {detail}")
-        raise _ERRORS.get(resp.status, StoreError)(str(detail))
+        raise _ERRORS.get(resp.status, StoreError)(detail)
 
     def _json(self, method: str, path: str, *, idempotent: bool = True, json_body: Any = None, **kw: Any) -> Any:
         if json_body is not None:
             kw |= {"body": json.dumps(json_body).encode(), "headers": {"Content-Type": "application/json"}}
-        return json.loads(self._call(method, path, idempotent=idempotent, **kw).data)
+        data = self._call(method, path, idempotent=idempotent, **kw).data
+        try:
+            return json.loads(data)
+        except ValueError:
+            raise StoreError(f"{self.url} answered {path} with a body that is not JSON ({_one_line(data[:80])}): "
+                             "is it a spanlab store server?") from None
 
     def enqueue(self, rollouts: Sequence[Rollout]) -> list[Rollout]:
         body = [Rollout.model_validate(r).model_dump(mode="json") for r in rollouts]
@@ -186,9 +190,41 @@ class StoreClient(StoreAPI):
         return [Metric.model_validate(m) for m in self._json("GET", "/metrics", params=params)]
 
     def query(self, sql: str, max_rows: int | None = None) -> pa.Table:
+        """Rows of one read-only query; a server with no ``/sql`` of the store server's shape is named as such."""
         body: dict[str, Any] = {"query": sql} | ({} if max_rows is None else {"max_rows": max_rows})
-        return pa.Table.from_pylist(self._json("POST", "/sql", json_body=body))
+        try:
+            rows = self._json("POST", "/sql", json_body=body)
+        except NotFoundError:
+            raise StoreError(f"{self.url} has no /sql route (404): is it a spanlab store server?") from None
+        if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
+            raise StoreError(f"{self.url} answered /sql with {_one_line(json.dumps(rows)[:80])}, not rows: is it a "
+                             "spanlab store server?")
+        return pa.Table.from_pylist(rows)
 
 
 def _text(resp: urllib3.BaseHTTPResponse) -> str:
     return (resp.data or b"").decode(errors="replace")
+
+
+def _detail(resp: urllib3.BaseHTTPResponse) -> str:
+    """An error answer's reason in one line: the store server's JSON ``detail``, else the start of the body."""
+    try:
+        detail = json.loads(resp.data).get("detail", _text(resp))
+    except (ValueError, AttributeError):
+        return f"{_one_line(_text(resp), 120)} (not JSON: is it a spanlab store server?)"
+    return _one_line(str(detail))
+
+
+def _one_line(text: str | bytes, limit: int = 300) -> str:
+    """An error body (HTML pages included) as one line of at most ``limit`` characters."""
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _reason(err: Exception) -> str:
+    """Why a call failed, without urllib3's connection repr: ``[Errno 111] Connection refused``."""
+    if isinstance(err, NewConnectionError):
+        return _one_line(str(err).rsplit("): ", 1)[-1])
+    return _one_line(str(err))

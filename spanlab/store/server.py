@@ -133,7 +133,7 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
               openapi_extra={"requestBody": {"content": {wire.ARROW_STREAM: {"schema": {}}}}})
     async def finish_arrow(attempt_id: str, request: Request, status: FinishedAttemptStatus = Query()) -> Rollout:
         """Finish with the last spans as an Arrow IPC stream (the `spans` table's columns)."""
-        tbl = wire.bytes_to_table(await request.body())
+        tbl = wire.bytes_to_table(await request.body(), max_body_bytes)
         return await run(lambda: store.finish_attempt(attempt_id, status, table_to_spans(tbl)))
 
     @app.post("/spans")
@@ -144,7 +144,7 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
     @app.post("/spans/arrow", openapi_extra={"requestBody": {"content": {wire.ARROW_STREAM: {"schema": {}}}}})
     async def add_spans_arrow(request: Request) -> wire.InsertedResponse:
         """A span batch as an Arrow IPC stream with the `spans` table's columns."""
-        return await write_spans(await run(table_to_spans, wire.bytes_to_table(await request.body())))
+        return await write_spans(await run(table_to_spans, wire.bytes_to_table(await request.body(), max_body_bytes)))
 
     @app.get("/spans/arrow", response_class=StreamingResponse)
     async def read_spans(rollout_ids: list[str] | None = Query(None), attempt_ids: list[str] | None = Query(None),

@@ -18,7 +18,6 @@ from spanlab.types import MAX_INT32, Attempt, FinishedAttemptStatus, ResourceKin
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 _END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # continuation marker, then a 0-byte message
-MAX_UNPACKED_BYTES = 256 * 1024 * 1024  # one span batch, decompressed: the server's default body limit
 
 
 def table_to_bytes(tbl: pa.Table) -> bytes:
@@ -28,10 +27,11 @@ def table_to_bytes(tbl: pa.Table) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def bytes_to_table(data: bytes, max_bytes: int = MAX_UNPACKED_BYTES) -> pa.Table:
+def bytes_to_table(data: bytes, max_bytes: int) -> pa.Table:
     """The table of an Arrow IPC stream, read batch by batch; a stream whose batches would unpack (decompress)
     to more than ``max_bytes`` is refused before the batch that passes it is unpacked: a few KB of zstd can
-    hold gigabytes of zeros, and the body limit counts only the bytes sent."""
+    hold gigabytes of zeros, and the body limit counts only the bytes sent. The server passes its body limit
+    (``--max-body-mb``), so a compressed batch may unpack to no more than the same batch could be sent as."""
     try:
         reader = ipc.MessageReader.open_stream(pa.py_buffer(data))
         schema = ipc.read_schema(reader.read_next_message())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class LoraConfig(BaseModel):
@@ -13,6 +13,17 @@ class LoraConfig(BaseModel):
     rank: int = Field(default=8, ge=1)
     alpha: float = Field(default=16.0, gt=0)
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+    @field_validator("target_modules")
+    @classmethod
+    def _some_targets(cls, targets: tuple[str, ...]) -> tuple[str, ...]:
+        """peft given no target adapts nothing; ``spanlab train --check`` also checks each name against the model
+        (:mod:`spanlab.training.lora_targets`), which this config alone cannot."""
+        if not targets:
+            raise ValueError("is empty: name the layers to adapt, e.g. [q_proj, v_proj]")
+        if blank := [t for t in targets if not t.strip()]:
+            raise ValueError(f"{blank[0]!r} names no layer")
+        return targets
 
 
 class SFTConfig(BaseModel):

@@ -129,6 +129,47 @@ def test_each_role_is_answered_by_its_own_adapter(served: Served) -> None:
     assert Path(stored["lora-b"][0].payload["path"], "adapter_model.safetensors").is_file()
 
 
+def _asking_for(served: Served, role: str | None, model: str) -> tuple[tuple[list[int], list[float]], dict[str, Any]]:
+    """One call through the gateway by ``role`` (None: an unattributed call naming no role) that asks for
+    ``model``; its greedy answer and its stored span (attributes, plus ``model``: the span's ``llm.model``)."""
+    url = served.gateway.base_url()
+    if role is not None:
+        served.store.enqueue_one({"role": role})
+        got = served.store.dequeue(worker_id="w")
+        assert got is not None
+        url = served.gateway.base_url(got[0].rollout_id, got[1].attempt_id, agent=role)
+    resp = httpx.post(f"{url}/completions", timeout=120, json={
+        "model": model, "prompt": PROMPT, "max_tokens": 6, "temperature": 0, "logprobs": 0, "return_token_ids": True})
+    assert resp.status_code == 200, resp.text
+    choice = resp.json()["choices"][0]
+    (span_id,) = resp.headers["x-spanlab-span-ids"].split(",")
+    assert served.gateway.flush()
+    (span,) = [s for s in served.store.iter_spans() if s.span_id == span_id]
+    assert span.status == "ok"
+    return (choice["token_ids"], choice["logprobs"]["token_logprobs"]), {**span.attributes, "model": span.llm.model}
+
+
+def test_the_model_an_agent_names_never_picks_the_adapter(served: Served) -> None:
+    """A role without a policy that asks for another policy's adapter is answered by the base model, and its span
+    says so; a role with a policy gets its own whatever it asks for; so does a call naming no role (the base)."""
+    direct = {name: _greedy(served.base_url, name) for name in (served.base_model, "lora-a", "lora-b")}
+    assert not _close(direct["lora-a"], direct[served.base_model])
+    assert not _close(direct["lora-b"], direct[served.base_model])
+    assert not _close(direct["lora-a"], direct["lora-b"])
+
+    for role, asked, policy, model in [("judge", "lora-a", "base", served.base_model),
+                                       (None, "lora-b", "base", served.base_model),
+                                       ("writer", "lora-b", "lora-a", "lora-a"),
+                                       ("checker", served.base_model, "lora-b", "lora-b")]:
+        answer, span = _asking_for(served, role, asked)
+        assert _close(answer, direct[model]), (role, asked)  # what the engine served ...
+        assert (span["policy"], span["model"]) == (policy, model), (role, asked)  # ... is what the span says
+        assert span["requested_model"] == asked and span["request_params"]["model"] == model
+        assert span.get("agent") == role
+    _, span = _asking_for(served, "judge", served.base_model)
+    assert (span["policy"], span["model"]) == ("base", served.base_model) and "requested_model" not in span
+
+
 def test_hot_loading_one_policy_changes_its_roles_only(served: Served) -> None:
     before = {role: _as_role(served, role) for role in ("writer", "checker")}
     lora_b = adapter_state(served.model, "lora-b")

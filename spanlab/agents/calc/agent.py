@@ -172,6 +172,8 @@ class CalcAgent(Agent):
     changes, see ``calculator_tools(strict=True)``). ``extra_body`` reaches the request body as is.
     """
 
+    roles: tuple[str, ...] | None = ()  # a single agent: its calls name no role
+
     def __init__(
         self,
         model: str,

@@ -88,6 +88,8 @@ def run_tool(seed: int, name: str, arguments: str) -> str:
 class RoomsAgent(Agent):
     """Picks a room for one task dict (see ``tasks.py``); returns the graded reward."""
 
+    roles: tuple[str, ...] | None = ()  # a single agent: its calls name no role
+
     def __init__(self, model: str, temperature: float = 0.0, max_tokens: int = 128, max_turns: int = 2,
                  first_tool_choice: ToolChoice = "required", strict_tools: bool = True,
                  prompt_resource: str = "prompt", seed: int | None = 0,
