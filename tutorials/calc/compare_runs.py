@@ -96,10 +96,12 @@ def main() -> None:
             share = extra_ops_share(store, "final")
         console.print(f"\n{db.stem}: extra-operation share at the end {_fmt(share)}")
         common = sorted(set(before) & set(after))
-        for level in sorted({before[k][0] for k in common}):
-            keys = [k for k in common if before[k][0] == level]
+        levels = sorted({before[k][0] for k in common})
+        for level in [None, *levels]:  # None: the demonstrated levels pooled
+            keys = [k for k in common if level is None or before[k][0] == level]
+            label = "levels 1-3 pooled" if level is None else f"level {level}"
             diff = paired_difference([after[k][1] for k in keys], [before[k][1] for k in keys])
-            console.print(f"  level {level} (test + family, n={len(keys)}): "
+            console.print(f"  {label} (test + family, n={len(keys)}): "
                           f"{100 * sum(before[k][1] for k in keys) / len(keys):.1f}% -> "
                           f"{100 * sum(after[k][1] for k in keys) / len(keys):.1f}%, paired "
                           f"{100 * diff.mean:+.1f} [{100 * diff.low:+.1f}, {100 * diff.high:+.1f}]")
