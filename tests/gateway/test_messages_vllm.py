@@ -111,7 +111,8 @@ def test_a_call_is_recorded_with_the_ids_that_decode_to_the_sdks_text(
     stream: bool
 ) -> None:
     reply, deltas = _create(_client(tito_gateway, started), stream, model=upstream.model, max_tokens=24,
-                            temperature=0.0, system="Be brief.", messages=[{"role": "user", "content": "Name a fruit."}])
+                            temperature=0.0, system="Be brief.",
+                            messages=[{"role": "user", "content": "Name a fruit."}])
     (span,) = _spans(tito_gateway, store, started[1])
     assert (span.name, span.status, span.attributes["endpoint"], span.attributes["stream"]) == \
            ("messages", "ok", "/v1/messages", stream)

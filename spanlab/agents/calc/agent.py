@@ -18,6 +18,10 @@ and kept (measured on 2 busy cores: spawn + initialize 1.6-2.3 s, stop 0.5 s; re
 be closed by the task that opened them; it stops on :meth:`CalcAgent.aclose` or, at the latest,
 when ``asyncio.run`` cancels leftover tasks at exit.
 
+``api="messages"`` (``agent: {name: calc, kwargs: {api: messages}}``) runs the same task, tool and reward with the
+model loop written on the Anthropic Messages API instead (the ``anthropic`` SDK against the gateway's
+``/v1/messages``: :mod:`spanlab.agents.calc.messages_loop`); the calculator process is the same.
+
 Use: ``Worker(store, load_agent("calc", {"model": served_name}), gateway_url=gw.url)``.
 Left out: tracing to the SDK vendor (disabled per run), streaming, parallel tool calls.
 """
@@ -41,12 +45,14 @@ from openai import AsyncOpenAI
 
 from spanlab.agents.calc.demos import SYSTEM_PROMPT
 from spanlab.agents.calc.mcp_server import TOOL_NAME
+from spanlab.agents.calc.messages_loop import NoFinalAnswer, solve_with_messages
 from spanlab.prompts import DEFAULT_RENDERER, PromptRenderer
 from spanlab.runner.agent import Agent, RolloutContext
 
 logger = logging.getLogger(__name__)
 
 ToolChoice = Literal["auto", "required", "none"]
+Api = Literal["chat", "messages"]  # which API the model loop speaks to the gateway
 _NUMBER = re.compile(r"(?:(?<![\w)])-)?\d+(?:\.\d+)?")
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}\b)")
 REQUIRED_VARIABLES: tuple[str, ...] = ("question",)  # every prompt version must place these
@@ -156,7 +162,9 @@ class CalcAgent(Agent):
     ``tool_choice="required"`` forces a tool call on the first turn only (the SDK resets it after a
     tool call), which exercises the tool path with a model that would not call it on its own.
     ``strict_tools`` sends the schema as strict (vLLM then guides the arguments' JSON; the tools list
-    changes, see ``calculator_tools(strict=True)``). ``extra_body`` reaches the request body as is.
+    changes, see ``calculator_tools(strict=True)``). ``extra_body`` reaches the request body as is (chat only).
+    ``api``: ``chat`` (the OpenAI Agents SDK on chat completions) or ``messages`` (the ``anthropic`` SDK on
+    ``/v1/messages``, :mod:`~spanlab.agents.calc.messages_loop`).
     """
 
     def __init__(
@@ -171,9 +179,15 @@ class CalcAgent(Agent):
         extra_body: dict[str, Any] | None = None,
         prompt_resource: str = "prompt",
         renderer: PromptRenderer | None = None,
+        api: Api = "chat",
     ) -> None:
         if max_turns < 1 or max_tokens < 1:
             raise ValueError("max_turns and max_tokens must be >= 1")
+        if api not in ("chat", "messages"):
+            raise ValueError(f"api must be 'chat' or 'messages', not {api!r}")
+        if api == "messages" and extra_body:
+            raise ValueError("extra_body is for the chat API; the messages loop sends none")
+        self.api = api
         self.model, self.max_turns, self.system_prompt = model, max_turns, system_prompt
         self.strict_tools, self.prompt_resource = strict_tools, prompt_resource
         self.renderer = renderer or DEFAULT_RENDERER
@@ -211,6 +225,13 @@ class CalcAgent(Agent):
                     api_key: str = "spanlab") -> str | None:
         """The final output for ``question`` (a string, or SDK input items to continue a conversation)."""
         server = await self._process().ready()
+        if self.api == "messages":
+            settings = self.model_settings
+            return await solve_with_messages(
+                server, question, base_url, model=self.model, api_key=api_key, max_turns=self.max_turns,
+                system=self.system_prompt if instructions is None else instructions, strict_tools=self.strict_tools,
+                settings={"max_tokens": settings.max_tokens, "temperature": settings.temperature,
+                          "tool_choice": settings.tool_choice})
         async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
             result = await Runner.run(
                 self.sdk_agent(client, server, instructions),
@@ -231,7 +252,7 @@ class CalcAgent(Agent):
             instructions, question = prompt_input(messages)
         try:
             output = await self.solve(question, ctx.llm_base_url, instructions, ctx.llm_api_key)
-        except (MaxTurnsExceeded, ModelBehaviorError) as exc:
+        except (MaxTurnsExceeded, ModelBehaviorError, NoFinalAnswer) as exc:
             logger.debug("task %s ended without an answer: %r", task.get("task_id"), exc)
             await asyncio.to_thread(ctx.add_span, "no_final_answer", error=repr(exc))
             return 0.0
