@@ -34,6 +34,7 @@ from spanlab.gateway.upstream import UpstreamClient, UpstreamError
 logger = logging.getLogger(__name__)
 
 PATH = "/v1/messages"
+RETRY_S = 60.0
 
 
 def _error(message: str, status: int, err_type: str | None = None, headers: dict[str, str] | None = None) -> Response:
@@ -50,10 +51,13 @@ class MessagesRoute:
         self.new_span_id = new_span_id
         self.engine = engine
         self._max_model_len: int | None = None
+        self._asked_at = -RETRY_S
 
     async def max_tokens_limit(self) -> int | None:
-        """The engine's context length, asked once; None (the engine then judges) while it cannot be read."""
-        if self._max_model_len is None:
+        """The engine's context length, asked once; None (the engine then judges) while it cannot be read, asked
+        again at most every ``RETRY_S`` (an engine without the field must not cost every call a round trip)."""
+        if self._max_model_len is None and time.monotonic() - self._asked_at >= RETRY_S:
+            self._asked_at = time.monotonic()
             try:
                 resp = await self.engine.send("GET", "/v1/models")
                 models = loads(await self.engine.read(resp)).get("data") or [{}]
