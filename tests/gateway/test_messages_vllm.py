@@ -33,6 +33,8 @@ pytestmark = pytest.mark.vllm
 CALC = {"name": "calc", "description": "evaluate arithmetic",
         "input_schema": {"type": "object", "properties": {"expr": {"type": "string"}}, "required": ["expr"]}}
 SYSTEM = "You answer arithmetic questions by calling the calc tool, then state the answer."
+# anthropic 2.14's create() has no sampling arguments (temperature, top_p, top_k); the body carries them.
+GREEDY = {"temperature": 0.0}
 _TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*\})\s*</tool_call>", re.DOTALL)
 
 
@@ -111,7 +113,7 @@ def test_a_call_is_recorded_with_the_ids_that_decode_to_the_sdks_text(
     stream: bool
 ) -> None:
     reply, deltas = _create(_client(tito_gateway, started), stream, model=upstream.model, max_tokens=24,
-                            temperature=0.0, system="Be brief.",
+                            extra_body=GREEDY, system="Be brief.",
                             messages=[{"role": "user", "content": "Name a fruit."}])
     (span,) = _spans(tito_gateway, store, started[1])
     assert (span.name, span.status, span.attributes["endpoint"], span.attributes["stream"]) == \
@@ -137,7 +139,7 @@ def test_a_tool_use_round_trip_is_one_sequence_of_the_sampled_ids(
 ) -> None:
     client = _client(tito_gateway, started)
     messages: list[dict[str, Any]] = [*FEW_SHOT, {"role": "user", "content": "What is 47 + 38?"}]
-    ask = {"model": upstream.model, "max_tokens": 40, "temperature": 0.0, "system": SYSTEM, "tools": [CALC]}
+    ask = {"model": upstream.model, "max_tokens": 40, "extra_body": GREEDY, "system": SYSTEM, "tools": [CALC]}
     first, deltas1 = _create(client, stream, messages=messages, **ask)
     assert first.stop_reason == "tool_use", first  # the few-shot examples make the greedy model call the tool
     (call,) = [b for b in first.content if b.type == "tool_use"]
@@ -164,8 +166,8 @@ def test_a_plain_call_records_the_ids_vllm_samples_for_the_same_chat_request(
     store: SpanStore, gateway: GatewayServer, started: tuple[Rollout, Attempt], upstream: Upstream
 ) -> None:
     reply = _client(gateway, started).messages.create(
-        model=upstream.model, max_tokens=8, temperature=0.0, system="Be brief.",
-        messages=[{"role": "user", "content": "Name a fruit."}], extra_body={"return_token_ids": True})
+        model=upstream.model, max_tokens=8, system="Be brief.", messages=[{"role": "user", "content": "Name a fruit."}],
+        extra_body={**GREEDY, "return_token_ids": True})
     (span,) = _spans(gateway, store, started[1])
     truth = direct(upstream, "/v1/chat/completions", {
         "model": upstream.model, "temperature": 0.0, "max_tokens": 8,
@@ -180,7 +182,7 @@ def test_max_tokens_over_the_context_length_is_refused_and_not_stored(
     store: SpanStore, gateway: GatewayServer, started: tuple[Rollout, Attempt], upstream: Upstream
 ) -> None:
     with pytest.raises(BadRequestError) as err:
-        _client(gateway, started).messages.create(model=upstream.model, max_tokens=10**6,
+        _client(gateway, started).messages.create(model=upstream.model, max_tokens=5000,  # the context: 4096
                                                   messages=[{"role": "user", "content": "hi"}])
     assert err.value.body["error"]["type"] == "invalid_request_error"
     assert "over the model's limit of" in err.value.body["error"]["message"]

@@ -76,13 +76,14 @@ async def solve_with_messages(server: MCPServerStdio, question: str | list[dict[
     messages: list[dict[str, Any]] = [{"role": "user", "content": question}] if isinstance(question, str) \
         else list(question)
     choice = settings.get("tool_choice")
+    # anthropic 2.14's create() takes no sampling arguments; the gateway reads them from the body.
+    sampling = {"temperature": settings["temperature"]} if settings.get("temperature") is not None else None
     async with AsyncAnthropic(base_url=base_url.removesuffix("/v1"), auth_token=api_key, api_key=None,
                               max_retries=0) as client:
         for _ in range(max_turns):
             extra = {"tool_choice": {"type": {"required": "any"}.get(choice, choice)}} if choice else {}
             reply = await client.messages.create(model=model, system=system, messages=messages, tools=tools,
-                                                 max_tokens=settings["max_tokens"],
-                                                 temperature=settings["temperature"], **extra)
+                                                 max_tokens=settings["max_tokens"], extra_body=sampling, **extra)
             results = await _tool_results(server, reply, names)
             if not results:
                 return final_text(reply)
