@@ -57,6 +57,9 @@ def test_grpo_through_messages_trains_on_the_sampled_ids(tmp_path: Path, restore
     for step in report.steps:
         assert {k: step[k] for k in DRIFT} == dict.fromkeys(DRIFT, 0.0), step
         assert step["n_samples"] == 4
+    first = report.steps[0]  # the trainer's logprobs of the trained IDs vs the engine's, same weights: only numerics
+    if first["n_samples_used"] > 0:
+        assert first["drift_logp_abs_diff"] < 0.05, first
 
     with SpanStore(config.db) as store:  # the job closed it
         train = [r["rollout_id"] for r in store.query("SELECT rollout_id FROM rollouts WHERE mode = 'train'")
