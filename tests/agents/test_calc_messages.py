@@ -22,7 +22,8 @@ from spanlab.store import SpanStore
 from tests.agents.test_calc_agent import _render, _run_worker, _spans
 
 pytestmark = pytest.mark.vllm
-TASK = {"task_id": "t", "question": "What is 47 + 38?", "answer": 85, "level": 1, "split": "test"}
+TASK = {"task_id": "t", "question": "What is 47 + 38?", "answer": 85, "level": 1, "split": "test",
+        "expression": "47 + 38"}
 
 
 def _calls(store: SpanStore) -> list[Any]:

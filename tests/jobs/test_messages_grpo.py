@@ -57,6 +57,8 @@ def test_grpo_through_messages_trains_on_the_sampled_ids(tmp_path: Path, restore
     for step in report.steps:
         assert {k: step[k] for k in DRIFT} == dict.fromkeys(DRIFT, 0.0), step
         assert step["n_samples"] == 4
+    print("steps:", [{k: step.get(k) for k in ("n_samples", "n_samples_used", "reward_mean", "drift_logp_abs_diff")}
+                     for step in report.steps])
     first = report.steps[0]  # the trainer's logprobs of the trained IDs vs the engine's, same weights: only numerics
     if first["n_samples_used"] > 0:
         assert first["drift_logp_abs_diff"] < 0.05, first
