@@ -11,11 +11,16 @@ the gateway (``python -m spanlab.gateway`` with a DuckDB file store), and this c
   be stored (``/health``'s ``write_ms``), and CPU ms per call of each process;
 * a last line with the three figures of issue 43's targets (calls/s, store write p99, added latency p50).
 
+``--apis chat,responses,messages`` measures the latency per API the gateway speaks: the same conversation sent to
+the gateway as a chat, Responses or Messages request (translated there to the same chat call), each round one
+direct call to the engine's chat route and one call per API; throughput runs on the first API.
+
 Leaves out: a real engine's generation time (hundreds of ms per call on CPU dwarfs any proxy cost);
 the fake engine shares the 2 cores with the gateway and the client, so figures are upper bounds.
 
 Run:  .venv/bin/python benchmarks/gateway_overhead.py            (about a minute)
       .venv/bin/python benchmarks/gateway_overhead.py --stream   (SSE, one chunk per token)
+      .venv/bin/python benchmarks/gateway_overhead.py --apis chat,responses,messages   (added latency per API)
 """
 
 from __future__ import annotations
@@ -121,7 +126,7 @@ def serve_fake_engine(port: int, n_prompt: int, n_resp: int) -> None:
         return Response(full, media_type="application/json")
 
     async def models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": "bench", "object": "model"}]})
+        return JSONResponse({"object": "list", "data": [{"id": "bench", "object": "model", "max_model_len": 4096}]})
 
     async def health(request: Request) -> Response:
         return Response(status_code=200)
@@ -179,6 +184,21 @@ def _request(n_msgs: int) -> dict[str, Any]:
     return {"model": "bench", "messages": msgs, "max_tokens": 64, "temperature": 1.0}
 
 
+API_PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
+
+
+def api_request(chat: dict[str, Any], api: str) -> dict[str, Any]:
+    """The chat request ``chat`` as ``api`` would send it (the gateway translates it back to the same chat call)."""
+    system, turns = chat["messages"][0]["content"], chat["messages"][1:]
+    if api == "responses":
+        return {"model": chat["model"], "instructions": system, "input": turns, "max_output_tokens": chat["max_tokens"],
+                "temperature": chat["temperature"]}
+    if api == "messages":
+        return {"model": chat["model"], "system": system, "messages": turns, "max_tokens": chat["max_tokens"],
+                "temperature": chat["temperature"]}
+    return chat
+
+
 async def _call(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str] | None = None) -> float:
     """One call, body read to the end (for a stream: every SSE event); milliseconds."""
     t0 = time.perf_counter()
@@ -193,20 +213,27 @@ def _pct(xs: list[float], q: int) -> float:
     return statistics.quantiles(xs, n=100, method="inclusive")[q - 1]
 
 
-async def latency(direct_url: str, gw_url: str, body: bytes, n: int) -> dict[str, float]:
-    """Alternate direct and gateway calls, one at a time, so both see the same machine load."""
-    d_ms, g_ms = [], []
+async def latency(direct_url: str, direct_body: bytes, targets: dict[str, tuple[str, bytes]], n: int
+                  ) -> dict[str, dict[str, float]]:
+    """Per round one direct call, then one call to each gateway target, one at a time, so every path sees the same
+    machine load (a loaded machine's drift hits them all alike); per target its figures against the direct calls."""
+    d_ms: list[float] = []
+    g_ms: dict[str, list[float]] = {name: [] for name in targets}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=2)) as s:
-        for _ in range(min(200, n)):  # warm up both paths (connections, caches)
-            await _call(s, direct_url, body)
-            await _call(s, gw_url, body)
+        for _ in range(min(200, n)):  # warm up every path (connections, caches)
+            await _call(s, direct_url, direct_body)
+            for url, body in targets.values():
+                await _call(s, url, body)
         for _ in range(n):
-            d_ms.append(await _call(s, direct_url, body))
-            g_ms.append(await _call(s, gw_url, body))
-    out = {}
-    for q in (50, 99):
-        d, g = _pct(d_ms, q), _pct(g_ms, q)
-        out.update({f"direct_p{q}_ms": d, f"gateway_p{q}_ms": g, f"overhead_p{q}_ms": g - d, f"ratio_p{q}": g / d})
+            d_ms.append(await _call(s, direct_url, direct_body))
+            for name, (url, body) in targets.items():
+                g_ms[name].append(await _call(s, url, body))
+    out: dict[str, dict[str, float]] = {name: {} for name in targets}
+    for name, ms in g_ms.items():
+        for q in (50, 99):
+            d, g = _pct(d_ms, q), _pct(ms, q)
+            out[name].update({f"direct_p{q}_ms": d, f"gateway_p{q}_ms": g, f"overhead_p{q}_ms": g - d,
+                              f"ratio_p{q}": g / d})
     return out
 
 
@@ -239,6 +266,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--stream", action="store_true")
+    ap.add_argument("--apis", default="chat", help="comma-separated: chat, responses, messages (latency per API)")
     ap.add_argument("--flush-interval", type=float, default=None, help="gateway span writer batching interval (s)")
     ap.add_argument("--db", default=None, help="store file (default: a temp file; ':memory:' for none)")
     args = ap.parse_args()
@@ -283,18 +311,28 @@ def main() -> None:
     try:
         _wait_up(f"http://{HOST}:{eport}/v1/models", engine)
         _wait_up(f"http://{HOST}:{gport}/health", gateway)
-        body = json.dumps({**_request(args.messages), "stream": args.stream}).encode()
+        apis = args.apis.split(",")
+        if unknown := set(apis) - set(API_PATHS):
+            raise SystemExit(f"--apis: unknown {sorted(unknown)}; choose from {sorted(API_PATHS)}")
+        chat = {**_request(args.messages), "stream": args.stream}
+        direct_body = json.dumps(chat).encode()
         direct_url = f"http://{HOST}:{eport}/v1/chat/completions"
-        gw_url = f"http://{HOST}:{gport}/v1/chat/completions"
         print(
-            f"# {os.cpu_count()} cores; request {len(body)} B; {args.prompt_tokens} prompt + "
+            f"# {os.cpu_count()} cores; request {len(direct_body)} B; {args.prompt_tokens} prompt + "
             f"{args.response_tokens} response IDs per call; stream={args.stream}; store={db}"
         )
-        lat = asyncio.run(latency(direct_url, gw_url, body, args.n))
-        for k, v in lat.items():
-            print(f"{k:>20}: {v:8.3f}")
+        targets = {api: (f"http://{HOST}:{gport}{API_PATHS[api]}",
+                         json.dumps({**api_request(chat, api), "stream": args.stream}).encode()) for api in apis}
+        lats = asyncio.run(latency(direct_url, direct_body, targets, args.n))
+        for api in apis:
+            print(f"# api {api}: {API_PATHS[api]} through the gateway vs the engine's chat route")
+            for k, v in lats[api].items():
+                print(f"{k:>20}: {v:8.3f}")
+        lat = lats[apis[0]]
+        body = json.dumps({**api_request(chat, apis[0]), "stream": args.stream}).encode()
+        gw_url = f"http://{HOST}:{gport}{API_PATHS[apis[0]]}"
         before = httpx.get(f"http://{HOST}:{gport}/health").json()["spans"]["written"]
-        d_calls, d_elapsed = asyncio.run(throughput(direct_url, body, args.concurrency, args.seconds / 2))
+        d_calls, d_elapsed = asyncio.run(throughput(direct_url, direct_body, args.concurrency, args.seconds / 2))
         print(f"{'direct_calls_per_s':>20}: {d_calls / d_elapsed:8.1f}  (the fake engine alone, for scale)")
         cpu0 = _cpu_all(gateway, engine)
         calls, elapsed = asyncio.run(throughput(gw_url, body, args.concurrency, args.seconds))

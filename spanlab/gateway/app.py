@@ -36,8 +36,8 @@ logger = logging.getLogger(__name__)
 async def _not_found(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(
         error_body(
-            f"no route {request.method} {request.url.path}; the gateway serves /v1/chat/completions, "
-            "/v1/completions, /v1/responses and /v1/models, optionally under /rollout/{rid}/attempt/{aid}",
+            f"no route {request.method} {request.url.path}; the gateway serves /v1/chat/completions, /v1/completions, "
+            "/v1/responses, /v1/messages and /v1/models, optionally under /rollout/{rid}/attempt/{aid}",
             code="not_found",
         ),
         status_code=404,

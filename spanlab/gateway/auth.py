@@ -16,8 +16,9 @@ _CODES = {401: ("invalid_api_key", "authentication_error"), 413: ("body_too_larg
 
 
 def refusal(status: int, message: str) -> bytes:
-    """The guards' refusals (401, 413) in OpenAI's error shape, so SDKs raise their usual exception."""
+    """The guards' refusals (401, 413) in OpenAI's error shape with Anthropic's ``"type": "error"`` on top: the
+    guards answer before any route runs, so one body must read right to both SDKs (``/v1/messages`` agents too)."""
     code, err_type = _CODES.get(status, ("invalid_request", "invalid_request_error"))
     if status == 401:
         message += " (the gateway's token: gateway.token)"
-    return dumps(error_body(message, code=code, err_type=err_type))
+    return dumps({"type": "error", **error_body(message, code=code, err_type=err_type)})

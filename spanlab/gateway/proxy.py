@@ -36,6 +36,7 @@ from starlette.routing import BaseRoute, Route
 
 from spanlab.gateway.attribution import AttemptChecker, requested_agent, requested_attribution
 from spanlab.gateway.config import GatewayConfig
+from spanlab.gateway.messages import MessagesRoute
 from spanlab.gateway.outcomes import SPAN_IDS_HEADER, CallOutcomes, error_response
 from spanlab.gateway.policy_routing import PolicyRoute, PolicyRouter
 from spanlab.gateway.protocol import (
@@ -129,6 +130,9 @@ class Gateway:
         ]
         responses = ResponsesRoute(self.forward, self._span_id)
         routes += [Route(prefix + "/v1/responses", responses.create, methods=["POST"])
+                   for prefix in (AGENT_PREFIX, ROLLOUT_PREFIX, "")]
+        messages = MessagesRoute(self.forward, self._span_id, self.upstream)
+        routes += [Route(prefix + "/v1/messages", messages.create, methods=["POST"])
                    for prefix in (AGENT_PREFIX, ROLLOUT_PREFIX, "")]
         routes += [Route(prefix + "/v1/models", self.models, methods=["GET"])
                    for prefix in (AGENT_PREFIX, ROLLOUT_PREFIX, "")]

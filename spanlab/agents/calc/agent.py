@@ -21,6 +21,10 @@ and kept (measured on 2 busy cores: spawn + initialize 1.6-2.3 s, stop 0.5 s; re
 be closed by the task that opened them; it stops on :meth:`CalcAgent.aclose` or, at the latest,
 when ``asyncio.run`` cancels leftover tasks at exit.
 
+``api="messages"`` (``agent: {name: calc, kwargs: {api: messages}}``) runs the same task, tool and reward with the
+model loop written on the Anthropic Messages API instead (the ``anthropic`` SDK against the gateway's
+``/v1/messages``: :mod:`spanlab.agents.calc.messages_loop`); the calculator process is the same.
+
 Use: ``Worker(store, load_agent("calc", {"model": served_name}), gateway_url=gw.url)``.
 Left out: tracing to the SDK vendor (disabled per run), streaming, parallel tool calls.
 """
@@ -45,6 +49,7 @@ from openai import AsyncOpenAI
 
 from spanlab.agents.calc.demos import SYSTEM_PROMPT
 from spanlab.agents.calc.mcp_server import TOOL_NAME
+from spanlab.agents.calc.messages_loop import NoFinalAnswer, solve_with_messages
 from spanlab.agents.calc.operations import EXTRA_OPS_METRIC, call_expression, extra_operations
 from spanlab.prompts import DEFAULT_RENDERER, PromptRenderer
 from spanlab.runner.agent import Agent, RolloutContext
@@ -52,6 +57,7 @@ from spanlab.runner.agent import Agent, RolloutContext
 logger = logging.getLogger(__name__)
 
 ToolChoice = Literal["auto", "required", "none"]
+Api = Literal["chat", "messages"]  # which API the model loop speaks to the gateway
 _NUMBER = re.compile(r"(?:(?<![\w)])-)?\d+(?:\.\d+)?")
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}\b)")
 REQUIRED_VARIABLES: tuple[str, ...] = ("question",)  # every prompt version must place these
@@ -169,7 +175,9 @@ class CalcAgent(Agent):
     ``tool_choice="required"`` forces a tool call on the first turn only (the SDK resets it after a
     tool call), which exercises the tool path with a model that would not call it on its own.
     ``strict_tools`` sends the schema as strict (vLLM then guides the arguments' JSON; the tools list
-    changes, see ``calculator_tools(strict=True)``). ``extra_body`` reaches the request body as is.
+    changes, see ``calculator_tools(strict=True)``). ``extra_body`` reaches the request body as is (chat only).
+    ``api``: ``chat`` (the OpenAI Agents SDK on chat completions) or ``messages`` (the ``anthropic`` SDK on
+    ``/v1/messages``, :mod:`~spanlab.agents.calc.messages_loop`).
     """
 
     roles: tuple[str, ...] | None = ()  # a single agent: its calls name no role
@@ -186,9 +194,15 @@ class CalcAgent(Agent):
         extra_body: dict[str, Any] | None = None,
         prompt_resource: str = "prompt",
         renderer: PromptRenderer | None = None,
+        api: Api = "chat",
     ) -> None:
         if max_turns < 1 or max_tokens < 1:
             raise ValueError("max_turns and max_tokens must be >= 1")
+        if api not in ("chat", "messages"):
+            raise ValueError(f"api must be 'chat' or 'messages', not {api!r}")
+        if api == "messages" and extra_body:
+            raise ValueError("extra_body is for the chat API; the messages loop sends none")
+        self.api = api
         self.model, self.max_turns, self.system_prompt = model, max_turns, system_prompt
         self.strict_tools, self.prompt_resource = strict_tools, prompt_resource
         self.renderer = renderer or DEFAULT_RENDERER
@@ -232,6 +246,14 @@ class CalcAgent(Agent):
                      api_key: str) -> tuple[str | None, list[RunItem]]:
         """The final output and the run's new items (its tool calls among them)."""
         server = await self._process().ready()
+        if self.api == "messages":
+            settings = self.model_settings
+            output = await solve_with_messages(
+                server, question, base_url, model=self.model, api_key=api_key, max_turns=self.max_turns,
+                system=self.system_prompt if instructions is None else instructions, strict_tools=self.strict_tools,
+                settings={"max_tokens": settings.max_tokens, "temperature": settings.temperature,
+                          "tool_choice": settings.tool_choice})
+            return output, []  # the Messages loop keeps no SDK run items: no calc.extra_ops for it
         async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
             result = await Runner.run(
                 self.sdk_agent(client, server, instructions),
@@ -252,10 +274,11 @@ class CalcAgent(Agent):
             instructions, question = prompt_input(messages)
         try:
             output, items = await self._solve(question, ctx.llm_base_url, instructions, ctx.llm_api_key)
-        except (MaxTurnsExceeded, ModelBehaviorError) as exc:
+        except (MaxTurnsExceeded, ModelBehaviorError, NoFinalAnswer) as exc:
             logger.debug("task %s ended without an answer: %r", task.get("task_id"), exc)
             await asyncio.to_thread(ctx.add_span, "no_final_answer", error=repr(exc))
-            output, items = None, list(exc.run_data.new_items) if exc.run_data is not None else []
+            run_data = getattr(exc, "run_data", None)  # the Agents SDK's; the Messages loop has none
+            output, items = None, list(run_data.new_items) if run_data is not None else []
         extra = extra_operations(calculator_expressions(items), task)
         if extra is not None:
             await asyncio.to_thread(ctx.add_metric, EXTRA_OPS_METRIC, extra)

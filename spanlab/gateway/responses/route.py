@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from starlette.requests import Request
@@ -24,6 +24,7 @@ from spanlab.gateway.protocol import BadRequestError, Endpoint, dumps, error_bod
 from spanlab.gateway.recording import RouteInfo
 from spanlab.gateway.responses.protocol import to_chat, to_response
 from spanlab.gateway.responses.stream import ResponsesStream
+from spanlab.gateway.translated import translated_events
 
 logger = logging.getLogger(__name__)
 
@@ -62,42 +63,7 @@ class ResponsesRoute:
             return answer  # the OpenAI error body, as the chat route gave it
         headers = {k: v for k, v in answer.headers.items() if k.startswith("x-spanlab-")}
         if stream:
-            events = self._events(answer, ResponsesStream(body, response_id))
+            events = translated_events(answer, ResponsesStream(body, response_id))
             return StreamingResponse(events, media_type="text/event-stream", headers=headers)
         reply = {**to_response(loads(answer.body), body), "id": response_id}
         return Response(dumps(reply), 200, media_type="application/json", headers=headers)
-
-    @staticmethod
-    async def _events(answer: Response, translator: ResponsesStream) -> AsyncIterator[bytes]:
-        """The chat SSE stream (relayed, or TITO's whole body) re-framed as Responses events."""
-        chunks = answer.body_iterator if isinstance(answer, StreamingResponse) else _once(answer.body)
-        yield translator.start()
-        pending = b""
-        try:
-            async for piece in chunks:
-                pending += piece if isinstance(piece, bytes) else str(piece).encode()
-                *frames, pending = pending.split(b"\n\n")
-                out = [translator.add(chunk) for chunk in map(_chunk, frames) if chunk is not None]
-                if out:
-                    yield b"".join(out)
-            yield translator.finish()
-        finally:
-            closing = getattr(chunks, "aclose", None)
-            if closing is not None:
-                await closing()  # an agent that left: the relay records what was generated
-
-
-async def _once(body: bytes) -> AsyncIterator[bytes]:
-    yield body
-
-
-def _chunk(frame: bytes) -> dict | None:
-    """A chat SSE frame's JSON object (None for ``[DONE]``, comments and anything else)."""
-    for line in frame.split(b"\n"):
-        if line.startswith(b"data:") and (data := line[5:].strip()) != b"[DONE]":
-            try:
-                chunk = loads(data)
-            except ValueError:
-                return None
-            return chunk if isinstance(chunk, dict) else None
-    return None
