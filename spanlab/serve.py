@@ -46,7 +46,7 @@ class _Section(BaseModel):
 
 
 class ServeGateway(_Section):
-    host: str = "127.0.0.1"
+    host: str = Field(default="127.0.0.1", description="the interface the gateway binds")
     port: int = Field(default=8800, ge=0, le=65535, description="0: any free port")
     upstream_url: str | None = Field(default=None, description="use this running engine instead of starting one")
     tito: bool = Field(default=False, description="Token-In Token-Out sessions (docs/tito.md); yaml `tito: on`")
@@ -64,9 +64,9 @@ class ServeGateway(_Section):
 
 
 class ServeStoreServer(_Section):
-    host: str = "127.0.0.1"
-    port: int = Field(default=8700, ge=0, le=65535)
-    token: str | None = None
+    host: str = Field(default="127.0.0.1", description="the interface the store server binds")
+    port: int = Field(default=8700, ge=0, le=65535, description="0: any free port")
+    token: str | None = Field(default=None, description="a bearer token every request must carry")
     insecure_no_token: bool = Field(default=False, description="allow a bind beyond loopback without a token")
 
     @model_validator(mode="after")
@@ -80,9 +80,11 @@ class ServeStoreServer(_Section):
 
 class ServeConfig(_Section):
     db: Path = Field(default=Path("spanlab.duckdb"), description="the span store file this process owns")
-    engine: EngineConfig = Field(default_factory=EngineConfig)
-    gateway: ServeGateway = Field(default_factory=ServeGateway)
-    store_server: ServeStoreServer | None = None
+    engine: EngineConfig = Field(default_factory=EngineConfig, description="the vLLM server started (unless "
+                                 "gateway.upstream_url names a running one)")
+    gateway: ServeGateway = Field(default_factory=ServeGateway, description="the recording gateway agents call")
+    store_server: ServeStoreServer | None = Field(default=None, description="also serve the store over HTTP "
+                                                  "(spanlab sql --url, spanlab run workers); null: not served")
     policies: PoliciesConfig | None = Field(default=None, description="a policy per role: the gateway routes each "
                                             "role's calls to its adapter (engine.lora_modules serves them)")
     policy_versions: dict[str, str] = Field(default_factory=dict, description="the version tag spans record for "

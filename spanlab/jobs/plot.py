@@ -101,6 +101,8 @@ def _plot_bars(ax: Any, bars: dict[str, dict[str, float]]) -> None:
         drawn = ax.bar(xs, ys, width * 0.95, label=phase.replace("_", " "), color=PHASE_COLORS.get(phase))
         ax.bar_label(drawn, labels=[f"{100 * y:.1f}%" for y in ys], fontsize=7, padding=2)
     ax.set_xticks(range(len(bars)), list(bars))
+    pad = 0.7 if len(bars) > 1 else 1.2  # one split's bars stay bars, not the panel's whole width
+    ax.set_xlim(-pad, len(bars) - 1 + pad)
     ax.set(ylabel="held-out accuracy", ylim=(0, 1.15), title="held-out splits: start vs end")
     ax.legend(loc="upper right", fontsize=8, ncols=len(phases))
 
