@@ -23,7 +23,7 @@ from urllib3.exceptions import HTTPError, NewConnectionError
 from spanlab.errors import InvalidSpanError, NotFoundError, QueryError, StoreError
 from spanlab.store.base import Metric, RolloutSummary, StoreAPI
 from spanlab.store.spans import spans_to_arrow
-from spanlab.store.wire import ARROW_STREAM, table_to_bytes
+from spanlab.store.wire import ARROW_STREAM, SQL_COLUMNS_HEADER, table_to_bytes
 from spanlab.types import Attempt, FinishedAttemptStatus, Resource, ResourceKind, Rollout, Span
 
 logger = logging.getLogger(__name__)
@@ -186,8 +186,14 @@ class StoreClient(StoreAPI):
         return [Metric.model_validate(m) for m in self._json("GET", "/metrics", params=params)]
 
     def query(self, sql: str, max_rows: int | None = None) -> pa.Table:
+        """The result's rows; an empty one keeps its columns (from the server's header), as a file's query does."""
         body: dict[str, Any] = {"query": sql} | ({} if max_rows is None else {"max_rows": max_rows})
-        return pa.Table.from_pylist(self._json("POST", "/sql", json_body=body))
+        resp = self._call("POST", "/sql", idempotent=True, body=json.dumps(body).encode(),
+                          headers={"Content-Type": "application/json"})
+        if got := json.loads(resp.data):
+            return pa.Table.from_pylist(got)
+        columns = json.loads(resp.headers.get(SQL_COLUMNS_HEADER) or "[]")  # a server without it: no columns
+        return pa.Table.from_arrays([pa.nulls(0) for _ in columns], names=columns)
 
 
 def _text(resp: urllib3.BaseHTTPResponse) -> str:
