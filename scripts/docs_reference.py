@@ -104,9 +104,9 @@ def config_page() -> str:
     from spanlab.serve import ServeConfig
 
     out = ["# Config keys", "",
-           "Generated from the pydantic models at build time (`scripts/docs_reference.py`), so it always matches",
-           "the code. Unknown keys are errors naming the key; `spanlab train --check CONFIG.yaml` prints every",
-           "setting as a run would use it.", "",
+           "Generated from the pydantic models (`python scripts/docs_reference.py --write`; the docs build and the",
+           "tests fail when this page differs from the code). Unknown keys are errors naming the key;",
+           "`spanlab train --check CONFIG.yaml` prints every setting as a run would use it.", "",
            "## `spanlab train` (`spanlab.jobs.config.TrainConfig`)", "",
            "The algorithm's own settings live in the section named after it (`grpo:`, `sft:`, `apo:`); the",
            "generic `section` field below stands for that key.", "", TABLE_HEAD,
