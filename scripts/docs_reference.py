@@ -1,8 +1,12 @@
 """The docs site's generated reference pages: config keys, the CLI and the HTTP routes, read from the code.
 
-They are generated at build time (``scripts/mkdocs_hooks.py`` adds them to the site) so they can never drift
-from the pydantic models, the typer app and the FastAPI/Starlette apps they describe. Run it alone to print
-one page: ``python scripts/docs_reference.py config|cli|http``.
+The CLI and HTTP pages are generated at build time (``scripts/mkdocs_hooks.py`` adds them to the site). The config
+page is committed (``docs/reference/config.md``: the README links it, and GitHub shows it without a build), and
+the build fails when it differs from what the code generates, so neither can drift from the pydantic models, the
+typer app and the FastAPI/Starlette apps they describe.
+
+Run: ``python scripts/docs_reference.py config|cli|http`` prints one page; ``--write`` rewrites the committed
+ones (after changing a config model); ``--check`` exits 1 naming any that is stale.
 """
 
 from __future__ import annotations
@@ -24,6 +28,18 @@ from pydantic_core import PydanticUndefined
 def _cell(text: str) -> str:
     """Text safe inside a markdown table cell."""
     return text.replace("|", "\\|").replace("\n", " ")
+
+
+# Inside code, a cell's pipes must neither split the cell on GitHub (which reads the committed config page) nor
+# show a backslash on the site (Python-Markdown keeps ``\|`` in a code span): HTML code with character
+# references reads the same in both, and no markdown inside it (``*``, ``_``, ``[``) is taken as markup.
+_CODE_CHARS = {"&": "&amp;", "<": "&lt;", ">": "&gt;", "|": "&#124;", "*": "&#42;", "_": "&#95;", "[": "&#91;",
+               "]": "&#93;", "`": "&#96;", "\\": "&#92;"}
+
+
+def _code(text: str) -> str:
+    """``text`` as inline code inside a markdown table cell."""
+    return "<code>" + "".join(_CODE_CHARS.get(c, c) for c in text.replace("\n", " ")) + "</code>"
 
 
 def _type_name(annotation: Any) -> str:
@@ -48,7 +64,7 @@ def _default(field: FieldInfo) -> str:
             return "(computed)"
         return "(section)" if isinstance(value, BaseModel) else repr(value)
     if field.default is PydanticUndefined:
-        return "**required**"
+        return REQUIRED
     value = field.default
     if isinstance(value, Path):
         return repr(str(value))
@@ -62,11 +78,15 @@ def _models_in(annotation: Any) -> list[type[BaseModel]]:
     return [m for a in typing.get_args(annotation) for m in _models_in(a)]
 
 
+REQUIRED = "(required)"
+
+
 def _rows(model: type[BaseModel], prefix: str, seen: tuple[type, ...] = ()) -> Iterator[str]:
     for name, field in model.model_fields.items():
         key = f"{prefix}{field.alias or name}"
-        yield (f"| `{key}` | `{_cell(_type_name(field.annotation))}` | `{_cell(_default(field))}` | "
-               f"{_cell(field.description or '')} |")
+        default = _default(field)
+        yield (f"| `{key}` | {_code(_type_name(field.annotation))} | "
+               f"{'**required**' if default == REQUIRED else _code(default)} | {_cell(field.description or '')} |")
         for sub in _models_in(field.annotation):
             if sub not in seen:
                 yield from _rows(sub, f"{key}.", (*seen, model))
@@ -84,9 +104,9 @@ def config_page() -> str:
     from spanlab.serve import ServeConfig
 
     out = ["# Config keys", "",
-           "Generated from the pydantic models at build time (`scripts/docs_reference.py`), so it always matches",
-           "the code. Unknown keys are errors naming the key; `spanlab train --check CONFIG.yaml` prints every",
-           "setting as a run would use it.", "",
+           "Generated from the pydantic models (`python scripts/docs_reference.py --write`; the docs build and the",
+           "tests fail when this page differs from the code). Unknown keys are errors naming the key;",
+           "`spanlab train --check CONFIG.yaml` prints every setting as a run would use it.", "",
            "## `spanlab train` (`spanlab.jobs.config.TrainConfig`)", "",
            "The algorithm's own settings live in the section named after it (`grpo:`, `sft:`, `apo:`); the",
            "generic `section` field below stands for that key.", "", TABLE_HEAD,
@@ -175,6 +195,27 @@ def http_page() -> str:
 
 
 PAGES = {"reference/config.md": config_page, "reference/cli.md": cli_page, "reference/http.md": http_page}
+COMMITTED = ("reference/config.md",)  # kept in docs/ (the README links it); the others exist only in the built site
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+REGENERATE = "python scripts/docs_reference.py --write"
+
+
+def stale_pages(docs: Path = DOCS) -> list[str]:
+    """The committed pages whose file differs from what the code generates now (or is missing)."""
+    return [uri for uri in COMMITTED
+            if not (docs / uri).is_file() or (docs / uri).read_text(encoding="utf-8") != PAGES[uri]()]
+
+
+def write_pages(docs: Path = DOCS) -> None:
+    for uri in COMMITTED:
+        (docs / uri).write_text(PAGES[uri](), encoding="utf-8", newline="\n")
+
 
 if __name__ == "__main__":
-    sys.stdout.write(PAGES[f"reference/{sys.argv[1]}.md"]())
+    if sys.argv[1] == "--write":
+        write_pages()
+    elif sys.argv[1] == "--check":
+        if stale := stale_pages():
+            sys.exit(f"stale: {', '.join('docs/' + uri for uri in stale)}; regenerate with: {REGENERATE}")
+    else:
+        sys.stdout.write(PAGES[f"reference/{sys.argv[1]}.md"]())

@@ -22,7 +22,7 @@ from spanlab.ui.browser import chromium
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = (("site-home.png", "", 1000), ("site-guide.png", "tutorials/calc/", 1000),
-         ("site-reference.png", "reference/config/", 1000))
+         ("site-reference.png", "reference/config/", 1400))  # down to the engine keys' `str | None` types
 logger = logging.getLogger("docs_screenshots")
 
 

@@ -19,7 +19,6 @@ from rich.table import Table
 from spanlab import sql_text
 from spanlab.engine.config import Device as EngineDevice
 from spanlab.errors import ConfigError, SpanlabError
-from spanlab.sql_surface import rows as json_rows
 from spanlab.store import file_query
 
 app = typer.Typer(
@@ -93,15 +92,11 @@ def sql(
     elif format == "json":
         sys.stdout.write(sql_text.to_json(table) + "\n")
     else:
-        out = Table(*table.column_names, show_lines=False)
-        for i, row in enumerate(json_rows(table)):
-            if i == max_rows:
-                break
-            out.add_row(*(sql_text.cell_text(v) for v in row.values()))
         console = Console()
-        console.print(out)
-        more = " (more rows: raise --max-rows or use --format csv)" if table.num_rows > max_rows else ""
-        console.print(f"{min(table.num_rows, max_rows)} rows{more}", style="dim")
+        shown, footer = sql_text.table_view(table, max_rows, console.width)
+        for renderable in shown:
+            console.print(renderable, markup=False, highlight=False)
+        console.print(footer, style="dim", markup=False, highlight=False)
 
 
 store_app = typer.Typer(help="The span store: serve it over HTTP.", no_args_is_help=True)

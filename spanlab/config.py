@@ -24,8 +24,9 @@ class _Config(BaseModel):
 class StoreConfig(_Config):
     """Where spans go: a DuckDB file owned by this process, or a store server's URL."""
 
-    path: Path | None = None
-    url: str | None = None
+    path: Path | None = Field(default=None, description="a DuckDB file this process owns")
+    url: str | None = Field(default=None, description="a store server (spanlab store serve), e.g. "
+                            "http://127.0.0.1:8700")
     token: str | None = Field(default=None, description="bearer token of the store server")
 
     @model_validator(mode="after")
@@ -38,14 +39,15 @@ class StoreConfig(_Config):
 class AgentConfig(_Config):
     """Which agent runs each rollout: a registered name or ``package.module:ClassName``."""
 
-    name: str
-    kwargs: dict[str, Any] = Field(default_factory=dict)
+    name: str = Field(description="a registered agent (calc, sql, rooms) or package.module:ClassName")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the agent's class")
 
 
 class RunnerConfig(_Config):
     workers: int = Field(default=1, ge=1, description="worker processes")
     concurrency: int = Field(default=4, ge=1, description="rollouts in flight per worker")
-    heartbeat_s: float = Field(default=2.0, gt=0)
+    heartbeat_s: float = Field(default=2.0, gt=0, description="how often a running attempt tells the store it "
+                               "is alive")
     poll_s: float = Field(default=0.2, gt=0, description="wait between dequeues when the queue is empty")
     mode: str | None = Field(default=None, description="only run rollouts of this split (train/val/test)")
     exit_when_idle: bool = Field(default=True, description="stop once the queue is empty and nothing is in flight")
@@ -54,7 +56,8 @@ class RunnerConfig(_Config):
 class GatewayConfig(_Config):
     """The recording gateway agents call; each attempt gets ``{url}/rollout/{rid}/attempt/{aid}/v1``."""
 
-    url: str | None = None
+    url: str | None = Field(default=None, description="the gateway's URL; null: agents get no gateway URL "
+                            "(ctx.llm_base_url is None)")
     token: str | None = Field(default=None, description="the gateway's bearer token (a train job's gateway.token), "
                               "sent by the agents as their api_key")
 
@@ -62,10 +65,11 @@ class GatewayConfig(_Config):
 class RunConfig(_Config):
     """``spanlab run``: workers that take rollouts from the store and run the agent on them."""
 
-    store: StoreConfig
-    agent: AgentConfig
-    runner: RunnerConfig = Field(default_factory=RunnerConfig)
-    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
+    store: StoreConfig = Field(description="where the queue and spans are")
+    agent: AgentConfig = Field(description="the agent each rollout runs")
+    runner: RunnerConfig = Field(default_factory=RunnerConfig, description="worker processes and their pace")
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig, description="the recording gateway the agents "
+                                   "call")
 
 
 MAX_ALIAS_VALUES = 100_000  # values a config's aliases may add once expanded: far above any real one's

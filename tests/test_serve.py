@@ -34,7 +34,8 @@ def test_serve_model_takes_a_trained_folder_and_this_machines_device(tmp_path: P
     final.mkdir(parents=True)
     monkeypatch.chdir(tmp_path)
     cfg = serve_config({}, model="runs/calc-grpo/final", db=Path("x.duckdb"), port=0)
-    assert cfg.engine.model == str(final) and cfg.engine.name == "runs/calc-grpo/final"  # vLLM's cwd cannot matter
+    assert cfg.engine.model == str(final)  # vLLM's cwd cannot matter
+    assert cfg.engine.name == "calc-grpo"  # clients ask for the run's name, not the path
     assert cfg.engine.device == detect_device() and cfg.db == Path("x.duckdb") and cfg.gateway.port == 0
     # a config's engine section wins over the command line's defaults, not over its options
     yaml_cfg = {"engine": {"kv_cache_gib": 2, "model": "other"}, "gateway": {"host": "127.0.0.1", "port": 9000}}
@@ -47,6 +48,26 @@ def test_serve_model_takes_a_trained_folder_and_this_machines_device(tmp_path: P
     with pytest.raises(ConfigError, match="engine"):
         serve_config({"engine": "gpu"}, model="Qwen/Qwen3-1.7B")
     assert serve_command(Path("runs/my run/final")) == "spanlab serve --model 'runs/my run/final'"
+
+
+def test_a_trained_folder_is_served_under_its_run_name(tmp_path: Path) -> None:
+    """The name comes from the checkpoint info the run wrote, else from the run's folder; never the path."""
+    import json
+
+    from spanlab.serve import client_example, served_name
+
+    step = tmp_path / "runs" / "calc-grpo" / "step-3"
+    step.mkdir(parents=True)
+    assert served_name(step) == "calc-grpo-step-3"
+    moved = tmp_path / "elsewhere" / "final"
+    moved.mkdir(parents=True)
+    (moved / "spanlab_checkpoint.json").write_text(json.dumps({"run_name": "calc-grpo", "tag": "final"}))
+    assert served_name(moved) == "calc-grpo"  # a moved or renamed folder keeps its name
+    assert served_name(tmp_path / "elsewhere") == "elsewhere"  # a plain model folder: its own name
+    (moved / "spanlab_checkpoint.json").write_text("{not json")
+    with pytest.raises(ConfigError, match=r"spanlab_checkpoint\.json is not JSON"):
+        serve_config({}, model=str(moved))
+    assert 'model="calc-grpo"' in client_example("http://127.0.0.1:8800/v1", "calc-grpo")
 
 
 def test_serve_model_with_a_policy_per_role_serves_each_adapter_and_routes_the_roles(tmp_path: Path) -> None:

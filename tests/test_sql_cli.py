@@ -127,3 +127,41 @@ def test_time_and_size_limits(demo_db: Path) -> None:
     out = spanlab("sql", "SELECT repeat('x', 3000000) AS s FROM range(10)", "--db", str(demo_db), "--max-mb", "2",
                   "-f", "csv")
     assert out.returncode == 2 and "MB limit" in out.stderr.replace("\n", " ")
+
+
+def _sql_at(width: int, *args: str) -> str:
+    result = CliRunner().invoke(app, ["sql", *args], env={"SPANLAB_DB": None, "COLUMNS": str(width)})
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def test_a_wide_result_prints_one_block_per_record(demo_db: Path) -> None:
+    """The query `spanlab demo` suggests has 19 columns: at 160 they do not fit, so each record is a block of
+    name/value lines, every value whole (no "…"); a narrow result stays a grid."""
+    wide = _sql_at(160, "SELECT * FROM rollout_summary ORDER BY rollout_id LIMIT 5", "--db", str(demo_db))
+    first = json.loads(spanlab("sql", "SELECT * FROM rollout_summary ORDER BY rollout_id LIMIT 1", "--db",
+                               str(demo_db), "-f", "json").stdout)[0]
+    assert [line.split()[:2] for line in wide.splitlines() if line.startswith("record ")] == [
+        ["record", str(i)] for i in range(1, 6)]
+    block = wide.split("record 2")[0].splitlines()[1:]
+    assert [line.split()[0] for line in block] == list(first)  # every column, in order, one line each
+    assert f"rollout_id         {first['rollout_id']}" in wide and f"{first['last_attempt_id']}" in wide
+    assert "…" not in wide and "5 rows, one block per record: 19 columns do not fit 160" in wide
+    narrow = _sql_at(160, "SELECT rollout_id, status FROM rollout_summary LIMIT 2", "--db", str(demo_db))
+    assert "record 1" not in narrow and "┃ rollout_id" in narrow and narrow.rstrip().endswith("2 rows")
+
+
+def test_an_empty_result_prints_the_same_from_a_file_and_from_a_server(demo_db: Path, tmp_path: Path) -> None:
+    from spanlab.serving import ThreadedServer
+    from spanlab.store import SpanStore
+    from spanlab.store.server import create_store_app
+
+    served = tmp_path / "served.duckdb"
+    served.write_bytes(demo_db.read_bytes())
+    query = "SELECT rollout_id, status, final_reward FROM rollout_summary WHERE final_reward > 2"
+    from_file = {f: _sql_at(160, query, "--db", str(demo_db), *f) for f in ((), ("-f", "csv"), ("-f", "json"))}
+    assert from_file[()].strip() == "0 rows (columns: rollout_id, status, final_reward)"
+    assert from_file[("-f", "csv")] == "rollout_id,status,final_reward\n"
+    with SpanStore(served) as store, ThreadedServer(create_store_app(store), name="store server") as server:
+        for args, printed in from_file.items():
+            assert _sql_at(160, query, "--url", server.url, *args) == printed, args

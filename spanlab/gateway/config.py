@@ -59,6 +59,9 @@ class GatewayConfig(BaseModel):
                                 "(413 above), counted as it arrives, chunked or not")
     policies: PoliciesConfig | None = Field(default=None, description="a LoRA policy per agent role: each role's "
                                             "calls go to its policy's adapter (spanlab.gateway.policy_routing)")
+    served_models: tuple[str, ...] = Field(default=(), description="the model names the engines serve (spanlab "
+                                           "serve fills them in): a call naming another gets the gateway's 404 "
+                                           "listing them; empty: not checked (the engine answers)")
     token: SecretStr | None = Field(default=None, description="a bearer token every call must carry (the agents' "
                                     "api_key); the gateway's own, not forwarded to the engine")
 

@@ -48,6 +48,17 @@ def parse_request(raw: bytes) -> dict[str, Any]:
     return body
 
 
+def check_model(body: dict[str, Any], served: tuple[str, ...]) -> None:
+    """A request naming a model the engines do not serve gets the gateway's own 404, listing the names they serve
+    (vLLM's would list the engine's aliases, e.g. a folder's path). ``served`` empty: not checked (the gateway was
+    not told the names; the engine answers). A request without ``model`` gets the engine's default."""
+    model = body.get("model")
+    if served and isinstance(model, str) and model not in served:
+        names = ", ".join(repr(name) for name in served)
+        raise BadRequestError(f"model {model!r} is not served here; this gateway serves {names}", 404,
+                              code="model_not_found")
+
+
 def loads(raw: bytes) -> Any:
     """Parse JSON from the engine (an agent's body goes through :func:`parse_request`). msgspec is 3-10x faster
     than ``json`` on vLLM responses (every call is parsed and re-encoded, often per SSE chunk); ``json`` is the

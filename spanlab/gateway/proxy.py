@@ -9,7 +9,7 @@ once (then cached), so a typo gets a 404 before any tokens are spent instead of 
 What the agent sees: the engine's own status and body (minus the fields the gateway added), 502
 when the engine cannot be reached, 504 when it does not answer in time; every one of those calls
 is recorded, failures as ``status="error"`` spans with ``attributes.error``. Only requests that
-cannot be forwarded at all (invalid JSON, unknown attempt) get a 4xx without a span.
+cannot be forwarded at all (invalid JSON, unknown attempt, a model no engine serves) get a 4xx without a span.
 
 With several engines (``upstream_urls``) each call goes to the engine :mod:`.routing` pins its attempt to;
 the span records which (``attributes.replica``) and the weights version it served (``attributes.policy_version``).
@@ -43,6 +43,7 @@ from spanlab.gateway.protocol import (
     ENDPOINT_PATHS,
     BadRequestError,
     Endpoint,
+    check_model,
     dumps,
     error_body,
     loads,
@@ -197,6 +198,7 @@ class Gateway:
         """Serve one parsed generation request; ``route``: the API the agent spoke, when a handler translated it
         (e.g. :mod:`.responses` hands its requests in as chat)."""
         try:
+            check_model(body, self.config.served_models)
             agent = requested_agent(request.path_params, request.headers)
             policy = None if self.policies is None else self.policies.route(agent)
             upstream_body, asked = prepare_upstream(endpoint, body)

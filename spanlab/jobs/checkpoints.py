@@ -65,7 +65,7 @@ def after_step(job: Job) -> None:
     from spanlab.jobs.outcome import warn_if_no_update
 
     every, step = job.config.checkpoints.every, len(job.report.steps)
-    warn_if_no_update(step - 1, job.report.steps[-1])  # the step number train_metrics gives it
+    warn_if_no_update(step, job.report.steps[-1])  # numbered as the progress bar numbers it: 1 is the first
     if every is not None and step % every == 0:
         write_checkpoint(job, f"step-{step}")
 

@@ -57,9 +57,11 @@ class _Section(BaseModel):
 class DatasetConfig(_Section):
     """Tasks from a registered task set (``calc``) or a module exposing ``make_tasks`` (and ``demonstration``)."""
 
-    name: str = "calc"
-    seed: int = 0
-    levels: tuple[int, ...] = Field(default=(1, 2, 3), min_length=1)
+    name: str = Field(default="calc", description="a registered task set (calc, sql, rooms) or a module with "
+                      "make_tasks")
+    seed: int = Field(default=0, description="seeds task generation, the splits and each step's draw of tasks")
+    levels: tuple[int, ...] = Field(default=(1, 2, 3), min_length=1, description="difficulty levels generated "
+                                    "(calc: 1 = one operation ... 4 = three)")
     train_levels: tuple[int, ...] | dict[int, float] | None = Field(
         default=None, min_length=1, description="levels RL trains on (default `levels`); a mapping such as "
         "{2: 1, 3: 1, 4: 2} also says what share of each step's tasks each level gets")
@@ -114,7 +116,8 @@ class EvalConfig(_Section):
         "(calc: family = unseen phrasings, depth = one more operation than any asked level); "
         "{name, split, levels} asks one at levels of its own")
     tasks: int = Field(default=60, ge=1, le=100_000, description="held-out tasks per evaluation and split")
-    temperature: float = Field(default=0.0, ge=0, le=10)
+    temperature: float = Field(default=0.0, ge=0, le=10, description="sampling temperature of held-out rollouts "
+                               "(0: greedy, so phases compare on the same tasks without sampling noise)")
     base: bool = Field(default=True, description="evaluate before training (phase base); false where the start "
                        "was evaluated already, e.g. by the run that wrote the engine.model folder")
     curve: CurveConfig | None = Field(default=None, description="evaluate some splits every few training steps "
@@ -143,7 +146,8 @@ class RolloutsConfig(_Section):
     """How training rollouts run, for every algorithm: how many in flight, how long one may take, how hot."""
 
     concurrency: int = Field(default=16, ge=1, le=4096, description="rollouts in flight")
-    timeout_s: float = Field(default=600.0, gt=0, le=86_400)
+    timeout_s: float = Field(default=600.0, gt=0, le=86_400, description="a rollout running longer is ended "
+                             "as failed")
     temperature: float | None = Field(default=None, ge=0, le=10, description="sampling temperature; default: "
                                       "the agent's (APO scores at eval.temperature unless this is set)")
 
@@ -157,7 +161,8 @@ class LoopConfig(_Section):
     dropped and counted), with truncated importance sampling against the engine's logprobs.
     """
 
-    mode: Literal["sync", "async"] = "sync"
+    mode: Literal["sync", "async"] = Field(default="sync", description="sync: each step waits for its rollouts; "
+                                           "async: rollouts keep running while the trainer updates")
     max_staleness: int | None = Field(default=None, ge=0, le=1000, description="async: train on groups sampled "
                                       "at most this many policy versions before the current one; default 1")
     in_flight_groups: int | None = Field(default=None, ge=1, le=100_000, description="async: groups kept queued "
@@ -189,11 +194,14 @@ class WarmStartConfig(SFTConfig):
 class TrainConfig(_Section):
     """The shared part of a train config; :func:`train_config_model` adds the chosen algorithm's section."""
 
-    algorithm: str = "grpo"
-    run_name: str = "run"
+    algorithm: str = Field(default="grpo", description="grpo, sft or apo (or a plugin's registered name); its "
+                           "settings go in the section of that name")
+    run_name: str = Field(default="run", description="names the run's folder (out_dir/run_name), its reports "
+                          "and the name `spanlab serve` serves its model under")
     out_dir: Path = Field(default=Path("runs"), description="checkpoints and plots go to out_dir/run_name")
     db: Path = Field(default=Path("runs/spanlab.duckdb"), description="the span store file")
-    engine: EngineConfig = Field(default_factory=lambda: EngineConfig(dev_routes=True))
+    engine: EngineConfig = Field(default_factory=lambda: EngineConfig(dev_routes=True), description="the vLLM "
+                                 "server the job starts (unless engine_url names a running one)")
     engine_url: str | None = Field(
         default=None, description="use this running vLLM (serving engine.model, dev routes on) instead of starting one"
     )
@@ -209,7 +217,8 @@ class TrainConfig(_Section):
     retokenize_template: Path | None = Field(
         default=None, description="a chat template file to retokenize with (models a train/serve template mismatch)"
     )
-    agent: AgentConfig = Field(default_factory=lambda: AgentConfig(name="calc"))
+    agent: AgentConfig = Field(default_factory=lambda: AgentConfig(name="calc"), description="the agent each "
+                               "rollout runs")
     prompt: Path | None = Field(
         default=None, description="a POML file to start from: stored as the latest version of the `prompt` "
         "resource before the base evaluation, so every rollout that pins no prompt (training and held-out) runs "
@@ -220,18 +229,21 @@ class TrainConfig(_Section):
     policies: PoliciesConfig | None = Field(
         default=None, description="a LoRA policy per agent role, served side by side (docs/multi_policy.md); "
         "None: one policy for every role")
-    dataset: DatasetConfig = Field(default_factory=DatasetConfig)
-    eval: EvalConfig = Field(default_factory=EvalConfig)
-    rollouts: RolloutsConfig = Field(default_factory=RolloutsConfig)
+    dataset: DatasetConfig = Field(default_factory=DatasetConfig, description="the tasks and their levels")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="the held-out evaluations")
+    rollouts: RolloutsConfig = Field(default_factory=RolloutsConfig, description="how train rollouts run")
     runner: RolloutRunnerConfig = Field(default_factory=RolloutRunnerConfig,
                                         description="where rollouts run: in this process, or on Ray actors")
     loop: LoopConfig = Field(default_factory=LoopConfig, description="sync steps, or async with a staleness bound")
-    warm_start: WarmStartConfig | None = None
+    warm_start: WarmStartConfig | None = Field(default=None, description="SFT on generated demonstrations "
+                                               "before the algorithm; null: none")
     torch_threads: int | None = Field(default=None, ge=1, le=1024, description="default: all cores")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="data-parallel ranks of the update")
 
-    checkpoints: CheckpointsConfig = Field(default_factory=CheckpointsConfig)
-    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    checkpoints: CheckpointsConfig = Field(default_factory=CheckpointsConfig, description="the servable "
+                                           "folders and resume state a run writes")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="experiment trackers fed "
+                                     "the step metrics")
     section: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="the chosen algorithm's section")
 
     @field_validator("run_name")

@@ -423,7 +423,8 @@ def _track_outputs(job: Job) -> None:
         from spanlab.jobs.plot import plot_run
 
         if job.report.steps:
-            plot = plot_run(job.rig.store, run_dir / "reward.png", job.report.run_id)
+            plot = plot_run(job.rig.store, run_dir / "reward.png", job.report.run_id,
+                            headline=job.config.eval.split)
     except ImportError as exc:
         logger.info("no reward plot: %s", exc)
     if job.tracker.trackers:

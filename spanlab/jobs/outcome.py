@@ -33,12 +33,14 @@ def made_no_update(metrics: Mapping[str, Any]) -> bool:
 
 
 def warn_if_no_update(step: int, metrics: Mapping[str, Any]) -> None:
-    """A WARNING for a step that changed no weight, with what to look at (called after each logged step)."""
+    """A WARNING for a step that changed no weight, with what to look at (called after each logged step).
+
+    ``step`` counts from 1, as the progress bar (``step 2/9``), the rollout phases and ``step-K`` folders do."""
     if made_no_update(metrics):
         logger.warning(
             "step %d made NO update: no group had reward variance (mean reward %.2f over %d samples: every group "
-            "all right or all wrong). The policy did not change", step, float(metrics.get("reward_mean", float("nan"))),
-            int(metrics.get("n_samples", 0)),
+            "all right or all wrong). The policy did not change and the engine keeps serving it", step,
+            float(metrics.get("reward_mean", float("nan"))), int(metrics.get("n_samples", 0)),
         )
 
 

@@ -117,9 +117,12 @@ class TrainReport(BaseModel):
         return table
 
     def curve(self) -> list[dict[str, float | int | None]]:
-        """The learning curve: for the policy after k updates (k = 0 .. steps), the train reward of the rollouts
-        it sampled (step k's) and its held-out accuracy on each split evaluated then (the warm start's, or the
+        """The learning curve: for the policy after k steps (k = 0 .. steps), how many of them updated it (a step
+        with no reward variance changes nothing: ``updates`` <= ``steps``), the train reward of the rollouts it
+        sampled (step k + 1's) and its held-out accuracy on each split evaluated then (the warm start's, or the
         base model's without one, at k = 0; ``eval.curve``'s every few steps; the final one at k = steps)."""
+        from spanlab.jobs.outcome import updated_steps
+
         n = len(self.steps)
         start = "warm_start" if any(ev.phase == "warm_start" for ev in self.evaluations) else "base"
         at: dict[int, dict[str, float]] = {}
@@ -132,7 +135,9 @@ class TrainReport(BaseModel):
         rows: list[dict[str, float | int | None]] = []
         for k in range(n + 1):
             step = self.steps[k] if k < n else {}
-            rows.append({"updates": k, "train_reward": step.get("reward_mean"),
+            updates = updated_steps(self.steps[:k])  # None: the steps do not say (SFT, APO): each counts
+            rows.append({"steps": k, "updates": k if updates is None else updates,
+                         "train_reward": step.get("reward_mean"),
                          "groups_with_signal": step.get("n_groups_with_signal"), "groups": step.get("n_groups"),
                          **{split: at.get(k, {}).get(split) for split in sorted(curve_splits)}})
         return rows
@@ -140,13 +145,15 @@ class TrainReport(BaseModel):
     def curve_table(self) -> Table:
         """:meth:`curve` as a table (the splits evaluated during training, ``eval.curve``, as columns)."""
         rows = self.curve()
-        splits = [k for k in rows[0] if k not in ("updates", "train_reward", "groups_with_signal", "groups")]
-        table = Table(title="learning curve: the policy after k updates")
-        for col in ("updates", "train reward", "groups with signal", *(f"held-out {s}" for s in splits)):
+        fixed = ("steps", "updates", "train_reward", "groups_with_signal", "groups")
+        splits = [k for k in rows[0] if k not in fixed]
+        table = Table(title="learning curve: the policy after k steps (updates: the steps that changed it)")
+        for col in ("steps", "updates", "train reward", "groups with signal", *(f"held-out {s}" for s in splits)):
             table.add_column(col)
         for r in rows:
             signal = "" if r["groups"] is None else f"{r['groups_with_signal']:.0f}/{r['groups']:.0f}"
-            table.add_row(str(r["updates"]), "" if r["train_reward"] is None else f"{r['train_reward']:.2f}", signal,
+            table.add_row(str(r["steps"]), str(r["updates"]),
+                          "" if r["train_reward"] is None else f"{r['train_reward']:.2f}", signal,
                           *("" if r[s] is None else f"{100 * r[s]:.1f}%" for s in splits))  # type: ignore[operator]
         return table
 

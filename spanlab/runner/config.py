@@ -76,7 +76,8 @@ class RolloutRunnerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    backend: Literal["local", "ray"] = "local"
+    backend: Literal["local", "ray"] = Field(default="local", description="local: in the job's process; ray: "
+                                             "Ray actors")
     address: str | None = Field(default=None, description="a running Ray cluster (host:port or ray://host:port); "
                                 "default: start a local one in this process, stopped with the job")
     workers: int = Field(default=2, ge=1, le=4096, description="Ray actors, each a spanlab worker with its own agent")
@@ -84,7 +85,8 @@ class RolloutRunnerConfig(BaseModel):
                                     "default: rollouts.concurrency split across the workers")
     resources: dict[str, float] = Field(default_factory=lambda: {"CPU": 1.0},
                                         description="Ray resources each actor holds: CPU, GPU, or custom names")
-    heartbeat_s: float = Field(default=2.0, gt=0, le=3600)
+    heartbeat_s: float = Field(default=2.0, gt=0, le=3600, description="how often a running attempt tells the "
+                               "store it is alive")
     unresponsive_s: float = Field(default=30.0, gt=0, le=86_400,
                                   description="an attempt silent this long (its worker died) is ended and retried")
     max_attempts: int = Field(default=3, ge=1, le=100, description="attempts per rollout when workers are lost")

@@ -23,7 +23,7 @@ from urllib3.exceptions import HTTPError, NewConnectionError
 from spanlab.errors import InvalidSpanError, NotFoundError, QueryError, StoreError
 from spanlab.store.base import Metric, RolloutSummary, StoreAPI
 from spanlab.store.spans import spans_to_arrow
-from spanlab.store.wire import ARROW_STREAM, table_to_bytes
+from spanlab.store.wire import ARROW_STREAM, SQL_COLUMNS_HEADER, table_to_bytes
 from spanlab.types import Attempt, FinishedAttemptStatus, Resource, ResourceKind, Rollout, Span
 
 logger = logging.getLogger(__name__)
@@ -190,16 +190,26 @@ class StoreClient(StoreAPI):
         return [Metric.model_validate(m) for m in self._json("GET", "/metrics", params=params)]
 
     def query(self, sql: str, max_rows: int | None = None) -> pa.Table:
-        """Rows of one read-only query; a server with no ``/sql`` of the store server's shape is named as such."""
+        """Rows of one read-only query; an empty result keeps its columns (from the server's header), as a file's
+        query does; a server with no ``/sql`` of the store server's shape is named as such."""
         body: dict[str, Any] = {"query": sql} | ({} if max_rows is None else {"max_rows": max_rows})
         try:
-            rows = self._json("POST", "/sql", json_body=body)
+            resp = self._call("POST", "/sql", idempotent=True, body=json.dumps(body).encode(),
+                              headers={"Content-Type": "application/json"})
         except NotFoundError:
             raise StoreError(f"{self.url} has no /sql route (404): is it a spanlab store server?") from None
+        try:
+            rows = json.loads(resp.data)
+        except ValueError:
+            raise StoreError(f"{self.url} answered /sql with a body that is not JSON ({_one_line(resp.data[:80])}): "
+                             "is it a spanlab store server?") from None
         if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
             raise StoreError(f"{self.url} answered /sql with {_one_line(json.dumps(rows)[:80])}, not rows: is it a "
                              "spanlab store server?")
-        return pa.Table.from_pylist(rows)
+        if rows:
+            return pa.Table.from_pylist(rows)
+        columns = json.loads(resp.headers.get(SQL_COLUMNS_HEADER) or "[]")  # a server without it: no columns
+        return pa.Table.from_arrays([pa.nulls(0) for _ in columns], names=columns)
 
 
 def _text(resp: urllib3.BaseHTTPResponse) -> str:

@@ -180,15 +180,17 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
     async def add_metrics(req: wire.MetricsRequest) -> None:
         await run(store.add_metrics, req.run_id, req.algorithm, req.step, req.metrics)
 
-    def sql_json(query: str, max_rows: int, limits: QueryLimits) -> bytes:
+    def sql_json(query: str, max_rows: int, limits: QueryLimits) -> tuple[bytes, list[str]]:
         """On the SQL pool's thread, JSON included: 32 MB of rows encoded on the event loop would stall it."""
-        return json.dumps(list(rows(store.query(query, max_rows, limits=limits))), ensure_ascii=False).encode()
+        table = store.query(query, max_rows, limits=limits)
+        return json.dumps(list(rows(table)), ensure_ascii=False).encode(), table.column_names
 
     @app.post("/sql", response_model=list[dict[str, Any]])
     async def sql(req: wire.SqlRequest, request: Request) -> Response:
-        """One read-only SELECT over the tables and views; rows as JSON objects. 400 for a refused or
-        stopped query (time or size limit), 503 when every SQL worker is busy."""
-        body = await sql_pool.run(request.is_disconnected, sql_json, req.query, req.max_rows)
-        return Response(body, media_type="application/json")
+        """One read-only SELECT over the tables and views; rows as JSON objects, the column names in the
+        ``x-spanlab-columns`` header (JSON: an empty result has them too). 400 for a refused or stopped query (time
+        or size limit), 503 when every SQL worker is busy."""
+        body, columns = await sql_pool.run(request.is_disconnected, sql_json, req.query, req.max_rows)
+        return Response(body, media_type="application/json", headers={wire.SQL_COLUMNS_HEADER: json.dumps(columns)})
 
     return app

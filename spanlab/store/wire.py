@@ -17,6 +17,7 @@ from spanlab.errors import InvalidSpanError
 from spanlab.types import MAX_INT32, Attempt, FinishedAttemptStatus, ResourceKind, Rollout, RolloutMode, Span
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
+SQL_COLUMNS_HEADER = "x-spanlab-columns"  # /sql: the result's column names (JSON), so an empty result keeps them
 _END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # continuation marker, then a 0-byte message
 
 

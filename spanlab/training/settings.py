@@ -10,9 +10,10 @@ class LoraConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    rank: int = Field(default=8, ge=1)
-    alpha: float = Field(default=16.0, gt=0)
-    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    rank: int = Field(default=8, ge=1, description="the adapter's rank r")
+    alpha: float = Field(default=16.0, gt=0, description="scaling: the update is multiplied by alpha / rank")
+    target_modules: tuple[str, ...] = Field(default=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                     "down_proj"), description="the projections adapted")
 
     @field_validator("target_modules")
     @classmethod
@@ -29,10 +30,10 @@ class LoraConfig(BaseModel):
 class SFTConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    lr: float = Field(default=1e-4, gt=0)
-    epochs: int = Field(default=1, ge=1, le=1000)
-    batch_size: int = Field(default=4, ge=1, le=65_536)
+    lr: float = Field(default=1e-4, gt=0, description="AdamW learning rate")
+    epochs: int = Field(default=1, ge=1, le=1000, description="passes over the examples")
+    batch_size: int = Field(default=4, ge=1, le=65_536, description="examples per optimizer step")
     max_len: int = Field(default=1024, ge=16, description="longer conversations are skipped, with a warning")
-    weight_decay: float = Field(default=0.0, ge=0)
-    max_grad_norm: float = Field(default=1.0, gt=0)
-    seed: int = 0
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay")
+    max_grad_norm: float = Field(default=1.0, gt=0, description="gradients clipped to this norm")
+    seed: int = Field(default=0, description="seeds the shuffling of the examples")

@@ -70,6 +70,7 @@ class Served:
     base_url: str
     engine_url: str
     model: str
+    example: str  # the banner's example call
 
 
 def _printed_serve_command(run_dir: Path) -> list[str]:
@@ -98,12 +99,12 @@ def served_final(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         for line in proc.stdout:
             key, _, value = line.partition(":")
             printed[key] = value.strip()
-            if key == "base URL":
+            if key == "example":
                 break
-        assert "base URL" in printed, f"{argv} printed no base URL:\n{printed}"
+        assert "base URL" in printed and "example" in printed, f"{argv} printed no base URL or example:\n{printed}"
         engine_url = printed["engine"]
         model = httpx.get(f"{engine_url}/v1/models", timeout=30).json()["data"][0]["id"]
-        yield Served(printed["base URL"], engine_url, model), final, trained
+        yield Served(printed["base URL"], engine_url, model, printed["example"]), final, trained
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -119,12 +120,18 @@ def served_final(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
 @pytest.mark.slow
 def test_the_printed_serve_command_serves_the_final_folder(served_final) -> None:
     served, final, _ = served_final
-    assert served.model == str(final)  # the folder as the command named it
+    assert served.model == "tiny"  # the run's name (runs/tiny/final), not the folder's path
+    assert f'base_url="{served.base_url}"' in served.example and 'model="tiny"' in served.example
     resp = httpx.post(f"{served.base_url}/chat/completions", timeout=120, json={
         "model": served.model, "messages": MESSAGES[:1], "max_tokens": 4, "temperature": 0.0})
     assert resp.status_code == 200, resp.text
     (choice,) = resp.json()["choices"]
     assert choice["message"]["role"] == "assistant" and resp.json()["usage"]["completion_tokens"] >= 1
+    # the README's name against a trained folder: the gateway's own 404, naming what is served (no path)
+    wrong = httpx.post(f"{served.base_url}/chat/completions", timeout=30, json={
+        "model": "smollm2-135m-instruct", "messages": MESSAGES[:1], "max_tokens": 4})
+    assert wrong.status_code == 404 and wrong.json()["error"]["code"] == "model_not_found", wrong.text
+    assert "this gateway serves 'tiny'" in wrong.json()["error"]["message"] and str(final) not in wrong.text
 
 
 @pytest.mark.vllm

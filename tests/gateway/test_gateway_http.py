@@ -104,6 +104,35 @@ def test_unknown_or_mismatched_attempts_are_rejected_before_forwarding(
     assert list(store.iter_spans()) == []
 
 
+def test_a_model_the_engines_do_not_serve_is_the_gateways_404_naming_what_they_serve(
+    store: SpanStore, closed_port: int, started: tuple[Rollout, Attempt]
+) -> None:
+    """``spanlab serve`` tells the gateway the served names: a client using another (the README's default name
+    against a trained folder) gets an OpenAI-shaped 404 listing them, on every API, before anything is forwarded."""
+    import openai
+
+    rollout, attempt = started
+    with GatewayServer(store, f"http://127.0.0.1:{closed_port}/v1", served_models=("calc-grpo",)) as gw:
+        for base in (gw.base_url(), gw.base_url(rollout.rollout_id, attempt.attempt_id)):
+            for path, body in (("/chat/completions", CHAT), ("/completions", {"model": "m", "prompt": "hi"}),
+                               ("/responses", {"model": "m", "input": "hi"})):
+                resp = httpx.post(base + path, json={**body, "model": "smollm2-135m-instruct"})
+                assert resp.status_code == 404, (path, resp.text)
+                error = resp.json()["error"]
+                assert error["code"] == "model_not_found", error
+                assert error["message"] == ("model 'smollm2-135m-instruct' is not served here; this gateway "
+                                            "serves 'calc-grpo'")
+        client = openai.OpenAI(base_url=gw.base_url(), api_key="none", max_retries=0)
+        with pytest.raises(openai.NotFoundError, match="this gateway serves 'calc-grpo'"):
+            client.chat.completions.create(model="smollm2-135m-instruct", messages=CHAT["messages"])
+        gw.flush(10)
+        assert list(store.iter_spans()) == []  # refused before forwarding: nothing to record
+        # the served name (and a request naming no model) goes on to the engine: here a closed port, so 502
+        assert httpx.post(gw.base_url() + "/chat/completions", json={**CHAT, "model": "calc-grpo"}).status_code == 502
+        no_model = {k: v for k, v in CHAT.items() if k != "model"}
+        assert httpx.post(gw.base_url() + "/chat/completions", json=no_model).status_code == 502
+
+
 def test_header_attribution_reaches_the_span(
     dead_gateway: GatewayServer, store: SpanStore, started: tuple[Rollout, Attempt]
 ) -> None:

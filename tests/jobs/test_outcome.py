@@ -1,5 +1,6 @@
 """A run that learns nothing says so: a WARNING per step without an update, a loud end line, exit status 3,
-and ``--check`` warns when the warm start's demos miss the levels RL trains on.
+and ``--check`` warns when the warm start's demos miss the levels RL trains on. A step without an update pushes
+nothing: the engine keeps serving the version it had.
 
 The steps' metrics are GRPO's own (``skipped``, written by ``grpo_step``); the CLI paths run the real
 ``spanlab train --check`` in-process.
@@ -18,8 +19,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from spanlab.algos.grpo.step_parts import StepParts
 from spanlab.cli import app
 from spanlab.engine.weights import WeightSyncClient
+from spanlab.jobs.groups import POLICY_RESOURCE
 from spanlab.jobs.outcome import (
     LEARNED_NOTHING_EXIT,
     NO_UPDATE_KEY,
@@ -51,10 +54,24 @@ def test_updated_steps_counts_what_the_metrics_say() -> None:
 
 def test_a_step_without_update_is_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="spanlab.jobs.outcome"):
-        warn_if_no_update(0, UPDATED)
-        warn_if_no_update(1, SKIPPED)
+        warn_if_no_update(1, UPDATED)
+        warn_if_no_update(2, SKIPPED)  # the second step, as the bar says "step 2/2"
     (record,) = caplog.records
-    assert record.levelno == logging.WARNING and "step 1 made NO update" in record.getMessage()
+    assert record.levelno == logging.WARNING and "step 2 made NO update" in record.getMessage()
+
+
+def test_a_step_without_update_pushes_nothing() -> None:
+    pushed: list[str] = []
+
+    def push() -> float:
+        pushed.append(f"policy-v{len(pushed) + 1}")
+        return 0.5
+
+    parts = StepParts(update=lambda ids: {}, push=push, log_step=lambda metrics: None)
+    assert parts.push_if_updated(SKIPPED) == 0.0 and pushed == []
+    assert parts.push_if_updated(UPDATED) == 0.5 and pushed == ["policy-v1"]
+    assert parts.push_if_updated({"loss": 0.3}) == 0.5  # metrics that do not say whether it updated: pushed
+    assert pushed == ["policy-v1", "policy-v2"]
 
 
 def test_the_end_lines_say_learned_nothing_and_how_to_serve(tmp_path: Path) -> None:
@@ -105,8 +122,8 @@ def test_check_warns_when_the_warm_start_misses_the_train_levels(tmp_path: Path,
 
 @pytest.fixture
 def restored_engine(vllm_server, default_model_dir: Path) -> Iterator[str]:
-    """The shared engine's URL; its weights are reloaded from the model folder when the test ends (a step
-    without an update still pushes the weights it has)."""
+    """The shared engine's URL; its weights are reloaded from the model folder when the test ends (in case a
+    step did push)."""
     yield vllm_server.root_url
     with WeightSyncClient(vllm_server.root_url) as client:
         client.reload_weights(default_model_dir)
@@ -131,5 +148,14 @@ def test_a_run_whose_steps_all_skip_says_learned_nothing_and_exits_3(tmp_path: P
                          capture_output=True, text=True, timeout=900)
     assert out.returncode == LEARNED_NOTHING_EXIT, out.stderr[-3000:]
     assert out.stderr.count("made NO update") == 2, out.stderr[-3000:]
+    # numbered as the bar numbers them (step 1/2, step 2/2), and neither pushed a new policy version
+    assert "step 1 made NO update" in out.stderr and "step 2 made NO update" in out.stderr, out.stderr[-3000:]
+    assert "engine serves policy-v" not in out.stderr, out.stderr[-3000:]
     assert "LEARNED NOTHING: none of the 2 grpo steps updated the weights" in out.stdout, out.stdout
     assert "trained model" not in out.stdout
+    from spanlab.store import SpanStore
+
+    with SpanStore(tmp_path / "nothing.duckdb") as store:
+        assert not store.list_resources(POLICY_RESOURCE)  # no version recorded: nothing was pushed
+        sync_s = [m.value for m in store.metrics() if m.name == "sync_s"]
+        assert sync_s == [0.0, 0.0]

@@ -50,7 +50,7 @@ def test_without_a_warm_start_the_start_is_the_base_and_unpaired_splits_are_left
 
 
 def test_the_learning_curve_lines_up_each_policy_with_its_rollouts_and_evaluations() -> None:
-    """Row k is the policy after k updates: step k's train reward, and the held-out splits evaluated then."""
+    """Row k is the policy after k steps: step k + 1's train reward, and the held-out splits evaluated then."""
     report = _report(_ev("base", "test_l4", [0.0] * 4), _ev("warm_start", "test_l4", [0.0, 0.0, 0.0, 1.0]),
                      _ev("warm_start", "test", [1.0] * 4), _ev("step-2", "test_l4", [0.0, 1.0, 1.0, 1.0]),
                      _ev("final", "test_l4", [1.0] * 4), _ev("final", "test", [1.0] * 4))
@@ -58,7 +58,17 @@ def test_the_learning_curve_lines_up_each_policy_with_its_rollouts_and_evaluatio
                     {"reward_mean": 0.3, "n_groups": 16, "n_groups_with_signal": 9},
                     {"reward_mean": 0.6, "n_groups": 16, "n_groups_with_signal": 12}]
     rows = report.curve()
-    assert [(r["updates"], r["train_reward"], r["test_l4"]) for r in rows] == [
-        (0, 0.1, 0.25), (1, 0.3, None), (2, 0.6, 0.75), (3, None, 1.0)]
+    assert [(r["steps"], r["updates"], r["train_reward"], r["test_l4"]) for r in rows] == [
+        (0, 0, 0.1, 0.25), (1, 1, 0.3, None), (2, 2, 0.6, 0.75), (3, 3, None, 1.0)]
     assert all("test" not in r for r in rows)  # evaluated only at the ends: not a curve
     assert report.curve_table().row_count == 4
+
+
+def test_the_learning_curve_counts_updates_not_steps() -> None:
+    """A step with no reward variance changed nothing: the policy after it is the one before, and says so."""
+    report = _report(_ev("warm_start", "test", [0.0, 1.0]), _ev("final", "test", [1.0, 1.0]))
+    report.steps = [{"reward_mean": 1.0, "skipped": 1.0}, {"reward_mean": 0.5, "skipped": 0.0}]
+    assert [(r["steps"], r["updates"]) for r in report.curve()] == [(0, 0), (1, 0), (2, 1)]
+    table = report.curve_table()
+    assert [c.header for c in table.columns][:2] == ["steps", "updates"]
+    assert list(table.columns[1].cells) == ["0", "0", "1"]

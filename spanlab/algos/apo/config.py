@@ -24,10 +24,10 @@ class OptimizerConfig(_Section):
     api_key_env: str | None = Field(default=None, description="environment variable holding the API key")
     critique_model: str | None = Field(default=None, description="null: the model the engine serves")
     edit_model: str | None = Field(default=None, description="null: critique_model")
-    temperature: float = Field(default=0.7, ge=0)
-    max_tokens: int = Field(default=1024, ge=16)
-    timeout_s: float = Field(default=120.0, gt=0)
-    max_retries: int = Field(default=2, ge=0)
+    temperature: float = Field(default=0.7, ge=0, description="sampling temperature of critiques and edits")
+    max_tokens: int = Field(default=1024, ge=16, description="the longest critique or edited prompt")
+    timeout_s: float = Field(default=120.0, gt=0, description="per optimizer call")
+    max_retries: int = Field(default=2, ge=0, description="retries of a failed optimizer call")
 
     @model_validator(mode="after")
     def _one_url(self) -> OptimizerConfig:
@@ -77,7 +77,7 @@ class APOConfig(_Section):
     required_variables: tuple[str, ...] | None = Field(
         default=None, description="variables every candidate must keep; null: the task set's REQUIRED_VARIABLES"
     )
-    beam_width: int = Field(default=2, ge=1)
+    beam_width: int = Field(default=2, ge=1, description="prompts kept after each round")
     branch_factor: int = Field(default=2, ge=1, description="edited candidates per parent per round")
     rounds: int = Field(default=2, ge=0, le=1000, description="--steps overrides it")
     gradient_tasks: int = Field(default=6, ge=1, description="train tasks a parent runs on to be critiqued")
@@ -87,7 +87,8 @@ class APOConfig(_Section):
     demos: DemosConfig | None = Field(default=None, description="bootstrap few-shot after the search; null: off")
     confidence: float = Field(default=0.95, gt=0, lt=1, description="bootstrap interval level")
     seed: int = Field(default=0, description="gradient batches, bootstrap and optimizer sampling")
-    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="the LLM that critiques and "
+                                       "edits the prompts")
 
     @model_validator(mode="after")
     def _consistent(self) -> APOConfig:

@@ -51,7 +51,7 @@ def run_async(parts: StepParts, queue: GroupQueue, workers: BackgroundRollouts, 
                 finished += len(take.rollout_ids) + take.dropped_finished
                 metrics = parts.update(take.rollout_ids)
                 metrics |= take.metrics(queue.max_staleness)
-                metrics.update(dropped_stale_total=float(queue.dropped_total), sync_s=parts.push())
+                metrics.update(dropped_stale_total=float(queue.dropped_total), sync_s=parts.push_if_updated(metrics))
                 metrics.update(loop_s=parts.clock() - started, rollouts_finished=float(finished))
                 parts.log_step(metrics)
         finally:

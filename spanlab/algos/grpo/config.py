@@ -50,22 +50,23 @@ class GRPOConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    lr: float = Field(default=1e-5, gt=0)
+    lr: float = Field(default=1e-5, gt=0, description="AdamW learning rate")
     group_size: int = Field(default=4, description="samples per task the rollout loop draws; >= 2")
     clip_low: float = Field(default=0.2, ge=0, lt=1, description="ratio clipped below at 1 - clip_low")
     clip_high: float = Field(default=0.28, ge=0, description="ratio clipped above at 1 + clip_high (DAPO)")
     scale_rewards: bool = Field(default=True, description="divide by the group's std; False = Dr.GRPO")
-    aggregation: Aggregation = "token_mean"
+    aggregation: Aggregation = Field(default="token_mean", description="token_mean (DAPO), seq_mean (per "
+                                     "sequence, then over them) or constant (Dr.GRPO: constant_divisor)")
     constant_divisor: int | None = Field(default=None, gt=0, description="tokens per sequence for 'constant'")
     kl_beta: float = Field(default=0.0, ge=0, description="k3 KL to a reference model; 0 = no reference")
     tis_cap: float | None = Field(default=2.0, gt=0, description="truncated importance sampling cap; None = off")
-    epochs_per_batch: int = Field(default=1, ge=1)
+    epochs_per_batch: int = Field(default=1, ge=1, description="passes over a step's samples")
     micro_batch_tokens: int = Field(default=4096, ge=1, description=(
         "packed tokens per forward/backward (a prefix rows share counts once); sized for a CPU, a GPU wants "
         "16384-65536 (docs/gpu.md)"))
-    max_grad_norm: float = Field(default=1.0, gt=0)
+    max_grad_norm: float = Field(default=1.0, gt=0, description="gradients clipped to this norm")
     lora: LoraConfig | None = Field(default=None, description="None = full fine-tuning")
-    weight_decay: float = Field(default=0.0, ge=0)
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay")
     temperature: float = Field(default=1.0, gt=0, description="the engine's sampling temperature")
     bf16: bool = Field(default=False, description=(
         "forward passes in bfloat16 (torch.autocast; weights, gradients, optimizer state and the log-softmax stay "

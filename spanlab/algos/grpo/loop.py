@@ -100,7 +100,7 @@ def run_sync(parts: StepParts, collect: Callable[[list[dict[str, Any]], int], Ro
         batch = collect(tasks, step)
         finished += len(batch.rollout_ids)
         metrics = parts.update(batch.rollout_ids)
-        metrics.update(rollout_s=batch.seconds, rollout_failed=batch.failed, sync_s=parts.push())
+        metrics.update(rollout_s=batch.seconds, rollout_failed=batch.failed, sync_s=parts.push_if_updated(metrics))
         metrics.update(loop_s=parts.clock() - started, rollouts_finished=float(finished))
         parts.log_step(metrics)
 

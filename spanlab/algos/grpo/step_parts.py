@@ -7,8 +7,10 @@ the other for them.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+
+from spanlab.jobs.outcome import made_no_update
 
 
 @dataclass(frozen=True)
@@ -20,3 +22,8 @@ class StepParts:
     push: Callable[[], float]
     log_step: Callable[[dict[str, float]], None]
     clock: Callable[[], float] = field(default=time.monotonic)
+
+    def push_if_updated(self, metrics: Mapping[str, float]) -> float:
+        """Push after an update only (its seconds; 0.0 when the step changed no weight): a step without an update
+        keeps the served version, so the engine, the spans and the checkpoints count updates, not steps."""
+        return 0.0 if made_no_update(metrics) else self.push()

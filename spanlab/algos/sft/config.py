@@ -21,12 +21,13 @@ class SFTRoundsConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     rounds: int = Field(default=2, ge=0, le=10_000, description="--steps overrides it")
-    tasks_per_round: int = Field(default=32, ge=1, le=100_000)
+    tasks_per_round: int = Field(default=32, ge=1, le=100_000, description="train tasks sampled each round")
     samples_per_task: int = Field(default=4, ge=1, le=1024, description="rollouts per task (best-of-n needs n >= 2)")
-    filter: FilterConfig = Field(default_factory=FilterConfig)
+    filter: FilterConfig = Field(default_factory=FilterConfig, description="which samples become examples")
     # One pass at 1e-5: 5e-5 x 2 epochs drove a round's loss to ~0.003 on the SQL tutorial (it memorized a handful
     # of examples and lost held-out accuracy); docs/results.md has the measured rounds at these values.
-    train: SFTConfig = Field(default_factory=lambda: SFTConfig(lr=1e-5, epochs=1))
+    train: SFTConfig = Field(default_factory=lambda: SFTConfig(lr=1e-5, epochs=1), description="the fine-tuning "
+                             "of each round")
     replay: int = Field(
         default=0, ge=0, le=100_000,
         description="demonstrations (the warm start's, from the task set) mixed into each round's kept examples, so "

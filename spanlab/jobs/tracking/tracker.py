@@ -24,14 +24,15 @@ class _Section(BaseModel):
 
 class MLflowConfig(_Section):
     tracking_uri: str = Field(description="e.g. sqlite:///runs/mlflow.db or http://host:5000")
-    experiment: str = Field(default="spanlab", min_length=1)
+    experiment: str = Field(default="spanlab", min_length=1, description="the MLflow experiment runs go to")
     artifact_location: str | None = Field(default=None, description="a new experiment's artifact root")
 
 
 class WandbConfig(_Section):
-    project: str = Field(min_length=1)
-    mode: Literal["online", "offline", "disabled"] = "online"
-    entity: str | None = None
+    project: str = Field(min_length=1, description="the W&B project")
+    mode: Literal["online", "offline", "disabled"] = Field(default="online", description="offline: files only, "
+                                                          "synced later")
+    entity: str | None = Field(default=None, description="the W&B team or user; default: your default entity")
     dir: Path | None = Field(default=None, description="where W&B writes its files; default the run folder")
 
 
@@ -42,9 +43,9 @@ class TensorBoardConfig(_Section):
 class TrackingConfig(_Section):
     """``tracking:``: any of ``mlflow``, ``wandb``, ``tensorboard``; none configured means none used."""
 
-    mlflow: MLflowConfig | None = None
-    wandb: WandbConfig | None = None
-    tensorboard: TensorBoardConfig | None = None
+    mlflow: MLflowConfig | None = Field(default=None, description="log to MLflow")
+    wandb: WandbConfig | None = Field(default=None, description="log to Weights & Biases")
+    tensorboard: TensorBoardConfig | None = Field(default=None, description="write TensorBoard event files")
 
 
 class Tracker(ABC):
