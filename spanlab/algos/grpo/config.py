@@ -42,7 +42,7 @@ class DemonstrationTerm(BaseModel):
     demos: int = Field(default=512, ge=1, le=1_000_000, description=(
         "demonstrations generated when the run has none stored (no warm start)"))
     levels: tuple[int, ...] | None = Field(default=None, description=(
-        "task levels of the generated ones; None: warm_start.levels, else every level"))
+        "task levels of the generated ones; None: every level of dataset.levels"))
 
 
 class GRPOConfig(BaseModel):
