@@ -24,18 +24,17 @@ import httpx
 import pytest
 import torch
 
-from spanlab.engine.model import ensure_default_model
 from spanlab.jobs.outcome import end_lines
 from spanlab.jobs.report import TrainReport
 from spanlab.training.export import is_servable, write_servable
-from tests.tiny_model import build_tiny_model
 
 MESSAGES = [{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": "2 + 3 = 5"}]
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("tiny"), ensure_default_model(), seed=0)
+def tiny_dir(tiny_model_dir: Path) -> Path:
+    """The session's tiny model (tests/engine_fixtures.py); this module only reads it."""
+    return tiny_model_dir
 
 
 def _load(folder: Path) -> tuple[torch.nn.Module, object]:
