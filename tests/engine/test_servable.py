@@ -115,7 +115,6 @@ def served_final(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
 
 
 @pytest.mark.vllm
-@pytest.mark.slow
 def test_the_printed_serve_command_serves_the_final_folder(served_final) -> None:
     served, final, _ = served_final
     assert served.model == str(final)  # the folder as the command named it
@@ -127,7 +126,6 @@ def test_the_printed_serve_command_serves_the_final_folder(served_final) -> None
 
 
 @pytest.mark.vllm
-@pytest.mark.slow
 def test_vllm_serves_the_final_folder_with_the_trained_weights(served_final, tiny_dir: Path) -> None:
     served, final, trained = served_final
     assert is_servable(final) and (final / "chat_template.jinja").is_file()
