@@ -5,11 +5,11 @@ Why: most of the suite's wall time is engine starts and CPU training, and a flat
 which tests share an engine or a warm start (a module fixture's start lands on its first test only). This runs
 pytest in this process with a small plugin that
 
-* watches ``/proc`` (once a second) for new ``vllm.entrypoints.openai.api_server`` processes and charges each
-  start to the fixture being set up at that moment (``tests/gateway/test_tiny_model.py::tiny_server``), or to the
-  test itself when it starts one in its body or in a subprocess (a job with its own engine);
-* counts the session server (``vllm_server``, ``upstream``: started at collection, tests/engine_fixtures.py) as
-  the group of every test that asks for it;
+* watches ``/proc`` (once a second) for new ``vllm.entrypoints.openai.api_server`` processes of this run and
+  charges each start to the fixture being set up at that moment (``tests/gateway/test_tiny_model.py::tiny_server``),
+  or to the test itself when it starts one in its body or in a subprocess (a job with its own engine, a restart);
+* counts the session server (``vllm_server``, ``upstream``: started in the background at collection,
+  tests/engine_fixtures.py) as the group of every test that asks for it, its first start as nobody's;
 * times each call of :func:`spanlab.training.policy.warm_start` made in this process (the jobs tests run
   ``run_job`` in-process; a warm start inside a ``spanlab train`` subprocess is not seen).
 
@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import threading
 import time
@@ -75,19 +76,45 @@ def server_label(argv: list[str]) -> str:
     return " ".join(parts)
 
 
-def _api_servers() -> dict[int, list[str]]:
-    """Running vLLM API servers: pid -> argv (read from /proc; processes that vanish mid-read are skipped)."""
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _descends_from(pid: int, root: int) -> bool:
+    while pid > 1:
+        if pid == root:
+            return True
+        pid = _parent(pid)
+    return False
+
+
+def _api_servers(root: int) -> dict[int, list[str]]:
+    """vLLM API servers under process ``root``: pid -> argv. Only ``python -m <api_server>`` itself counts (not
+    the guard whose argv names it), and only this run's: other people's servers on the machine are not."""
     found = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            argv = [a for a in (proc / "cmdline").read_bytes().decode(errors="replace").split("\0") if a]
         except OSError:
             continue
-        if API_SERVER in argv:
-            found[int(proc.name)] = [a for a in argv if a]
+        if argv[1:3] == ["-m", API_SERVER] and _descends_from(int(proc.name), root):
+            found[int(proc.name)] = argv
     return found
+
+
+def _session_server_pids(config: pytest.Config | None) -> set[int]:
+    """The processes of the session server this run started at collection (tests/engine_fixtures.py), if any."""
+    try:
+        from tests.engine_fixtures import session_server
+    except ImportError:  # run outside this repo's tests
+        return set()
+    server = session_server(config) if config is not None else None
+    return set(server.pids()) if server is not None else set()
 
 
 class TimesPlugin:
@@ -99,7 +126,10 @@ class TimesPlugin:
         self.unattributed: list[str] = []  # started outside any test (the session server at collection)
         self._current: str | None = None
         self._fixtures: list[str] = []  # fixtures being set up, innermost last
-        self._seen = set(_api_servers())  # servers running before the run are nobody's
+        self._root = os.getpid()
+        self._seen = set(_api_servers(self._root))  # servers running before the run are nobody's
+        self._config: pytest.Config | None = None
+        self._session_seen = False  # the session server's first start is the collection's, its restarts a test's
         self._stop = threading.Event()
         self._poll_s = poll_s
         self._thread = threading.Thread(target=self._watch, name="test-times-watch", daemon=True)
@@ -108,13 +138,16 @@ class TimesPlugin:
     # -- engine starts -------------------------------------------------------------------------------------
     def _watch(self) -> None:
         while not self._stop.wait(self._poll_s):
-            for pid, argv in _api_servers().items():
+            for pid, argv in _api_servers(self._root).items():
                 if pid not in self._seen:
                     self._seen.add(pid)
-                    self._charge(server_label(argv))
+                    self._charge(server_label(argv), session=pid in _session_server_pids(self._config))
 
-    def _charge(self, label: str) -> None:
-        if self._fixtures:
+    def _charge(self, label: str, *, session: bool) -> None:
+        if session and not self._session_seen:  # started in the background at collection, for every engine test
+            self._session_seen = True
+            self.unattributed.append(label)
+        elif self._fixtures:
             self.fixture_starts[self._fixtures[-1]].append(label)
         elif self._current is not None:
             self.records[self._current].started.append(label)
@@ -131,6 +164,7 @@ class TimesPlugin:
 
     # -- tests -------------------------------------------------------------------------------------------
     def pytest_sessionstart(self, session: pytest.Session) -> None:
+        self._config = session.config
         self._thread.start()
         self._unpatch = self._patch_warm_start()
 
@@ -223,14 +257,14 @@ def report(plugin: TimesPlugin, wall_s: float, top: int) -> str:
     for name, members in sorted(groups.items(), key=lambda kv: -sum(r.total for r in kv[1])):
         seconds = sum(r.total for r in members)
         lines.append(f"  {seconds:8.1f} s {100 * seconds / total:5.1f}%  {len(members):4d} tests  {name}")
-    lines.append("Servers started (by fixture, by test, outside tests):")
+    lines.append("Servers started (by fixture, by test, at collection):")
     for key, labels in sorted(plugin.fixture_starts.items()):
         lines.append(f"  {len(labels)} x {key}: {'; '.join(labels)}")
     for r in records:
         if r.started:
             lines.append(f"  {len(r.started)} x {r.nodeid}: {'; '.join(r.started)}")
     if plugin.unattributed:
-        lines.append(f"  {len(plugin.unattributed)} outside tests (the session server): "
+        lines.append(f"  {len(plugin.unattributed)} at collection (the session server): "
                      f"{'; '.join(plugin.unattributed)}")
     warm: dict[str, list[tuple[str, float]]] = defaultdict(list)
     for r in records:

@@ -113,6 +113,13 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         server.stop()
 
 
+def session_server(config: pytest.Config) -> VLLMServer | None:
+    """The session server this run started or is starting (None when no test needs it, or it is external): for
+    tools that watch the run, such as scripts/test_times.py."""
+    pending = config.stash.get(_SESSION_START, None)
+    return pending[0] if pending is not None else None
+
+
 def _session_config() -> EngineConfig:
     return EngineConfig(model=os.environ.get("SPANLAB_TEST_MODEL", DEFAULT_MODEL), max_model_len=4096,
                         kv_cache_gib=1, enable_lora=True, dev_routes=True)
