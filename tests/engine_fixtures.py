@@ -8,6 +8,9 @@ Import them from ``tests/conftest.py`` with ``from tests.engine_fixtures import 
   ``.base_url`` (``http://127.0.0.1:PORT/v1``), ``.root_url`` and ``.model`` (the served name).
   Tests that change weights must restore them; tests that kill the engine must restart it.
 * ``default_model_dir`` (session): the converted Hugging Face folder (tokenizer + weights).
+* ``tiny_model_dir`` (session): a random 2-layer Llama with the default model's tokenizer and chat template
+  (tests/tiny_model.py), built once. Tests of engine mechanics (start, stop, kill, restart, replicas, weight
+  push) serve it: they do not depend on what the model says, and it loads and decodes several times faster.
 
 Why the server starts early: a vLLM start is 30-55 s of one core's work while it imports and loads, and an
 idle engine costs nothing; so once collection shows a test will need it, the session server starts in a
@@ -38,9 +41,18 @@ import pytest
 from spanlab.engine.config import EngineConfig
 from spanlab.engine.model import DEFAULT_MODEL, ensure_default_model
 from spanlab.engine.server import VLLMServer
+from tests.tiny_model import build_tiny_model
 
-__all__ = ["ExternalServer", "default_model_dir", "pytest_collection_finish", "pytest_collection_modifyitems",
-           "pytest_sessionfinish", "start_in_background", "vllm_server"]
+__all__ = [
+    "ExternalServer",
+    "default_model_dir",
+    "pytest_collection_finish",
+    "pytest_collection_modifyitems",
+    "pytest_sessionfinish",
+    "start_in_background",
+    "tiny_model_dir",
+    "vllm_server",
+]
 
 logger = logging.getLogger(__name__)
 ENGINE_FIXTURES = {"vllm_server", "upstream"}
@@ -101,6 +113,13 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         server.stop()
 
 
+def session_server(config: pytest.Config) -> VLLMServer | None:
+    """The session server this run started or is starting (None when no test needs it, or it is external): for
+    tools that watch the run, such as scripts/test_times.py."""
+    pending = config.stash.get(_SESSION_START, None)
+    return pending[0] if pending is not None else None
+
+
 def _session_config() -> EngineConfig:
     return EngineConfig(model=os.environ.get("SPANLAB_TEST_MODEL", DEFAULT_MODEL), max_model_len=4096,
                         kv_cache_gib=1, enable_lora=True, dev_routes=True)
@@ -110,6 +129,12 @@ def _session_config() -> EngineConfig:
 def default_model_dir() -> Path:
     """The converted SmolLM2 folder (converts once, ~40-60 s, then cached across sessions)."""
     return ensure_default_model()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random Llama's folder (seed 0; a few seconds to build), for engine-mechanics tests."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"), default_model_dir, seed=0)
 
 
 @pytest.fixture(scope="session")

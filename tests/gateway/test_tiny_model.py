@@ -52,13 +52,11 @@ from openai import AsyncOpenAI
 from pydantic import Field
 
 from spanlab.engine.config import EngineConfig
-from spanlab.engine.model import ensure_default_model
 from spanlab.engine.server import VLLMServer
 from spanlab.gateway import GatewayServer
 from spanlab.store import SpanStore
 from spanlab.types import Span
 from tests.gateway.helpers import direct
-from tests.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.vllm
 
@@ -75,12 +73,6 @@ def add(a: Digit, b: Digit) -> int:
 
 
 @pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("vllm", reason="vLLM is not installed")
-    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"), ensure_default_model(), seed=0)
-
-
-@pytest.fixture(scope="module")
 def tokenizer(tiny_model_dir: Path) -> Any:
     from transformers import AutoTokenizer
 
@@ -89,6 +81,8 @@ def tokenizer(tiny_model_dir: Path) -> Any:
 
 @pytest.fixture(scope="module")
 def tiny_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+    """The session's tiny model (tests/engine_fixtures.py) served for this module."""
+    pytest.importorskip("vllm", reason="vLLM is not installed")
     config = EngineConfig(
         model=str(tiny_model_dir),
         served_model_name=SERVED_NAME,

@@ -61,8 +61,7 @@ CALL_TEXT = {
     "qwen3_xml": "<tool_call>\n<function=calc>\n<parameter=expr>\n{expr}\n</parameter>\n</function>\n</tool_call>",
 }
 FAMILY_PARAMS = [pytest.param("qwen3", id="qwen3-hermes"),
-                 *(pytest.param(n, id=f"{n}-{FAMILIES[n].tool_parser}", marks=pytest.mark.slow)
-                   for n in ("llama3", "mistral", "qwen3_coder"))]
+                 *(pytest.param(n, id=f"{n}-{FAMILIES[n].tool_parser}") for n in ("llama3", "mistral", "qwen3_coder"))]
 
 
 class Served:

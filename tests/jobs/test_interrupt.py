@@ -22,7 +22,7 @@ import pytest
 
 from spanlab.store import SpanStore
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = pytest.mark.vllm  # not slow: the only check of Ctrl-C in a run
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -6,6 +6,12 @@ sizes that only make the loop longer, not different (:data:`SMALLER`): a CPU SFT
 seconds on 2 cores per batch of samples, and the suite must stay well under 30 minutes. Every phase and every
 step the file names still runs (the step counts are kept); what the run measures is not checked (a few
 held-out tasks are noise), only that the loop went all the way.
+
+Train once: calc's and drift's files ask for the same warm start (SmolLM2, the first 32 calc demonstrations,
+one epoch at lr 1e-4 in batches of 8), so it runs once per session (:func:`calc_warm_start`: calc's file with no
+GRPO step, its warm-start phase and that phase's evaluation) and both runs start from its servable folder the
+way ``tutorials/compare`` arms start from their start stage: ``engine.model: <folder>``, no ``warm_start``.
+The calc test checks the warm-start phase on that run; the GRPO phases are each test's own.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -25,17 +32,18 @@ from spanlab.engine.weights import WeightSyncClient
 from spanlab.jobs.config import parse_train_config
 from spanlab.jobs.job import build_algorithm, run_job
 from spanlab.jobs.prompt import check_prompt
+from spanlab.jobs.report import TrainReport
 
 TUTORIALS = Path(__file__).resolve().parents[2] / "tutorials"
 QUICK = sorted(TUTORIALS.glob("*/quick.yaml"))
-# Per tutorial, the sections whose sizes the test lowers (merged key by key into the file's own): one SFT step of
-# warm start where a step teaches nothing the check needs, fewer GRPO samples per step, fewer held-out tasks (one
-# per level), fewer SFT round tasks, rooms' answer turn capped at 32 tokens (it ran to its 128 in most rollouts,
-# and each APO batch waits for its slowest decode). drift keeps its 4-step warm start (its check, every step
-# drifts, needs the tool calls it teaches) and runs 8 samples per step: at the shipped 16, 14 and 15 of each
-# step's samples drifted, at 8 all 8 did.
+# Per tutorial, the sections whose sizes the test lowers (merged key by key into the file's own): fewer GRPO
+# samples per step, fewer held-out tasks (one per level), fewer SFT round tasks, rooms' answer turn capped at 32
+# tokens (it ran to its 128 in most rollouts, and each APO batch waits for its slowest decode). The shared calc
+# warm start keeps its 4 steps (drift's check, every step drifts, needs the tool calls it teaches; one step of 8
+# demos was enough for calc alone). drift runs 8 samples per step: at the shipped 16, 14 and 15 of each step's
+# samples drifted, at 8 all 8 did.
 SMALLER: dict[str, dict[str, dict[str, Any]]] = {
-    "calc": {"warm_start": {"demos": 8}, "grpo": {"tasks_per_step": 2, "group_size": 2}, "eval": {"tasks": 3}},
+    "calc": {"grpo": {"tasks_per_step": 2, "group_size": 2}, "eval": {"tasks": 3}},
     "drift": {"grpo": {"tasks_per_step": 2}, "eval": {"tasks": 3}},
     "rooms": {"eval": {"tasks": 2}, "agent": {"kwargs": {"answer_max_tokens": 32}}},
     "sql": {"sft": {"tasks_per_round": 2}},
@@ -80,16 +88,70 @@ def restored_engine(vllm_server, default_model_dir: Path) -> Iterator[str]:
         client.reload_weights(default_model_dir)
 
 
+# The tutorials whose runs start from the shared warm start (:func:`calc_warm_start`) instead of their own.
+WARM_FROM_CALC = ("calc", "drift")
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """The shared warm start's run: its report and its servable folder (``runs/calc-quick/final``)."""
+
+    report: TrainReport
+    folder: Path
+    settings: dict[str, Any]  # the warm_start section it ran
+
+
+def _warm_start_section(name: str) -> dict[str, Any]:
+    return load_yaml(TUTORIALS / name / "quick.yaml")["warm_start"]
+
+
+@pytest.fixture(scope="module")
+def calc_warm_start(vllm_server, default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory,
+                    ) -> Iterator[WarmStart]:
+    """calc's quick.yaml up to its warm start, once: no GRPO step, so the run is the warm start, its held-out
+    evaluation and the final folder. The engine's weights are the base model's again afterwards."""
+    assert all(_warm_start_section(n) == _warm_start_section("calc") for n in WARM_FROM_CALC), \
+        "the tutorials sharing the calc warm start must ask for the same one"
+    out = tmp_path_factory.mktemp("calc-warm-start")
+    data = smaller("calc", load_yaml(TUTORIALS / "calc" / "quick.yaml"))
+    data = _merged(data, {"grpo": {"steps": 0}}) | {"engine_url": vllm_server.root_url, "out_dir": str(out / "runs"),
+                                                     "db": str(out / "run.duckdb")}
+    config = parse_train_config(data, "calc/quick.yaml up to its warm start")
+    try:
+        report = run_job(config)
+    finally:
+        with WeightSyncClient(vllm_server.root_url) as client:
+            client.reload_weights(default_model_dir)
+    yield WarmStart(report, config.run_dir / "final", data["warm_start"])
+
+
+def _from_warm_start(data: dict[str, Any], warm: WarmStart, engine_url: str) -> dict[str, Any]:
+    """``data`` starting from the shared warm start's folder (served by the engine now) with no warm start of its
+    own; the train tasks are the ones that run generated, as the compare tutorial's arms take their start's."""
+    with WeightSyncClient(engine_url) as client:
+        client.reload_weights(warm.folder)
+    dataset = {**data["dataset"], "train_tasks": 2 * int(warm.settings["demos"])}
+    return {key: value for key, value in data.items() if key != "warm_start"} | {
+        "engine": {**data["engine"], "model": str(warm.folder)}, "dataset": dataset}
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.parametrize("path", QUICK, ids=lambda p: p.parent.name)
 def test_a_quick_config_runs_the_whole_loop(path: Path, tmp_path: Path, restored_engine: str,
-                                           caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+                                           request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(TUTORIALS.parent)  # relative paths in a config (a template) are the repo root's, as documented
+    name = path.parent.name
     written = load_yaml(path)
     parse_train_config(written, str(path))  # the file as it ships is a valid config
-    data = smaller(path.parent.name, written) | {"engine_url": restored_engine, "out_dir": str(tmp_path / "runs"),
-                                                 "db": str(tmp_path / "run.duckdb")}
+    data = smaller(name, written) | {"engine_url": restored_engine, "out_dir": str(tmp_path / "runs"),
+                                     "db": str(tmp_path / "run.duckdb")}
+    warm: WarmStart | None = None
+    if name in WARM_FROM_CALC:
+        warm = request.getfixturevalue("calc_warm_start")
+        assert data["warm_start"] == warm.settings  # the run it skips is the one the shared warm start made
+        data = _from_warm_start(data, warm, restored_engine)
     config = parse_train_config(data, str(path))
     caplog.set_level(logging.INFO, logger="spanlab.progress")
     report = run_job(config)  # output is not a terminal here: the phases log plain progress lines
@@ -107,6 +169,12 @@ def test_a_quick_config_runs_the_whole_loop(path: Path, tmp_path: Path, restored
         assert any(line.startswith(("GRPO: ", "SFT rounds: ")) and "(100%)" in line for line in progress), progress
     if config.retokenize_template is not None:  # the drift tutorial: a mismatched template drifts in every step
         assert all(step["drift_sample_frac"] > 0 for step in report.steps), report.steps
+    if name == "calc" and warm is not None:  # calc's own warm-start phase: the shared run's, in full
+        assert [(e.phase, e.split) for e in warm.report.evaluations] == [("warm_start", config.eval.split)]
+        assert all(e.n == config.eval.tasks and e.failed < e.n for e in warm.report.evaluations)
+        assert warm.report.warm_start is not None and warm.report.warm_start["sft_steps"] == \
+            -(-warm.settings["demos"] // warm.settings["batch_size"]) * warm.settings["epochs"]
+        assert not warm.report.steps and (warm.folder / "config.json").is_file()
 
 
 def _compare_script() -> ModuleType:
