@@ -26,13 +26,15 @@ from typing import Any
 
 import pytest
 
+from spanlab.adapters.demonstrations import read_demonstrations
 from spanlab.agents.calc.agent import default_template
 from spanlab.config import load_yaml
 from spanlab.engine.weights import WeightSyncClient
-from spanlab.jobs.config import parse_train_config
+from spanlab.jobs.config import TrainConfig, parse_train_config
 from spanlab.jobs.job import build_algorithm, run_job
 from spanlab.jobs.prompt import check_prompt
 from spanlab.jobs.report import TrainReport
+from spanlab.store import SpanStore
 
 TUTORIALS = Path(__file__).resolve().parents[2] / "tutorials"
 QUICK = sorted(TUTORIALS.glob("*/quick.yaml"))
@@ -175,6 +177,21 @@ def test_a_quick_config_runs_the_whole_loop(path: Path, tmp_path: Path, restored
         assert warm.report.warm_start is not None and warm.report.warm_start["sft_steps"] == \
             -(-warm.settings["demos"] // warm.settings["batch_size"]) * warm.settings["epochs"]
         assert not warm.report.steps and (warm.folder / "config.json").is_file()
+        _check_demonstrations(warm, config, report)
+
+
+def _check_demonstrations(warm: WarmStart, config: TrainConfig, report: TrainReport) -> None:
+    """Every demonstration a run trained on is in its store: the warm start's as it recorded them, and the ones
+    calc's GRPO term generated (it starts from the warm start's folder with none stored) and drew each update."""
+    with SpanStore(warm.report.db) as store:
+        assert len(read_demonstrations(store, run_id=warm.report.run_id, sources=["warm_start"])) == \
+            warm.settings["demos"]
+    term = build_algorithm(config).settings.demonstrations
+    with SpanStore(config.db) as store:
+        rows = store.query("SELECT source, count(*) AS n FROM demonstrations GROUP BY 1").to_pylist()
+    assert rows == [{"source": "grpo.demonstrations", "n": term.demos}], rows
+    updated = [step for step in report.steps if not step["skipped"]]
+    assert all(step["demo_samples"] == term.per_step and step["demo_nll"] > 0 for step in updated), updated
 
 
 def _compare_script() -> ModuleType:
