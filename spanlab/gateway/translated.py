@@ -58,3 +58,16 @@ def chat_chunk(frame: bytes) -> dict[str, Any] | None:
                 return None
             return chunk if isinstance(chunk, dict) else None
     return None
+
+
+def chunk_error(chunk: dict[str, Any]) -> dict[str, Any] | None:
+    """The error a chat stream chunk carries, as a dict (a bare string becomes its ``message``); None without one."""
+    if "error" not in chunk:
+        return None
+    error = chunk["error"]
+    return error if isinstance(error, dict) else {"message": str(error)}
+
+
+def first_choices(chunk: dict[str, Any]) -> list[dict[str, Any]]:
+    """The chunk's choices of index 0: the translated APIs answer with one."""
+    return [choice for choice in chunk.get("choices") or () if choice.get("index", 0) == 0]

@@ -16,6 +16,7 @@ from typing import Any
 
 from spanlab.gateway.messages.reply import error_type, stop_reason, usage
 from spanlab.gateway.protocol import dumps
+from spanlab.gateway.translated import chunk_error, first_choices
 
 BlockKind = str  # "text", "thinking" or "tool_use"
 
@@ -61,17 +62,15 @@ class MessagesStream:
         return self._event("content_block_delta", index=self._blocks - 1 if index is None else index, delta=delta)
 
     def add(self, chunk: dict[str, Any]) -> bytes:
-        if "error" in chunk:
-            error = chunk["error"]
-            self.error = error if isinstance(error, dict) else {"message": str(error)}
+        if (error := chunk_error(chunk)) is not None:
+            self.error = error
             return b""
         self._model = self._model or chunk.get("model")
         if chunk.get("usage"):
             self._usage = chunk["usage"]
         out: list[bytes] = []
-        for choice in chunk.get("choices") or ():
-            if choice.get("index", 0) == 0:
-                out += self._choice(choice)
+        for choice in first_choices(chunk):
+            out += self._choice(choice)
         return b"".join(out)
 
     def _choice(self, choice: dict[str, Any]) -> list[bytes]:

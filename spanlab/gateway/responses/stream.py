@@ -18,6 +18,7 @@ from typing import Any
 from spanlab.gateway.protocol import dumps
 from spanlab.gateway.records import StreamAccumulator
 from spanlab.gateway.responses.protocol import base_id, to_response
+from spanlab.gateway.translated import chunk_error, first_choices
 
 
 class ResponsesStream:
@@ -52,17 +53,15 @@ class ResponsesStream:
                                                                                 response=pending)
 
     def add(self, chunk: dict[str, Any]) -> bytes:
-        if "error" in chunk:
-            error = chunk["error"]
-            self.error = error if isinstance(error, dict) else {"message": str(error)}
+        if (error := chunk_error(chunk)) is not None:
+            self.error = error
             return b""
         self.acc.add(chunk)
         if self._base is None:
             self._base = base_id(chunk.get("id"))
         out: list[bytes] = []
-        for choice in chunk.get("choices") or ():
-            if choice.get("index", 0) == 0:
-                out += self._choice(choice)
+        for choice in first_choices(chunk):
+            out += self._choice(choice)
         return b"".join(out)
 
     def _choice(self, choice: dict[str, Any]) -> list[bytes]:
