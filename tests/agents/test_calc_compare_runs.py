@@ -3,23 +3,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
 
 from spanlab.store import SpanStore
 from spanlab.types import LLMCall, Rollout, Span, metric_span, reward_span
+from tests.scripts import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "tutorials" / "calc" / "compare_runs.py"
 
 
 def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("compare_runs", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "compare_runs")
 
 
 def _call(rid: str, aid: str, expression: str) -> Span:

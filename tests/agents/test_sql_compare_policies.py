@@ -3,7 +3,6 @@ rewards) and the paired differences it prints, worked out by hand."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
@@ -11,16 +10,13 @@ import pytest
 
 from spanlab.store import SpanStore
 from spanlab.types import Rollout, reward_span
+from tests.scripts import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "tutorials" / "sql" / "compare_policies.py"
 
 
 def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("compare_policies", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "compare_policies")
 
 
 def _store(path: Path, phases: dict[str, list[tuple[float, float]]]) -> Path:

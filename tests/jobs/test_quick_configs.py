@@ -16,7 +16,6 @@ The calc test checks the warm-start phase on that run; the GRPO phases are each 
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from spanlab.jobs.job import build_algorithm, run_job
 from spanlab.jobs.prompt import check_prompt
 from spanlab.jobs.report import TrainReport
 from spanlab.store import SpanStore
+from tests.scripts import load_script
 
 TUTORIALS = Path(__file__).resolve().parents[2] / "tutorials"
 QUICK = sorted(TUTORIALS.glob("*/quick.yaml"))
@@ -195,11 +195,7 @@ def _check_demonstrations(warm: WarmStart, config: TrainConfig, report: TrainRep
 
 
 def _compare_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("compare_run", TUTORIALS / "compare" / "run.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(TUTORIALS / "compare" / "run.py", "compare_run")
 
 
 def test_the_quick_comparison_stages_are_valid_configs(tmp_path: Path, default_model_dir: Path) -> None:
