@@ -13,6 +13,7 @@ from: ``source`` (``warm_start``, ``grpo.demonstrations``, ...), ``run_id``, ``t
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -63,7 +64,7 @@ def read_demonstrations(store: StoreAPI, *, run_id: str, sources: Sequence[str] 
     reader = store.spans_reader(kinds=["demonstration"], columns=[*_COLUMNS, "start_time"])
     for batch in reader:
         for row in batch.to_pylist():
-            attrs = _attributes(row["attributes"])
+            attrs = json.loads(row["attributes"]) if row["attributes"] else {}  # a JSON column, as every read gives it
             if attrs.get("run_id") != run_id or (sources is not None and attrs.get("source") not in sources):
                 continue
             ids = np.asarray(list(row["prompt_token_ids"] or []) + list(row["response_token_ids"] or []),
@@ -73,10 +74,3 @@ def read_demonstrations(store: StoreAPI, *, run_id: str, sources: Sequence[str] 
             found.append((row["start_time"], int(attrs.get("index", len(found))), sample))
     return [s for _, _, s in sorted(found, key=lambda x: (x[0], x[1]))]
 
-
-def _attributes(value: Any) -> dict[str, Any]:
-    if isinstance(value, str):
-        import json
-
-        return json.loads(value)
-    return value or {}

@@ -36,3 +36,11 @@ def stored_demonstrations(job: Job, tasks: list[dict[str, Any]], source: str, *,
     record_demonstrations(store, samples, tasks, model=job.config.engine.model, source=source, run_id=run_id,
                           conversations=[d["messages"] for d in conversations])
     return read_demonstrations(store, run_id=run_id, sources=[source])
+
+
+def warm_start_demonstrations(job: Job) -> list[Sample]:
+    """The warm start's demonstrations (its first ``warm_start.demos`` demo tasks): what it trains on, and what
+    GRPO's demonstration term replays in a run that has one."""
+    ws = job.config.warm_start
+    assert ws is not None, "only a run with a warm start has its demonstrations"
+    return stored_demonstrations(job, job.splits["demos"][: ws.demos], "warm_start", key="warm_start")

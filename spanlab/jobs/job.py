@@ -267,11 +267,10 @@ class Job:
         ws = self.config.warm_start
         if ws is None or self.policy is None:
             return
-        from spanlab.jobs.demos import stored_demonstrations
+        from spanlab.jobs.demos import warm_start_demonstrations
         from spanlab.training.policy import warm_start
 
-        samples = stored_demonstrations(self, self.splits["demos"][: ws.demos], "warm_start", key="warm_start")
-        self.report.warm_start = warm_start(self.policy, samples, ws, progress=self.progress)
+        self.report.warm_start = warm_start(self.policy, warm_start_demonstrations(self), ws, progress=self.progress)
         self.held_out("warm_start")
 
 

@@ -141,11 +141,11 @@ def _demonstration_draws(job: Job, settings: GRPOSection) -> Callable[[], list[S
     term = settings.demonstrations
     if term is None:
         return lambda: None
-    from spanlab.jobs.demos import stored_demonstrations
+    from spanlab.jobs.demos import stored_demonstrations, warm_start_demonstrations
 
-    ws, data = job.config.warm_start, job.config.dataset
-    if ws is not None:  # the warm start recorded its demonstrations: the term replays exactly those
-        pool = stored_demonstrations(job, job.splits["demos"][: ws.demos], "warm_start", key="warm_start")
+    data = job.config.dataset
+    if job.config.warm_start is not None:  # the warm start recorded its demonstrations: the term replays those
+        pool = warm_start_demonstrations(job)
     else:
         levels = set(term.levels or data.levels)
         tasks = [t for t in job.splits["train"] if t.get("level") in levels or "level" not in t][: term.demos]
