@@ -8,7 +8,8 @@ that mixes RL with demonstrations (InstructGPT's PPO-ptx).
 
 A span holds one conversation: ``prompt_token_ids`` up to the first trained token, ``response_token_ids`` the
 rest, and ``loss_mask`` over both (tool results inside the response are 0). ``attributes`` say where it came
-from: ``source`` (``warm_start``, ``grpo.demonstrations``, ...), ``run_id``, ``task_id``, ``level``.
+from: ``source`` (``warm_start``, ``grpo.demonstrations``, ...), ``run_id``, ``task_id``, ``level``, and for a
+role's mined demonstration (:mod:`spanlab.adapters.role_demos`) its ``role`` and ``label`` (e.g. ``OK``, ``WRONG``).
 """
 
 from __future__ import annotations
@@ -30,26 +31,28 @@ _COLUMNS = ("span_id", "attributes", "prompt_token_ids", "response_token_ids", "
 
 
 def demonstration_span(sample: Sample, *, model: str, source: str, run_id: str, index: int = 0,
-                       task: dict[str, Any] | None = None, messages: list[dict[str, Any]] | None = None) -> Span:
+                       task: dict[str, Any] | None = None, messages: list[dict[str, Any]] | None = None,
+                       extra: dict[str, Any] | None = None) -> Span:
     """One encoded conversation (``input_ids`` + ``loss_mask``) as a ``demonstration`` span; ``index``: its place
-    in the set it belongs to (the order a trainer reads them back in)."""
+    in the set it belongs to (the order a trainer reads them back in); ``extra``: more attributes (role, label)."""
     ids, mask = np.asarray(sample.input_ids, dtype=np.int32), np.asarray(sample.loss_mask, dtype=np.uint8)
     trained = np.flatnonzero(mask)
     cut = int(trained[0]) if len(trained) else len(ids)
     task = task or {}
     attributes = {"source": source, "run_id": run_id, "index": index,
-                  **{k: task[k] for k in ("task_id", "level") if task.get(k) is not None}}
+                  **{k: task[k] for k in ("task_id", "level") if task.get(k) is not None}, **(extra or {})}
     return Span(name="demonstration", kind="demonstration", attributes=attributes,
                 llm=LLMCall(model=model, request_messages=messages or [], prompt_token_ids=ids[:cut],
                             response_token_ids=ids[cut:], loss_mask=mask))
 
 
 def record_demonstrations(store: StoreAPI, samples: Sequence[Sample], tasks: Sequence[dict[str, Any]], *, model: str,
-                          source: str, run_id: str,
-                          conversations: Sequence[list[dict[str, Any]]] | None = None) -> list[str]:
+                          source: str, run_id: str, conversations: Sequence[list[dict[str, Any]]] | None = None,
+                          extras: Sequence[dict[str, Any]] | None = None) -> list[str]:
     """Store one ``demonstration`` span per sample (its task beside it); returns the span IDs, in order."""
     spans = [demonstration_span(s, model=model, source=source, run_id=run_id, index=i, task=t,
-                                messages=conversations[i] if conversations is not None else None)
+                                messages=conversations[i] if conversations is not None else None,
+                                extra=extras[i] if extras is not None else None)
              for i, (s, t) in enumerate(zip(samples, tasks, strict=True))]
     store.add_spans(spans)
     return [s.span_id for s in spans]

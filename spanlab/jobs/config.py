@@ -184,11 +184,35 @@ class LoopConfig(_Section):
 
 
 class WarmStartConfig(SFTConfig):
-    """SFT on generated demonstrations before training, for a model that would otherwise never earn a reward."""
+    """SFT on demonstrations before training, for a model that would otherwise never earn a reward.
+
+    ``role_demos: mined`` gives every role of a multi-agent agent demonstrations of its own job: after the
+    generated ones (the SQL writer's), the job runs ``mine_tasks`` train tasks, and the task set mines the other
+    roles' demonstrations from what was recorded (the SQL checker's verdicts, the rewriter's fixes), stores them
+    as ``demonstration`` spans and trains on them. With ``policies`` each policy's adapter is warm-started on its
+    own roles' demonstrations only, the base weights untouched."""
 
     demos: int = Field(default=88, ge=1, le=100_000, description="demonstrations from the train split")
     levels: tuple[int, ...] | None = Field(default=None, min_length=1, description="levels demonstrated; default "
                                            "dataset.levels (a level left out is one only RL can teach)")
+    role_demos: Literal["generated", "mined"] = Field(
+        default="generated", description="generated: only the task set's generated demonstrations (one role's, e.g. "
+        "the SQL writer's), which train the full model; mined: also each other role's, mined from rollouts of "
+        "mine_tasks train tasks the job runs after the generated warm start (with policies: each policy's adapter "
+        "on its own roles' demonstrations only)")
+    mine_tasks: int | None = Field(default=None, ge=1, le=100_000, description="role_demos mined: train tasks run "
+                                   "once each (at rollouts.temperature) and mined; default 64")
+
+    @model_validator(mode="after")
+    def _mine_tasks_need_mined(self) -> WarmStartConfig:
+        if self.mine_tasks is not None and self.role_demos != "mined":
+            raise ValueError("mine_tasks: only used with role_demos: mined")
+        return self
+
+    @property
+    def mined_tasks(self) -> int:
+        """How many train tasks a mined warm start runs (0 without one)."""
+        return 0 if self.role_demos != "mined" else self.mine_tasks or 64
 
 
 class TrainConfig(_Section):

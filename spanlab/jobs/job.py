@@ -59,8 +59,10 @@ def split_tasks(task_set: TaskSet, config: TrainConfig, n_train: int) -> dict[st
     data, ev, ws = config.dataset, config.eval, config.warm_start
     demo_levels = set(ws.levels or data.levels) if ws else set(data.levels)
     n_demos = ws.demos if ws else 0
-    # enough train tasks that the demonstrated levels alone hold the demos (levels interleave round-robin)
-    n_train = max(n_train, -(-n_demos * len(data.levels) // max(len(demo_levels & set(data.levels)), 1)), 1)
+    # enough train tasks that the demonstrated levels alone hold the demos (levels interleave round-robin), and the
+    # tasks a mined warm start runs (the first ones of the train split)
+    n_train = max(n_train, -(-n_demos * len(data.levels) // max(len(demo_levels & set(data.levels)), 1)),
+                  ws.mined_tasks if ws else 0, 1)
 
     def make(split: str, n: int, key: str, levels: tuple[int, ...] | None = None) -> Tasks:
         try:
@@ -268,9 +270,14 @@ class Job:
         if ws is None or self.policy is None:
             return
         from spanlab.jobs.demos import warm_start_demonstrations
+        from spanlab.jobs.role_warm_start import role_warm_start
         from spanlab.training.policy import warm_start
 
-        self.report.warm_start = warm_start(self.policy, warm_start_demonstrations(self), ws, progress=self.progress)
+        if ws.role_demos == "mined":  # every role on its own job's demonstrations (docs/multi_policy.md)
+            self.report.warm_start = role_warm_start(self)
+        else:
+            self.report.warm_start = warm_start(self.policy, warm_start_demonstrations(self), ws,
+                                                progress=self.progress)
         self.held_out("warm_start")
 
 
@@ -301,11 +308,13 @@ def check_job(config: TrainConfig) -> tuple[Algorithm, TaskSet, dict[str, Tasks]
     from spanlab.jobs.model_checks import check_lora_targets, check_roles
     from spanlab.jobs.prompt import check_prompt
     from spanlab.jobs.rig import check_writable
+    from spanlab.jobs.role_warm_start import check_role_demos
     from spanlab.jobs.runner_rig import check_runner
     from spanlab.runner.agent import load_agent
 
     algorithm = build_algorithm(config)
     task_set = load_task_set(config.dataset.name)
+    check_role_demos(config, task_set)
     splits = split_tasks(task_set, config, algorithm.train_tasks())
     # Built the way rollouts build it (they always pass the served model name), so a bad kwarg fails here.
     agent = load_agent(config.agent.name, {"model": config.engine.served_model_name or config.engine.model,

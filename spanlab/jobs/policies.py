@@ -25,8 +25,12 @@ if TYPE_CHECKING:
 
 def open_job_policies(job: Job) -> PolicyAdapters:
     """Add an adapter per policy to the job's model and serve every one's first version (their B is zero, so each
-    answers as the model trained so far does)."""
+    answers as the model trained so far does). Once per job: a per-role warm start opens them before the
+    algorithm does, which then gets the same adapters."""
     from spanlab.policies.adapters import multi_adapter_model
+
+    if job.policy_adapters is not None:
+        return job.policy_adapters
 
     policy, policies = job.policy, job.config.policies
     assert policy is not None and policies is not None, "policies need a weight-training job with policies:"

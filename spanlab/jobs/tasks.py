@@ -2,7 +2,9 @@
 
 ``make_tasks(split, n, seed, levels)`` must be deterministic and keep splits disjoint, so held-out
 accuracy is held out; ``demonstration(task)`` (optional) returns ``{"messages", "tools"}`` of a correct
-solution, for warm starts and SFT.
+solution, for warm starts and SFT. A multi-agent task set may also say which role those demonstrations are
+for (``DEMONSTRATED_ROLE``) and mine the other roles' from recorded rollouts
+(``mine_demonstrations(store, rollout_ids) -> list[RoleDemonstration]``, for ``warm_start.role_demos: mined``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,13 @@ class TaskSet:
     name: str
     make_tasks: Callable[..., list[dict[str, Any]]]
     demonstration: Callable[[dict[str, Any]], dict[str, Any]] | None
+    demonstrated_role: str | None = None  # the role ``demonstration`` answers as (None: every call's)
+    module: str = ""
+
+    @property
+    def mine_demonstrations(self) -> Callable[..., list[Any]] | None:
+        """The task set's miner, imported on first use (it may import the trainer's parts)."""
+        return getattr(importlib.import_module(self.module), "mine_demonstrations", None) if self.module else None
 
 
 def load_task_set(name: str) -> TaskSet:
@@ -39,4 +48,5 @@ def load_task_set(name: str) -> TaskSet:
     make_tasks = getattr(module, "make_tasks", None)
     if not callable(make_tasks):
         raise ConfigError(f"dataset.name: module {module_name} has no make_tasks(split, n, seed, levels)")
-    return TaskSet(name, make_tasks, getattr(module, "demonstration", None))
+    return TaskSet(name, make_tasks, getattr(module, "demonstration", None),
+                   getattr(module, "DEMONSTRATED_ROLE", None), module_name)

@@ -49,6 +49,7 @@ from spanlab.agents.sql.prompts import (
     WRITER_PROMPT,
     Role,
     checker_user,
+    problem_text,
     rewriter_user,
     verdict_ok,
     verdict_right,
@@ -150,7 +151,7 @@ class SQLAgent(Agent):
                 break  # approved, or no checker to object to a query that runs
             if "rewriter" not in self.roles:
                 break
-            problem = "; ".join(p for p in (result.error, verdict) if p) or "the result looks wrong"
+            problem = problem_text(result.error, verdict)
             reply = await self.ask(
                 "rewriter", rewriter_user(schema, question, sql, reply, problem), ctx.agent_base_url("rewriter"),
                 ctx.llm_api_key,

@@ -38,13 +38,18 @@ _PROGRESS_EVERY = 1000  # SQLite VM instructions between deadline checks (~tens 
 
 @dataclass(frozen=True)
 class ExecResult:
-    """Rows of a query, or why there are none. ``truncated``: more than ``max_rows`` rows existed."""
+    """Rows of a query, or why there are none. ``truncated``: more than ``max_rows`` rows existed.
+
+    ``row_count``: how many rows the query returned when ``rows`` holds only the first few, as a recorded
+    ``sql.exec`` span does (None: ``len(rows)``), so a result read back from the store previews as it did live.
+    """
 
     sql: str
     rows: list[Row] = field(default_factory=list)
     columns: list[str] = field(default_factory=list)
     error: str | None = None
     truncated: bool = False
+    row_count: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -54,12 +59,12 @@ class ExecResult:
         """A short text of the result for a prompt: the error, or the first ``n`` rows."""
         if self.error is not None:
             return f"Error: {self.error}"
-        if not self.rows:
+        total = len(self.rows) if self.row_count is None else self.row_count
+        if not total:
             return "No rows."
         lines = [", ".join(_show(v) for v in row) for row in self.rows[:n]]
-        more = len(self.rows) - n
-        if more > 0 or self.truncated:
-            lines.append(f"... ({'more than ' if self.truncated else ''}{len(self.rows)} rows)")
+        if total > n or self.truncated:
+            lines.append(f"... ({'more than ' if self.truncated else ''}{total} rows)")
         return "\n".join(lines)
 
 

@@ -52,6 +52,11 @@ def rewriter_user(schema: str, question: str, sql: str | None, reply: str, probl
     return f"{schema}\n\nQuestion: {question}\n\nQuery:\n{_draft(sql, reply)}\n\nProblem: {problem}"
 
 
+def problem_text(error: str | None, verdict: str | None) -> str:
+    """What the rewriter is told is wrong: the error running the query gave and the checker's verdict."""
+    return "; ".join(p for p in (error, verdict) if p) or "the result looks wrong"
+
+
 def verdict_ok(text: str | None) -> bool:
     """Whether the checker's reply approves the query (its first word is OK or CORRECT)."""
     return bool(text and _VERDICT_OK.match(text))
