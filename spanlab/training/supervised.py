@@ -72,12 +72,14 @@ def sft_train(
             loss = -(logprobs * batch.loss_mask * w_B[:, None]).sum() / batch.loss_mask.sum()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+            # the trained weights' norm only: another adapter's gradients (a policy trained before) are not ours
+            torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm)
             optimizer.step()
             losses.append(loss.item())
             tokens += int(batch.attention_mask.sum())
             if bar is not None:
                 bar.advance(note=f"loss {loss.item():.3f}")
+    optimizer.zero_grad(set_to_none=True)  # no stale gradient left for whatever trains this model next
     model.eval()
     seconds = time.perf_counter() - started
     return {"sft_steps": len(losses), "sft_loss_first": losses[0], "sft_loss_last": losses[-1],

@@ -20,8 +20,9 @@ Each role is an OpenAI Agents SDK agent of its own (``instructions`` = its one-l
 ``OpenAIChatCompletionsModel`` on ``AsyncOpenAI(base_url=ctx.agent_base_url(role))``), so every call
 is recorded as a span with ``attributes.agent = role`` and, with TITO, each role keeps its own token
 buffer; a training config then picks which roles' calls it trains on. Every query run is also a
-``sql.exec`` span (who wrote it, the SQL, rows or error), each verdict a ``sql.check`` span and the
-outcome a ``sql.final`` span, which is what "did the checker help" questions query.
+``sql.exec`` span (who wrote it, the SQL or the reply that held none, rows or error), each verdict a
+``sql.check`` span and the outcome a ``sql.final`` span, which is what "did the checker help" questions
+query, and what mining the checker's and the rewriter's demonstrations reads (``mining.py``).
 
 Use: ``Worker(store, load_agent("sql", {"model": served_name}), gateway_url=gw.url)``; drop roles with
 ``roles: [writer]`` (single agent) or ``[writer, rewriter]`` (rewrite only queries that fail to run).
@@ -110,14 +111,17 @@ class SQLAgent(Agent):
             result = await Runner.run(agent, user, max_turns=1, run_config=RunConfig(tracing_disabled=True))
         return "" if result.final_output is None else str(result.final_output)
 
-    async def _execute(self, ctx: RolloutContext, db: str, sql: str | None, author: Role, round_: int) -> ExecResult:
-        """Run a draft on the real database and record it as an ``sql.exec`` span."""
+    async def _execute(self, ctx: RolloutContext, db: str, sql: str | None, author: Role, round_: int,
+                       reply: str) -> ExecResult:
+        """Run a draft on the real database and record it as an ``sql.exec`` span (with the reply when it held no
+        SQL: what the checker is then shown in place of a query, and what mining its demonstrations needs)."""
         if sql is None:
             result = ExecResult("", error=NO_SQL)
         else:
             result = await asyncio.to_thread(run_sql, db, sql, timeout_s=self.exec_timeout_s)
         await asyncio.to_thread(
-            ctx.add_span, "sql.exec", author=author, round=round_, db=db, sql=sql, ok=result.ok, error=result.error,
+            ctx.add_span, "sql.exec", author=author, round=round_, db=db, sql=sql, reply=None if sql else reply,
+            ok=result.ok, error=result.error,
             rows=[list(r) for r in result.rows[:_SPAN_ROWS]], row_count=len(result.rows), truncated=result.truncated,
         )  # fmt: skip
         return result
@@ -134,7 +138,7 @@ class SQLAgent(Agent):
                                ctx.llm_api_key)
         sql = extract_sql(reply)
         author: Role = "writer"  # the role whose query is the current one
-        result = await self._execute(ctx, db, sql, author, 0)
+        result = await self._execute(ctx, db, sql, author, 0, reply)
         match: bool | None = None  # whether the current query matches the gold result, once asked
         for round_ in range(1, self.rounds + 1):
             verdict = None
@@ -163,7 +167,7 @@ class SQLAgent(Agent):
             if fixed is None:
                 logger.debug("task %s: rewriter gave no SQL, keeping the draft", task.get("task_id"))
                 break
-            rewritten = await self._execute(ctx, db, fixed, "rewriter", round_)
+            rewritten = await self._execute(ctx, db, fixed, "rewriter", round_, reply)
             if result.ok and not rewritten.ok:
                 break  # the orchestrator ran both: a rewrite that fails never replaces a draft that runs
             sql, author, result, match = fixed, "rewriter", rewritten, fixed_match

@@ -88,8 +88,11 @@ def _recorded_result(span: Span) -> ExecResult:
                       truncated=bool(a.get("truncated")), row_count=a.get("row_count"))
 
 
-def _reply(spans: Sequence[Span], role: str) -> str:
-    """The text of ``role``'s first call in the attempt ('' if none was recorded)."""
+def _reply(spans: Sequence[Span], role: str, recorded: str | None) -> str:
+    """The reply a draft came from: as its ``sql.exec`` span recorded it (it does when the reply held no SQL),
+    else the text of ``role``'s first call in the attempt ('' if none was recorded)."""
+    if recorded is not None:
+        return recorded
     for span in spans:
         if span.kind == "llm_call" and span.attributes.get("agent") == role and span.llm is not None:
             message = span.llm.response_message or {}
@@ -107,7 +110,7 @@ def _draft(rollout_id: str, task: dict[str, Any], spans: Sequence[Span]) -> Draf
     matches = execution_match(task["db"], sql, task["gold_sql"])
     rewrites = [s.attributes.get("sql") for s in execs if s.attributes.get("author") == "rewriter"]
     good = next((r for r in rewrites if r and execution_match(task["db"], r, task["gold_sql"])), None)
-    return Draft(rollout_id, task, _reply(spans, "writer"), sql, result, matches,
+    return Draft(rollout_id, task, _reply(spans, "writer", first.attributes.get("reply")), sql, result, matches,
                  None if matches else _reason(result, task), (first.span_id,), None if matches else good)
 
 
