@@ -42,15 +42,21 @@ def test_checker_demos_are_balanced_and_prompted_as_the_agent_prompts(any_store:
     agent = record_scripted(any_store)
     demos = mine_demonstrations(any_store)
     checker = [d for d in demos if d.role == "checker"]
-    # 2 drafts matched, 5 did not: 2 of each, alternating, the first ones in rollout order
+    # 2 drafts matched, 5 did not: the OKs topped up with the gold queries of the first wrong drafts' tasks (the
+    # last draft quotes its gold query, so it and its gold are one demonstration), alternating with the WRONGs
     assert [d.messages[-1]["content"] for d in checker] == [
-        "OK", "WRONG: no such column: nosuch_column", "OK", f"WRONG: {EMPTY}"]
-    assert [d.label for d in checker] == ["OK", "WRONG", "OK", "WRONG"]
+        "OK", "WRONG: no such column: nosuch_column", "OK", f"WRONG: {EMPTY}", "OK", f"WRONG: {COLUMNS}",
+        "OK", f"WRONG: {ROWS}", "OK", f"WRONG: {NO_SQL}"]
+    assert [d.label for d in checker[::2]] == ["OK", "OK", "OK_gold", "OK_gold", "OK_gold"]
+    assert [d.task["task_id"] for d in checker[4::2]] == [t["task_id"] for t in TASKS[1:4]]
     sent_to_checker = {user for role, user in agent.sent if role == "checker"}
     for demo in checker:
         system, user, _ = demo.messages
         assert system == {"content": agent.prompts["checker"], "role": "system"}
-        assert user["content"] in sent_to_checker  # exactly what the live agent sent the checker for that draft
+        if demo.label != "OK_gold":
+            assert user["content"] in sent_to_checker  # exactly what the live agent sent the checker for that draft
+        else:
+            assert f"Query:\n{sql_block(demo.task['gold_sql'])}\n\nResult:\n" in user["content"]
     rewriter = [d for d in demos if d.role == "rewriter"]
     assert len(rewriter) == 5 and [d.label for d in rewriter] == ["recorded", "gold", "gold", "gold", "gold"]
     assert all(d.messages[-1]["content"] == sql_block(d.task["gold_sql"]) for d in rewriter)
@@ -58,16 +64,17 @@ def test_checker_demos_are_balanced_and_prompted_as_the_agent_prompts(any_store:
         "Problem: no such column: nosuch_column; WRONG: no such column: nosuch_column")
 
     sets = role_sets(demos, tokenizer)
-    assert {role: len(s.samples) for role, s in sets.items()} == {"checker": 4, "rewriter": 5}
-    assert sets["checker"].stats.kept == 4 and sets["checker"].stats.dropped_duplicate == 0
+    assert {role: len(s.samples) for role, s in sets.items()} == {"checker": 10, "rewriter": 5}
+    assert sets["checker"].stats.kept == 10 and sets["checker"].stats.dropped_duplicate == 0
     ok = sets["checker"].samples[0]
     assert tokenizer.decode(ok.input_ids[ok.loss_mask.astype(bool)]).startswith("OK")  # only the verdict is trained
 
 
-def test_checker_needs_both_verdicts(any_store: StoreAPI) -> None:
+def test_checker_needs_a_wrong_draft(any_store: StoreAPI) -> None:
     record_scripted(any_store)
     right = [d for d in read_drafts(any_store) if d.matches]
-    with pytest.raises(ValueError, match=r"cannot balance the checker's demonstrations: 2 drafts match") as info:
+    with pytest.raises(ValueError, match=r"cannot balance the checker's demonstrations: all 2 distinct drafts match "
+                                         "the gold result, none is wrong") as info:
         checker_demonstrations(right)
     assert "\n" not in str(info.value)
 

@@ -58,10 +58,10 @@ def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 
 
 def test_each_policy_gets_its_own_roles_demonstrations(by_role: dict[str, list[Sample]]) -> None:
-    assert {r: len(s) for r, s in by_role.items()} == {"writer": 3, "checker": 4, "rewriter": 5}
-    assert {p: len(s) for p, s in demos_by_policy(by_role, PER_ROLE).items()} == {"c": 4, "fix": 5, "w": 3}
+    assert {r: len(s) for r, s in by_role.items()} == {"writer": 3, "checker": 10, "rewriter": 5}
+    assert {p: len(s) for p, s in demos_by_policy(by_role, PER_ROLE).items()} == {"c": 10, "fix": 5, "w": 3}
     shared = PoliciesConfig(roles={"writer": "s", "checker": "s", "rewriter": "s"})
-    assert {p: len(s) for p, s in demos_by_policy(by_role, shared).items()} == {"s": 12}
+    assert {p: len(s) for p, s in demos_by_policy(by_role, shared).items()} == {"s": 18}
     writer_only = PoliciesConfig(roles={"writer": "w"})  # the other roles go to the base model: never trained here
     assert {p: len(s) for p, s in demos_by_policy(by_role, writer_only).items()} == {"w": 3}
 
@@ -73,7 +73,7 @@ def test_a_policy_trains_on_its_own_demonstrations_and_nothing_else_moves(
     base = _base(model)
     checker_only = {"c": demos_by_policy(by_role, PER_ROLE)["c"]}
     metrics = warm_start_policies(model, checker_only, SFT, pad_id=0)
-    assert metrics["c/sft_steps"] == 2 and {k.split("/")[0] for k in metrics} == {"c"}  # 4 demos, batches of 2
+    assert metrics["c/sft_steps"] == 5 and {k.split("/")[0] for k in metrics} == {"c"}  # 10 demos, batches of 2
     assert not _same(adapter_state(model, "c"), before["c"])
     assert _same(adapter_state(model, "w"), before["w"]) and _same(adapter_state(model, "fix"), before["fix"])
     assert _same(_base(model), base)

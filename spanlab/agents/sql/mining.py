@@ -10,7 +10,9 @@ the checker was shown and what it should have said:
   (``execution.execution_match``, the reward itself) and ``WRONG: <reason>`` when it does not. The reason is
   short and true: the error running it gave, ``the result is empty``, ``wrong columns`` (another number of
   columns than the gold result), else ``wrong rows``. OK and WRONG are balanced (as many of each, the first
-  ones in rollout order), so the checker does not learn to say the same word every time.
+  ones in rollout order), so the checker does not learn to say the same word every time. A writer that is
+  mostly wrong leaves few OK drafts, so the OKs are topped up with the drafted tasks' gold queries and their
+  real results (label ``OK_gold``): also a query the checker must approve, shown as the agent would show it.
 - **rewriter**: each failing draft with its problem (the error and the checker's right verdict, worded as the
   agent words it), answered with a recorded rewrite that matched the gold result, else the gold query.
 
@@ -41,8 +43,8 @@ from spanlab.agents.sql.prompts import (
 from spanlab.store.base import StoreAPI
 from spanlab.types import Span
 
-__all__ = ["Draft", "checker_demonstrations", "mine_demonstrations", "read_drafts", "rewriter_demonstrations",
-           "verdict"]
+__all__ = ["Draft", "checker_demonstrations", "gold_draft", "mine_demonstrations", "read_drafts",
+           "rewriter_demonstrations", "verdict"]
 
 EMPTY, COLUMNS, ROWS = "the result is empty", "wrong columns", "wrong rows"
 
@@ -139,23 +141,38 @@ def _demo(role: str, system: str, user: str, answer: str, draft: Draft, label: s
                              group_id=str(draft.task.get("task_id", draft.rollout_id)))
 
 
-def checker_demonstrations(drafts: Sequence[Draft]) -> list[RoleDemonstration]:
-    """One checker demonstration per distinct draft, OK and WRONG balanced (alternating, first ones kept).
+def gold_draft(draft: Draft) -> Draft:
+    """The gold query of ``draft``'s task as a draft that matches, with the result running it gives."""
+    task = draft.task
+    result = run_sql(task["db"], task["gold_sql"])
+    return Draft(draft.rollout_id, task, sql_block(task["gold_sql"]), task["gold_sql"], result, True, None, ())
 
-    Raises ValueError, one line, when the drafts hold no OK or no WRONG to balance with."""
+
+def checker_demonstrations(drafts: Sequence[Draft]) -> list[RoleDemonstration]:
+    """One checker demonstration per distinct draft, OK and WRONG balanced (alternating, first ones kept; the OKs
+    topped up with the drafted tasks' gold queries when the recorded ones are fewer than the WRONGs).
+
+    Raises ValueError, one line, when no draft is wrong: there is nothing to balance the OKs with."""
     seen: set[tuple[str, str]] = set()
     by_label: dict[str, list[RoleDemonstration]] = {"OK": [], "WRONG": []}
-    for d in drafts:
+
+    def add(d: Draft, label: str) -> None:
         user = checker_user(schema_text(d.task["db"]), d.task["question"], d.sql, d.reply, d.result)
-        if (d.task["db"], user) in seen:
-            continue
-        seen.add((d.task["db"], user))
-        label = "OK" if d.matches else "WRONG"
-        by_label[label].append(_demo("checker", CHECKER_PROMPT, user, verdict(d), d, label))
+        if (d.task["db"], user) not in seen:
+            seen.add((d.task["db"], user))
+            by_label["OK" if d.matches else "WRONG"].append(_demo("checker", CHECKER_PROMPT, user, verdict(d), d,
+                                                                  label))
+
+    for d in drafts:
+        add(d, "OK" if d.matches else "WRONG")
     ok, wrong = by_label["OK"], by_label["WRONG"]
-    if not ok or not wrong:
-        raise ValueError(f"cannot balance the checker's demonstrations: {len(ok)} drafts match the gold result and "
-                         f"{len(wrong)} do not; record more rollouts (or with a writer that gets some right)")
+    if not wrong:
+        raise ValueError(f"cannot balance the checker's demonstrations: all {len(ok)} distinct drafts match the gold "
+                         "result, none is wrong; record more rollouts (e.g. at a higher rollouts.temperature)")
+    for d in drafts:
+        if len(ok) >= len(wrong):
+            break
+        add(gold_draft(d), "OK_gold")
     n = min(len(ok), len(wrong))
     return [demo for pair in zip(ok[:n], wrong[:n], strict=True) for demo in pair]
 
