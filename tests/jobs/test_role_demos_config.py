@@ -57,3 +57,19 @@ def test_a_mined_warm_start_checks_and_gets_its_train_tasks(tmp_path: Path) -> N
     default = parse_train_config({"warm_start": {"role_demos": "mined"}})
     assert default.warm_start is not None and default.warm_start.mined_tasks == 64
     assert parse_train_config({"warm_start": {}}).warm_start.mined_tasks == 0  # type: ignore[union-attr]
+
+
+def test_the_sql_tutorials_mined_config_passes_the_checks() -> None:
+    """tutorials/sql/policies_mined.yaml: policies.yaml with a mined per-role warm start (and a larger held-out
+    split); everything else as there, so the two runs differ by the warm start alone."""
+    from spanlab.jobs.config import load_train_config
+    from spanlab.jobs.job import check_job
+
+    folder = Path(__file__).resolve().parents[2] / "tutorials" / "sql"
+    config = load_train_config(folder / "policies_mined.yaml")
+    check_job(config)
+    assert config.warm_start is not None and config.warm_start.role_demos == "mined"
+    mined, per_role = config.resolved(), load_train_config(folder / "policies.yaml").resolved()
+    differ = {k for k in mined.keys() | per_role.keys() if mined.get(k) != per_role.get(k)}
+    assert differ == {"run_name", "db", "warm_start", "eval"}
+    assert mined["eval"]["tasks"] >= 90
