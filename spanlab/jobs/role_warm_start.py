@@ -22,13 +22,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from spanlab.adapters.demonstrations import read_demonstrations, record_demonstrations
-from spanlab.adapters.role_demos import role_sets
-from spanlab.adapters.samples import Sample
-from spanlab.adapters.sft import FilterConfig
 from spanlab.errors import ConfigError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the trainer's parts (torch) are imported when a warm start runs, never by --check
+    from spanlab.adapters.samples import Sample
     from spanlab.jobs.config import TrainConfig
     from spanlab.jobs.job import Job
     from spanlab.jobs.tasks import TaskSet
@@ -50,6 +47,10 @@ def check_role_demos(config: TrainConfig, task_set: TaskSet) -> None:
 
 def mined_demonstrations(job: Job) -> tuple[dict[str, list[Sample]], dict[str, float]]:
     """Run the mining tasks, mine and filter each role's demonstrations, record them; each role's as stored."""
+    from spanlab.adapters.demonstrations import read_demonstrations, record_demonstrations
+    from spanlab.adapters.role_demos import role_sets
+    from spanlab.adapters.sft import FilterConfig
+
     ws, store, run_id = job.config.warm_start, job.rig.store, job.report.run_id
     assert ws is not None and job.policy is not None and job.task_set.mine_demonstrations is not None
     tasks = job.splits["train"][: ws.mined_tasks]
