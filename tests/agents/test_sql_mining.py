@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from spanlab.adapters.role_demos import role_sets
-from spanlab.agents.sql.agent import NO_SQL
 from spanlab.agents.sql.mining import (
     COLUMNS,
     EMPTY,
@@ -33,7 +32,7 @@ def test_each_draft_is_labelled_with_its_true_verdict(any_store: StoreAPI) -> No
     drafts = {d.task["task_id"]: d for d in read_drafts(any_store)}
     assert [verdict(drafts[t["task_id"]]) for t in TASKS] == [
         "OK", "WRONG: no such column: nosuch_column", f"WRONG: {EMPTY}", f"WRONG: {COLUMNS}", f"WRONG: {ROWS}",
-        f"WRONG: {NO_SQL}", "OK"]
+        "WRONG: no SQL query found in the reply", "OK"]
     assert drafts[TASKS[1]["task_id"]].good_rewrite == TASKS[1]["gold_sql"]  # the recorded rewrite that matched
     assert drafts[TASKS[5]["task_id"]].sql is None and drafts[TASKS[5]["task_id"]].reply.startswith("I do not know")
 
@@ -46,7 +45,7 @@ def test_checker_demos_are_balanced_and_prompted_as_the_agent_prompts(any_store:
     # last draft quotes its gold query, so it and its gold are one demonstration), alternating with the WRONGs
     assert [d.messages[-1]["content"] for d in checker] == [
         "OK", "WRONG: no such column: nosuch_column", "OK", f"WRONG: {EMPTY}", "OK", f"WRONG: {COLUMNS}",
-        "OK", f"WRONG: {ROWS}", "OK", f"WRONG: {NO_SQL}"]
+        "OK", f"WRONG: {ROWS}", "OK", "WRONG: no SQL query found in the reply"]
     assert [d.label for d in checker[::2]] == ["OK", "OK", "OK_gold", "OK_gold", "OK_gold"]
     assert [d.task["task_id"] for d in checker[4::2]] == [t["task_id"] for t in TASKS[1:4]]
     sent_to_checker = {user for role, user in agent.sent if role == "checker"}

@@ -45,6 +45,7 @@ from spanlab.agents.sql.demos import writer_messages
 from spanlab.agents.sql.execution import ExecResult, execution_match, extract_sql, run_sql
 from spanlab.agents.sql.prompts import (
     CHECKER_PROMPT,
+    NO_SQL,
     REWRITER_PROMPT,
     ROLES,
     WRITER_PROMPT,
@@ -59,7 +60,6 @@ from spanlab.runner.agent import Agent, RolloutContext
 
 logger = logging.getLogger(__name__)
 
-NO_SQL = "no SQL query found in the reply: answer with one SELECT query in a ```sql code block"
 _SPAN_ROWS = 5
 
 

@@ -8,8 +8,9 @@ the checker was shown and what it should have said:
 
 - **checker**: the draft with its real result, answered ``OK`` when it returns the gold result
   (``execution.execution_match``, the reward itself) and ``WRONG: <reason>`` when it does not. The reason is
-  short and true: the error running it gave, ``the result is empty``, ``wrong columns`` (another number of
-  columns than the gold result), else ``wrong rows``. OK and WRONG are balanced (as many of each, the first
+  short and true: the error running it gave (for a reply with no query, "no SQL query found in the reply"),
+  ``the result is empty``, ``wrong columns`` (another number of columns than the gold result), else
+  ``wrong rows``. OK and WRONG are balanced (as many of each, the first
   ones in rollout order), so the checker does not learn to say the same word every time. A writer that is
   mostly wrong leaves few OK drafts, so the OKs are topped up with the drafted tasks' gold queries and their
   real results (label ``OK_gold``): also a query the checker must approve, shown as the agent would show it.
@@ -33,6 +34,8 @@ from spanlab.agents.sql.databases import schema_text
 from spanlab.agents.sql.execution import ExecResult, execution_match, run_sql
 from spanlab.agents.sql.prompts import (
     CHECKER_PROMPT,
+    NO_SQL,
+    NO_SQL_REASON,
     REWRITER_PROMPT,
     checker_user,
     messages,
@@ -73,7 +76,7 @@ def verdict(draft: Draft) -> str:
 def _reason(result: ExecResult, task: dict[str, Any]) -> str:
     """Why a non-matching result is wrong, in the fewest true words."""
     if result.error is not None:
-        return result.error
+        return NO_SQL_REASON if result.error == NO_SQL else result.error
     if not (result.row_count if result.row_count is not None else len(result.rows)):
         return EMPTY
     gold = run_sql(task["db"], task["gold_sql"], max_rows=1)

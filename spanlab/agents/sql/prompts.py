@@ -20,6 +20,11 @@ WRITER_PROMPT = "You write SQLite queries for the tables below. Reply with one q
 CHECKER_PROMPT = "You check SQLite queries. Reply OK if the query answers the question, else WRONG: and the reason."
 REWRITER_PROMPT = "You fix SQLite queries. Reply with the corrected query in a ```sql code block."
 
+# The error a reply without a query gets (the checker and the rewriter are shown it), and its first clause: the
+# reason a right checker gives, without the instruction to the writer.
+NO_SQL = "no SQL query found in the reply: answer with one SELECT query in a ```sql code block"
+NO_SQL_REASON = NO_SQL.partition(":")[0]
+
 _VERDICT_OK = re.compile(r"\s*(?:\**)\s*(OK|CORRECT)\b", re.IGNORECASE)
 _VERDICT_WRONG = re.compile(r"\s*(?:\**)\s*(WRONG|INCORRECT)\b", re.IGNORECASE)
 _PREVIEW_ROWS = 5
