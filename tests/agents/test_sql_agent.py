@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,6 +34,8 @@ from spanlab.runner import Worker
 from spanlab.runner.agent import load_agent
 from spanlab.store import SpanStore
 from spanlab.types import Rollout, RolloutConfig, Span
+
+logger = logging.getLogger(__name__)
 
 
 @pytest.fixture
@@ -174,6 +177,7 @@ def test_role_metrics_over_sampled_rollouts_of_two_rounds(
     agent = SQLAgent(vllm_server.model, temperature=1.0, max_tokens=48, rounds=2)
     results = _run(store, tito_gateway, agent, make_tasks("val", 6, seed=1))
     seen = [_check_role_metrics(store, task, spans) for task, _, spans in results.values()]
+    logger.info("role metrics of the sampled rollouts: %s", seen)  # which paths this run took (-o log_cli=true)
     assert all(CHECKER_VERDICT in m for m in seen)  # the checker judges every draft
 
 
