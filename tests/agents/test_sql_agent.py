@@ -1,14 +1,16 @@
 """SQLAgent end to end: runner Worker -> TITO gateway -> real vLLM, the queries run on the real SQLite databases.
 
 Checks the multi-agent attribution (each role's calls are spans with ``attributes.agent``, the writer
-first, one TITO session per role) and that the writer demonstrations render, token for token, to the
-prompt the live writer sends.
+first, one TITO session per role), that the role metrics each rollout records are what its real replies and
+their real results say, and that the writer demonstrations render, token for token, to the prompt the live
+writer sends.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,12 +18,24 @@ import pytest
 
 from spanlab.agents.sql import SQLAgent, demonstration, make_tasks
 from spanlab.agents.sql.execution import execution_match, extract_sql
-from spanlab.agents.sql.prompts import WRITER_PROMPT, verdict_ok, verdict_right
+from spanlab.agents.sql.prompts import WRITER_PROMPT, verdict_given, verdict_ok, verdict_right
+from spanlab.agents.sql.roles import (
+    CHECKER_ACCURACY,
+    CHECKER_VERDICT,
+    DRAFT_RIGHT,
+    REWRITER_FIX,
+    RIGHT_DRAFT_KEPT,
+    WRONG_DRAFT_FIXED,
+    role_metrics,
+)
 from spanlab.gateway import GatewayServer
+from spanlab.jobs.rollouts import rollout_metrics
 from spanlab.runner import Worker
 from spanlab.runner.agent import load_agent
 from spanlab.store import SpanStore
 from spanlab.types import Rollout, RolloutConfig, Span
+
+logger = logging.getLogger(__name__)
 
 
 @pytest.fixture
@@ -57,6 +71,39 @@ def _custom(spans: list[Span], name: str) -> list[dict[str, Any]]:
     return [s.attributes for s in spans if s.name == name]
 
 
+def _replies(spans: list[Span], role: str) -> list[str]:
+    return [s.llm.response_message["content"] or "" for s in spans
+            if s.kind == "llm_call" and s.attributes.get("agent") == role]
+
+
+def _check_role_metrics(store: SpanStore, task: dict[str, Any], spans: list[Span]) -> dict[str, float]:
+    """The metrics the rollout recorded are the ones its real replies give, each judged by running its SQL here,
+    and the ones :func:`role_metrics` reads off its ``sql.*`` spans as the store returns them."""
+    def right(sql: str | None) -> bool:
+        return execution_match(task["db"], sql, task["gold_sql"])
+
+    (reward,) = [s.reward.value for s in spans if s.reward is not None and s.reward.name == "reward"]
+    draft = right(extract_sql(_replies(spans, "writer")[0]))
+    checks = [(reply, right(check["sql"])) for reply, check in zip(_replies(spans, "checker"),
+                                                                    _custom(spans, "sql.check"), strict=True)]
+    rewrites = [right(extract_sql(reply)) for reply in _replies(spans, "rewriter")]
+    expected = {DRAFT_RIGHT: float(draft)}
+    if checks:
+        expected[CHECKER_VERDICT] = sum(verdict_given(r) for r, _ in checks) / len(checks)
+        expected[CHECKER_ACCURACY] = sum(verdict_right(r, m) for r, m in checks) / len(checks)
+        expected[RIGHT_DRAFT_KEPT if draft else WRONG_DRAFT_FIXED] = reward
+    if rewrites:
+        expected[REWRITER_FIX] = sum(rewrites) / len(rewrites)
+    rollout_id = spans[0].rollout_id
+    assert rollout_id is not None
+    recorded = rollout_metrics(store, [rollout_id])[rollout_id]
+    assert recorded == expected
+    assert role_metrics([(s.name, s.attributes) for s in spans if s.name.startswith("sql.")]) == recorded
+    for ex in _custom(spans, "sql.exec"):
+        assert ex["match"] == right(ex["sql"])
+    return recorded
+
+
 @pytest.mark.vllm
 def test_roles_are_recorded_as_separate_agents_with_a_reward(
     store: SpanStore, tito_gateway: GatewayServer, vllm_server: Any, tokenizer: Any
@@ -85,7 +132,8 @@ def test_roles_are_recorded_as_separate_agents_with_a_reward(
         rewrote = not (execs[0]["ok"] and check["ok"])
         assert ("rewriter" in roles) == rewrote
         (final,) = _custom(spans, "sql.final")
-        kept_draft = len(execs) == 1 or (execs[0]["ok"] and not execs[1]["ok"])  # a failing rewrite never wins
+        # a rewrite without SQL, or one that fails where the draft ran, never wins
+        kept_draft = len(execs) == 1 or execs[1]["sql"] is None or (execs[0]["ok"] and not execs[1]["ok"])
         assert final["sql"] == execs[0 if kept_draft else 1]["sql"]
         assert final["match"] == bool(reward) == execution_match(task["db"], final["sql"], task["gold_sql"])
 
@@ -98,7 +146,7 @@ def test_roles_are_recorded_as_separate_agents_with_a_reward(
         assert ("sql.fix" in rewards) == rewrote
         if rewrote:
             fix = rewards["sql.fix"]
-            rewrite = execs[1]["sql"] if len(execs) > 1 else None
+            rewrite = execs[1]["sql"]  # None when the rewriter's reply had no SQL: still recorded
             fixed = rewrite is not None and execution_match(task["db"], rewrite, task["gold_sql"])
             assert fix.reward.value == float(fixed and not draft_matches)
             assert _last_call_before(spans, fix).attributes["agent"] == "rewriter"
@@ -108,6 +156,7 @@ def test_roles_are_recorded_as_separate_agents_with_a_reward(
         writer = calls[0].llm
         assert writer.request_messages == demo["messages"][:2]
         assert list(writer.prompt_token_ids) == _prompt_ids(tokenizer, demo["messages"][:2])
+        _check_role_metrics(store, task, spans)
         assert demo["messages"][0]["content"] == WRITER_PROMPT
 
         # One TITO token buffer per role.
@@ -120,13 +169,27 @@ def test_roles_are_recorded_as_separate_agents_with_a_reward(
 
 
 @pytest.mark.vllm
+def test_role_metrics_over_sampled_rollouts_of_two_rounds(
+    store: SpanStore, tito_gateway: GatewayServer, vllm_server: Any
+) -> None:
+    """Sampled replies and two rounds take the rollouts down more paths (verdicts or not, rewrites, a second
+    check); every rollout's metrics are still what its replies give."""
+    agent = SQLAgent(vllm_server.model, temperature=1.0, max_tokens=48, rounds=2)
+    results = _run(store, tito_gateway, agent, make_tasks("val", 6, seed=1))
+    seen = [_check_role_metrics(store, task, spans) for task, _, spans in results.values()]
+    logger.info("role metrics of the sampled rollouts: %s", seen)  # which paths this run took (-o log_cli=true)
+    assert all(CHECKER_VERDICT in m for m in seen)  # the checker judges every draft
+
+
+@pytest.mark.vllm
 def test_writer_alone(store: SpanStore, tito_gateway: GatewayServer, vllm_server: Any) -> None:
     agent = SQLAgent(vllm_server.model, temperature=0.0, max_tokens=48, roles=["writer"], rounds=2)
-    ((_, _, spans),) = _run(store, tito_gateway, agent, make_tasks("test", 1, levels=[1])).values()
+    ((task, _, spans),) = _run(store, tito_gateway, agent, make_tasks("test", 1, levels=[1])).values()
     assert [s.attributes.get("agent") for s in spans if s.kind == "llm_call"] == ["writer"]
     assert len(_custom(spans, "sql.exec")) == 1 and not _custom(spans, "sql.check")
     (reward,) = [s.reward.value for s in spans if s.reward is not None]
     assert reward == float(_custom(spans, "sql.final")[0]["match"])
+    assert _check_role_metrics(store, task, spans).keys() == {DRAFT_RIGHT}  # no checker, no rewriter: no rates
 
 
 def test_demonstration_is_the_writer_turn_with_the_gold_query(tokenizer: Any) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -109,3 +110,22 @@ def test_registered_as_agent_and_task_set() -> None:
     task_set = load_task_set("sql")
     assert task_set.make_tasks("val", 3) == make_tasks("val", 3) and task_set.demonstration is not None
     assert LEVELS == (1, 2, 3)
+
+
+def test_ninety_and_more_held_out_tasks_at_the_policies_levels() -> None:
+    """Issue 55 evaluates the policies on >= 90 held-out tasks at levels 1-3 (tutorials/sql/policies.yaml): the
+    test split holds 150 distinct ones, each level a third, and no test question is a training question."""
+    test = make_tasks("test", 150, seed=0, levels=(1, 2, 3))
+    keys = {(t["db"], t["question"]) for t in test}
+    assert len(keys) == 150 and [t["level"] for t in test] == [1, 2, 3] * 50
+    train = {(t.db, q) for by_template in question_space().values() for t, instances in by_template
+             for q, _ in instances if split_of(t.db, q) == "train"}
+    assert len(train) >= 1500 and not keys & train
+    assert make_tasks("test", 90, seed=0) == test[:90]  # the first 90 of them: a larger eval extends a smaller
+
+
+def test_the_levels_tasks_are_pinned() -> None:
+    """Runs evaluated before are compared with runs evaluated after: the tasks of levels 1-3 must not change."""
+    tasks = [make_tasks(s, n, 0, (1, 2, 3)) for s, n in (("train", 240), ("val", 90), ("test", 150))]
+    digest = hashlib.sha256(json.dumps(tasks, sort_keys=True).encode()).hexdigest()
+    assert digest == "16c98cedf912f8ce09b44191f1e2f49f14983845e76c222df53c4565e8a4f39b"

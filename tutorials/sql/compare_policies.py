@@ -1,21 +1,28 @@
-"""Per-role policies vs one shared policy on the SQL agent: held-out accuracy and the checker's verdict accuracy.
+"""Per-role policies vs one shared policy vs the warm start alone on the SQL agent (issue 55's comparison).
 
-Reads the stores of two runs that started from the same weights and evaluated the same held-out tasks. Run as
-the tutorial configs are, each run evaluates its start itself (``base`` after a warm start is its own held-out
-phase, ``warm_start``):
+Three rows, all from one warm-start checkpoint:
 
-    python tutorials/sql/compare_policies.py runs/sql-policies-shared.duckdb runs/sql-policies.duckdb
+- **warm start only**: the (per-role) warm start with no RL; its start is the base model when its run evaluated
+  one (``eval.base``), so its row shows what the demonstrations give by themselves;
+- **shared**: one adapter for every role, the final reward broadcast (``policies_shared.yaml``);
+- **per role**: an adapter per role, per-turn credit with ``scope: role`` (``policies.yaml``).
 
-To spend the start's evaluation and warm start once, warm-start one run with ``grpo.steps: 0`` (it evaluates
-phase ``warm_start`` and writes ``runs/NAME/final``), start both arms from that folder (``engine.model``, no
-``warm_start``, ``eval.base: false``), and name its store:
+Warm-start one run with ``grpo.steps: 0`` (it evaluates phase ``warm_start`` and writes ``runs/NAME/final``),
+start both arms from that folder (``engine.model``, no ``warm_start``, ``eval.base: false``), then:
 
     python tutorials/sql/compare_policies.py --start runs/sql-warm.duckdb shared.duckdb per-role.duckdb
 
-Prints the accuracy and the checker's verdict accuracy (the mean of the ``sql.verdict`` rewards, one per held-out
-rollout) at the start and at the end of each arm, each with a 95% bootstrap interval; the paired differences (per
-task) final - start and per-role - shared at the end; then each arm's train reward per step and role, from the
-``role_summary`` view.
+Without ``--start`` each arm's start is its own store's (``warm_start`` when it had one, else ``base``) and the
+warm-start row is left out.
+
+Everything is read back from the stores' held-out rollouts (``mode = 'test'``, ``metadata.phase`` and
+``metadata.split = 'test'``): the final reward (accuracy) and the role metrics each rollout recorded
+(:mod:`spanlab.agents.sql.roles`). Per row and metric: the start and the end, each a mean with a 95% bootstrap
+interval, and end - start paired by task. Accuracy, the writer's draft accuracy and the checker's verdict rate and
+accuracy are recorded on every held-out rollout, so they pair by task; the rewriter's fix rate and the outcome
+rates (right drafts kept, wrong drafts fixed) are over the rollouts they are about, which differ between
+phases, so they are shown with their counts and not paired. Then per-role - shared at the end, paired by task,
+and each arm's train reward per step and role (the ``role_summary`` view).
 """
 
 from __future__ import annotations
@@ -23,27 +30,112 @@ from __future__ import annotations
 import argparse
 import logging
 from pathlib import Path
+from typing import NamedTuple
 
 from rich.console import Console
 
-from spanlab.compare import held_out
+from spanlab.agents.sql.roles import (
+    CHECKER_ACCURACY,
+    CHECKER_VERDICT,
+    DRAFT_RIGHT,
+    REWRITER_FIX,
+    RIGHT_DRAFT_KEPT,
+    WRONG_DRAFT_FIXED,
+)
+from spanlab.jobs.rollouts import rollout_metrics
 from spanlab.stats import Interval, bootstrap, paired_difference
 from spanlab.store import SpanStore, StoreAPI
 
 SPLIT = "test"
-PHASES = ("base", "warm_start", "final")
-Scores = dict[str, dict[str, float]]  # metric -> task_id -> score
+ACCURACY = "accuracy"
+# (label, metric, paired): paired metrics are recorded on every held-out rollout of an agent with a checker
+METRICS: tuple[tuple[str, str, bool], ...] = (
+    ("accuracy", ACCURACY, True),
+    ("writer's draft right", DRAFT_RIGHT, True),
+    ("checker gives a verdict", CHECKER_VERDICT, True),
+    ("checker's verdict right", CHECKER_ACCURACY, True),
+    ("rewrites that match gold", REWRITER_FIX, False),
+    ("right drafts kept", RIGHT_DRAFT_KEPT, False),
+    ("wrong drafts fixed", WRONG_DRAFT_FIXED, False),
+)
+Scores = dict[str, dict[str, float]]  # metric -> task_id -> value
 
 
-def verdicts(store: StoreAPI, phase: str) -> dict[str, float]:
-    """task_id -> the checker's verdict reward in the held-out rollout of ``phase`` (0 or 1)."""
-    if phase not in PHASES:
-        raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
-    rows = store.query(
-        "SELECT r.input->>'$.task_id' AS task_id, avg(s.reward_value) AS v FROM spans s "
-        "JOIN rollouts r USING (rollout_id) WHERE s.kind = 'reward' AND s.reward_name = 'sql.verdict' "
-        f"AND r.mode = 'test' AND r.metadata->>'$.phase' = '{phase}' GROUP BY 1").to_pylist()
-    return {str(r["task_id"]): float(r["v"]) for r in rows}
+class Row(NamedTuple):
+    """One row of the table: the held-out scores at its start (None: not evaluated) and at its end."""
+
+    label: str
+    start: Scores | None
+    end: Scores
+
+
+def scores(store: StoreAPI, phase: str) -> Scores:
+    """metric -> task_id -> value over the held-out rollouts of ``phase``: the final reward as ``accuracy`` (a
+    failed rollout scores 0) and each metric its last attempt recorded. Empty when the phase never ran."""
+    held = [r for r in store.rollout_summaries(metadata={"phase": phase, "split": SPLIT})
+            if r.mode == "test" and isinstance(r.input, dict)]
+    if not held:
+        return {}
+    task_of = {r.rollout_id: str(r.input["task_id"]) for r in held}  # type: ignore[index]
+    out: Scores = {ACCURACY: {task_of[r.rollout_id]: float(r.final_reward or 0.0) for r in held}}
+    for rid, metrics in rollout_metrics(store, list(task_of)).items():
+        for name, value in metrics.items():
+            out.setdefault(name, {})[task_of[rid]] = value
+    return out
+
+
+def start_scores(store: StoreAPI) -> Scores:
+    """A run's start: after its warm start when it had one, else its base evaluation."""
+    return scores(store, "warm_start") or scores(store, "base")
+
+
+def _open(db: Path) -> SpanStore:
+    if not db.is_file():
+        raise FileNotFoundError(f"{db}: no such store (did that run finish?)")
+    return SpanStore(db)
+
+
+def rows(arms: dict[str, Path], start: Path | None = None) -> list[Row]:
+    """The warm-start row (with ``start``) and one row per arm, read from the stores."""
+    out: list[Row] = []
+    common = None
+    if start is not None:
+        with _open(start) as store:
+            common, base = scores(store, "warm_start"), scores(store, "base")
+            if not common:
+                raise ValueError(f"{start}: no held-out evaluation of phase warm_start (the common start)")
+            out.append(Row("warm start only", base or None, common))
+    for label, db in arms.items():
+        with _open(db) as store:
+            end = scores(store, "final")
+            if not end:
+                raise ValueError(f"{db}: no held-out evaluation of phase final (did the run finish?)")
+            out.append(Row(label, common if common is not None else start_scores(store) or None, end))
+    return out
+
+
+def _cell(values: dict[str, float] | None, paired: bool) -> str:
+    if not values:
+        return "-"
+    i = bootstrap(list(values.values()))
+    if paired:
+        return f"{100 * i.mean:.1f}% [{100 * i.low:.1f}, {100 * i.high:.1f}] (n={i.n})"
+    return f"{100 * i.mean:.1f}% ({sum(values.values()):g}/{i.n})"
+
+
+def _pts(i: Interval) -> str:
+    return f"{100 * i.mean:+.1f} [{100 * i.low:+.1f}, {100 * i.high:+.1f}] (n={i.n})"
+
+
+def paired(after: dict[str, float], before: dict[str, float]) -> Interval | None:
+    """mean(after - before) over the tasks both scored, with its 95% interval (None: no common task)."""
+    tasks = sorted(after.keys() & before.keys())
+    return paired_difference([after[t] for t in tasks], [before[t] for t in tasks]) if tasks else None
+
+
+def _diff(after: dict[str, float] | None, before: dict[str, float] | None) -> str:
+    i = paired(after, before) if after and before else None
+    return "-" if i is None else _pts(i)
 
 
 def train_rewards(store: StoreAPI) -> list[dict[str, object]]:
@@ -53,64 +145,33 @@ def train_rewards(store: StoreAPI) -> list[dict[str, object]]:
         "WHERE mode = 'train' ORDER BY step, role").to_pylist()
 
 
-def _pct(i: Interval) -> str:
-    return f"{100 * i.mean:.1f}% [{100 * i.low:.1f}, {100 * i.high:.1f}]"
-
-
-def _pts(i: Interval) -> str:
-    return f"{100 * i.mean:+.1f} [{100 * i.low:+.1f}, {100 * i.high:+.1f}]"
-
-
-def _paired(a: dict[str, float], b: dict[str, float]) -> Interval:
-    """mean(a - b) over the tasks both scored."""
-    tasks = sorted(a.keys() & b.keys())
-    return paired_difference([a[t] for t in tasks], [b[t] for t in tasks])
-
-
-def scores(store: StoreAPI, phase: str) -> Scores:
-    return {"accuracy": held_out(store, phase, SPLIT), "verdict accuracy": verdicts(store, phase)}
-
-
-def start_scores(store: StoreAPI) -> Scores:
-    """The run's start: after its warm start when it had one, else its base evaluation."""
-    warm = scores(store, "warm_start")
-    return warm if warm["accuracy"] else scores(store, "base")
-
-
 def report(arms: dict[str, Path], start: Path | None = None) -> str:
-    """The markdown tables (module docstring); ``start``: the store that evaluated both arms' common start."""
-    common = None
-    if start is not None:
-        with SpanStore(start) as store:
-            common = start_scores(store)
-    begin: dict[str, Scores] = {}
-    end: dict[str, Scores] = {}
-    steps: dict[str, list[dict[str, object]]] = {}
-    for label, db in arms.items():
-        with SpanStore(db) as store:
-            begin[label] = common if common is not None else start_scores(store)
-            end[label] = scores(store, "final")
-            steps[label] = train_rewards(store)
-    lines = ["| arm | metric | start | final | final - start, points |", "|---|---|---|---|---|"]
-    for label in arms:
-        for metric in ("accuracy", "verdict accuracy"):
-            first, last = bootstrap(list(begin[label][metric].values())), bootstrap(list(end[label][metric].values()))
-            diff = _paired(end[label][metric], begin[label][metric])
-            lines.append(f"| {label} | {metric} | {_pct(first)} (n={first.n}) | {_pct(last)} (n={last.n}) "
-                         f"| {_pts(diff)} |")
-    (a, b) = list(arms)
-    lines += ["", f"| metric | {b} - {a} at the end, points (paired by task) | n |", "|---|---|---|"]
-    for metric in ("accuracy", "verdict accuracy"):
-        diff = _paired(end[b][metric], end[a][metric])
-        lines.append(f"| {metric} | {_pts(diff)} | {diff.n} |")
+    """The markdown tables (module docstring). ``arms``: label -> store, the shared arm first, per role second."""
+    table = rows(arms, start)
+    lines = ["| row | metric | start | end | end - start, points (paired by task) |", "|---|---|---|---|---|"]
+    for row in table:
+        for label, metric, is_paired in METRICS:
+            before = row.start.get(metric) if row.start else None
+            after = row.end.get(metric)
+            if before is None and after is None:
+                continue
+            diff = _diff(after, before) if is_paired else "not paired (other rollouts)"
+            lines.append(f"| {row.label} | {label} | {_cell(before, is_paired)} | {_cell(after, is_paired)} "
+                         f"| {diff} |")
+    a, b = table[-2], table[-1]
+    lines += ["", f"| metric | {b.label} - {a.label} at the end, points (paired by task) |", "|---|---|"]
+    for label, metric, is_paired in METRICS:
+        if is_paired and metric in a.end and metric in b.end:
+            lines.append(f"| {label} | {_diff(b.end[metric], a.end[metric])} |")
     lines += ["", "| arm | step | role | policy | calls | final reward | intermediate reward |",
               "|---|---|---|---|---|---|---|"]
-    for label, rows in steps.items():
-        for r in rows:
-            inter = r["intermediate_reward_mean"]
-            lines.append(f"| {label} | {r['step']} | {r['role']} | {r['policy']} | {r['llm_calls']} "
-                         f"| {float(r['final_reward_mean'] or 0):.3f} "  # type: ignore[arg-type]
-                         f"| {'-' if inter is None else f'{float(inter):.3f}'} |")  # type: ignore[arg-type]
+    for label, db in arms.items():
+        with _open(db) as store:
+            for r in train_rewards(store):
+                inter = r["intermediate_reward_mean"]
+                lines.append(f"| {label} | {r['step']} | {r['role']} | {r['policy']} | {r['llm_calls']} "
+                             f"| {float(r['final_reward_mean'] or 0):.3f} "  # type: ignore[arg-type]
+                             f"| {'-' if inter is None else f'{float(inter):.3f}'} |")  # type: ignore[arg-type]
     return "\n".join(lines)
 
 
@@ -119,12 +180,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("shared", type=Path, help="the store of the one-shared-policy run")
     parser.add_argument("per_role", type=Path, help="the store of the per-role-policies run")
-    parser.add_argument("--start", type=Path, help="the store that evaluated both arms' common start")
+    parser.add_argument("--start", type=Path, help="the store that evaluated both arms' common (warm) start")
     args = parser.parse_args()
-    for db in (args.shared, args.per_role, args.start):
-        if db is not None and not db.is_file():
-            parser.error(f"{db}: no such store")
-    Console().print(report({"shared": args.shared, "per-role": args.per_role}, args.start), markup=False)
+    try:
+        text = report({"shared": args.shared, "per role": args.per_role}, args.start)
+    except (FileNotFoundError, ValueError) as exc:
+        parser.error(str(exc))
+    Console().print(text, markup=False)
 
 
 if __name__ == "__main__":

@@ -19,10 +19,14 @@ rewrite matches the gold result and the query it was asked to fix did not, else 
 Each role is an OpenAI Agents SDK agent of its own (``instructions`` = its one-line system prompt,
 ``OpenAIChatCompletionsModel`` on ``AsyncOpenAI(base_url=ctx.agent_base_url(role))``), so every call
 is recorded as a span with ``attributes.agent = role`` and, with TITO, each role keeps its own token
-buffer; a training config then picks which roles' calls it trains on. Every query run is also a
-``sql.exec`` span (who wrote it, the SQL or the reply that held none, rows or error), each verdict a
-``sql.check`` span and the outcome a ``sql.final`` span, which is what "did the checker help" questions
-query, and what mining the checker's and the rewriter's demonstrations reads (``mining.py``).
+buffer; a training config then picks which roles' calls it trains on. Every writer or rewriter answer is also
+an ``sql.exec`` span (who wrote it, the SQL or None when the reply had none, rows or error, ``match``: whether
+its result is the gold result), each verdict a ``sql.check`` span (with the judged query's ``match``) and the
+outcome a ``sql.final`` span, which is what "did the checker help" questions query. From those spans each
+rollout records what each role did as metrics, never rewards (:mod:`spanlab.agents.sql.roles`): whether the
+checker gave a verdict and judged right, whether the rewrite matched, whether a right draft stayed right and a
+wrong one was fixed; held-out evaluations report their means. Mining the checker's and the rewriter's
+demonstrations reads the same spans (``mining.py``).
 
 Use: ``Worker(store, load_agent("sql", {"model": served_name}), gateway_url=gw.url)``; drop roles with
 ``roles: [writer]`` (single agent) or ``[writer, rewriter]`` (rewrite only queries that fail to run).
@@ -34,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from agents import Agent as SDKAgent
@@ -56,6 +61,7 @@ from spanlab.agents.sql.prompts import (
     verdict_ok,
     verdict_right,
 )
+from spanlab.agents.sql.roles import Event, role_metrics
 from spanlab.runner.agent import Agent, RolloutContext
 
 logger = logging.getLogger(__name__)
@@ -111,35 +117,27 @@ class SQLAgent(Agent):
             result = await Runner.run(agent, user, max_turns=1, run_config=RunConfig(tracing_disabled=True))
         return "" if result.final_output is None else str(result.final_output)
 
-    async def _execute(self, ctx: RolloutContext, db: str, sql: str | None, author: Role, round_: int,
-                       reply: str) -> ExecResult:
-        """Run a draft on the real database and record it as an ``sql.exec`` span (with the reply when it held no
-        SQL: what the checker is then shown in place of a query, and what mining its demonstrations needs)."""
+    async def _execute(self, db: str, sql: str | None, gold_sql: str) -> tuple[ExecResult, bool]:
+        """Run a query on the real database: its result, and whether that is the gold result."""
         if sql is None:
-            result = ExecResult("", error=NO_SQL)
-        else:
-            result = await asyncio.to_thread(run_sql, db, sql, timeout_s=self.exec_timeout_s)
-        await asyncio.to_thread(
-            ctx.add_span, "sql.exec", author=author, round=round_, db=db, sql=sql, reply=None if sql else reply,
-            ok=result.ok, error=result.error,
-            rows=[list(r) for r in result.rows[:_SPAN_ROWS]], row_count=len(result.rows), truncated=result.truncated,
-        )  # fmt: skip
-        return result
-
-    async def _matches(self, db: str, sql: str | None, gold_sql: str) -> bool:
-        return await asyncio.to_thread(execution_match, db, sql, gold_sql, timeout_s=self.exec_timeout_s)
+            return ExecResult("", error=NO_SQL), False
+        result = await asyncio.to_thread(run_sql, db, sql, timeout_s=self.exec_timeout_s)
+        matches = result.ok and await asyncio.to_thread(
+            execution_match, db, sql, gold_sql, timeout_s=self.exec_timeout_s)
+        return result, matches
 
     async def run(self, task: Any, ctx: RolloutContext) -> float:
         if ctx.llm_base_url is None:
             raise ValueError("SQLAgent needs a gateway: run it with a Worker that has gateway_url set")
         db, question, gold = task["db"], task["question"], task["gold_sql"]
         schema = schema_text(db)
+        log = _Log(ctx)
         reply = await self.ask("writer", writer_messages(task)[1]["content"], ctx.agent_base_url("writer"),
                                ctx.llm_api_key)
         sql = extract_sql(reply)
         author: Role = "writer"  # the role whose query is the current one
-        result = await self._execute(ctx, db, sql, author, 0, reply)
-        match: bool | None = None  # whether the current query matches the gold result, once asked
+        result, match = await self._execute(db, sql, gold)  # match: the current query's result is the gold one
+        await log.exec(db, sql, result, match, author, 0, reply)
         for round_ in range(1, self.rounds + 1):
             verdict = None
             if "checker" in self.roles:
@@ -147,9 +145,8 @@ class SQLAgent(Agent):
                     "checker", checker_user(schema, question, sql, reply, result), ctx.agent_base_url("checker"),
                     ctx.llm_api_key,
                 )
-                match = await self._matches(db, sql, gold) if match is None else match
-                await asyncio.to_thread(ctx.add_span, "sql.check", round=round_, verdict=verdict,
-                                        ok=verdict_ok(verdict), sql=sql)  # fmt: skip
+                await log.span("sql.check", round=round_, verdict=verdict, ok=verdict_ok(verdict), sql=sql,
+                               match=match)  # fmt: skip
                 await asyncio.to_thread(ctx.add_reward, float(verdict_right(verdict, match)), name="sql.verdict")
             if result.ok and (verdict is None or verdict_ok(verdict)):
                 break  # approved, or no checker to object to a query that runs
@@ -161,16 +158,41 @@ class SQLAgent(Agent):
                 ctx.llm_api_key,
             )
             fixed = extract_sql(reply)
-            match = await self._matches(db, sql, gold) if match is None else match
-            fixed_match = fixed is not None and await self._matches(db, fixed, gold)
+            rewritten, fixed_match = await self._execute(db, fixed, gold)
             await asyncio.to_thread(ctx.add_reward, float(fixed_match and not match), name="sql.fix")
+            await log.exec(db, fixed, rewritten, fixed_match, "rewriter", round_, reply)  # recorded even without SQL
             if fixed is None:
                 logger.debug("task %s: rewriter gave no SQL, keeping the draft", task.get("task_id"))
                 break
-            rewritten = await self._execute(ctx, db, fixed, "rewriter", round_, reply)
             if result.ok and not rewritten.ok:
                 break  # the orchestrator ran both: a rewrite that fails never replaces a draft that runs
             sql, author, result, match = fixed, "rewriter", rewritten, fixed_match
-        match = await self._matches(db, sql, gold) if match is None else match
-        await asyncio.to_thread(ctx.add_span, "sql.final", sql=sql, author=author, match=match)
+        await log.span("sql.final", sql=sql, author=author, match=match)
+        await asyncio.to_thread(log.record_metrics)
         return float(match)
+
+
+@dataclass
+class _Log:
+    """Records the rollout's ``sql.*`` spans and keeps them, so its role metrics are read off what it recorded."""
+
+    ctx: RolloutContext
+    events: list[Event] = field(default_factory=list)
+
+    async def span(self, name: str, **attributes: Any) -> None:
+        self.events.append((name, attributes))
+        await asyncio.to_thread(self.ctx.add_span, name, **attributes)
+
+    async def exec(self, db: str, sql: str | None, result: ExecResult, match: bool, author: Role, round_: int,
+                   reply: str) -> None:
+        """One writer or rewriter answer as an ``sql.exec`` span: the query (None: there was none, and then the reply,
+        which the checker is shown in place of a query and mining its demonstrations needs) and its result."""
+        await self.span("sql.exec", author=author, round=round_, db=db, sql=sql, reply=None if sql else reply,
+                        ok=result.ok, error=result.error,
+                        rows=[list(r) for r in result.rows[:_SPAN_ROWS]], row_count=len(result.rows),
+                        truncated=result.truncated, match=match)  # fmt: skip
+
+    def record_metrics(self) -> None:
+        """The rollout's role metrics (:mod:`spanlab.agents.sql.roles`), once its ``sql.final`` is recorded."""
+        for name, value in role_metrics(self.events).items():
+            self.ctx.add_metric(name, value)

@@ -67,12 +67,22 @@ def verdict_ok(text: str | None) -> bool:
     return bool(text and _VERDICT_OK.match(text))
 
 
+def verdict_wrong(text: str | None) -> bool:
+    """Whether the checker's reply rejects the query (its first word is WRONG or INCORRECT)."""
+    return bool(text and _VERDICT_WRONG.match(text))
+
+
+def verdict_given(text: str | None) -> bool:
+    """Whether the checker's reply is a verdict at all (approves or rejects), not SQL or prose."""
+    return verdict_ok(text) or verdict_wrong(text)
+
+
 def verdict_right(text: str | None, draft_matches: bool) -> bool:
     """Whether the checker judged the draft as it is: OK on a draft that matches the gold result, WRONG on one
     that does not. A reply that starts with neither is never right (it is not a verdict)."""
     if verdict_ok(text):
         return draft_matches
-    return bool(text and _VERDICT_WRONG.match(text)) and not draft_matches
+    return verdict_wrong(text) and not draft_matches
 
 
 def messages(system: str, user: str) -> list[dict[str, str]]:
