@@ -133,7 +133,6 @@ def run_stage(name: str, config: dict[str, Any], out: Path, *, resume: bool = Fa
 
 
 def _resumable(config: dict[str, Any]) -> bool:
-    from spanlab.jobs.config import parse_train_config
-    from spanlab.jobs.job import build_algorithm
+    from spanlab.jobs.registry import load_algorithm
 
-    return build_algorithm(parse_train_config(config, "the stage's config")).resumable
+    return load_algorithm(str(config.get("algorithm", "grpo"))).resumable

@@ -46,15 +46,22 @@ ARMS = ("exact", "retokenized")
 QUICK = {"eval": {"curve": {"splits": ["test"], "every": 1}}}
 
 
-def stage_config(name: str, base: dict[str, Any], out: Path, train_tasks: int) -> dict[str, Any]:
-    """The full train config of stage ``name`` (``start`` or ``ARM-i``)."""
+def stage_config(name: str, base: dict[str, Any], out: Path, train_tasks: int,
+                 start_from: Path | None = None) -> dict[str, Any]:
+    """The full train config of stage ``name`` (``start`` or ``ARM-i``). With ``start_from`` (a finished
+    warm-start run folder of the main job) the start only evaluates that run's ``final/`` (phase ``base``), on
+    today's tasks, and every run starts from that folder."""
     arm = name if name == "start" else name.rsplit("-", 1)[0]
     config = deep_merge(base, load_yaml(HERE / "arms" / f"{arm}.yaml"))
     config.update(run_name=name, out_dir=str(out), db=str(out / f"{name}.duckdb"))  # run folder: OUT/NAME
-    if name == "start":
+    model = start_from / "final" if start_from is not None else out / "start" / "final"
+    if name == "start" and start_from is None:
         return config
     config.pop("warm_start", None)
-    config["engine"] = {**config.get("engine", {}), "model": str(out / "start" / "final")}
+    config["engine"] = {**config.get("engine", {}), "model": str(model)}
+    if name == "start":
+        config["eval"] = {**config.get("eval", {}), "base": True}
+        return config
     config["dataset"] = {**config.get("dataset", {}), "train_tasks": train_tasks}
     config["eval"] = {**config.get("eval", {}), "base": False}
     return config
@@ -64,10 +71,10 @@ def stage_names(runs: int) -> list[str]:
     return ["start", *(f"{arm}-{i}" for arm in ARMS for i in range(1, runs + 1))]
 
 
-def compare_command(out: Path, runs: int, curve_split: str) -> str:
+def compare_command(out: Path, runs: int, curve_split: str, start_phase: str = "warm_start") -> str:
     arms = " ".join(f"--arm {arm} " + " ".join(str(out / f"{arm}-{i}") for i in range(1, runs + 1)) for arm in ARMS)
-    return (f"PYTHONPATH=. .venv/bin/python tutorials/drift/compare.py --start {out / 'start'} {arms} "
-            f"--curve-split {curve_split} --out {out / 'drift.png'}")
+    return (f"PYTHONPATH=. .venv/bin/python tutorials/drift/compare.py --start {out / 'start'} --start-phase "
+            f"{start_phase} {arms} --curve-split {curve_split} --out {out / 'drift.png'}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -78,6 +85,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="calc's quick.yaml instead of the main job: every "
                         "stage in a few minutes; its curves are noise")
     parser.add_argument("--resume", action="store_true", help="continue a stopped stage from its last GRPO step")
+    parser.add_argument("--start-from", type=Path, default=None, help="a finished warm-start run folder of the "
+                        "main job (grpo.steps: 0): the start stage only evaluates its final/, which every run trains")
     parser.add_argument("--stages", default=None, help="run only these stages (comma-separated, e.g. start,exact-1)")
     args = parser.parse_args(argv)
     if args.runs < 1:
@@ -89,14 +98,18 @@ def main(argv: list[str] | None = None) -> None:
     chosen = args.stages.split(",") if args.stages else names
     if unknown := sorted(set(chosen) - set(names)):
         parser.error(f"--stages: unknown {unknown}; stages are {names}")
+    start_from = args.start_from.resolve() if args.start_from is not None else None
+    if start_from is not None and not (start_from / "final").is_dir():
+        parser.error(f"--start-from {args.start_from}: no final/ folder in it (not a finished run folder)")
     try:
-        train_tasks = start_train_tasks(stage_config("start", base, out, 0))
+        train_tasks = start_train_tasks(stage_config("start", base, out, 0))  # what the warm start generates
         for name in [n for n in names if n in chosen]:
-            run_stage(name, stage_config(name, base, out, train_tasks), out, resume=args.resume)
+            run_stage(name, stage_config(name, base, out, train_tasks, start_from), out, resume=args.resume)
     except ConfigError as exc:
         raise SystemExit(f"error: {exc}") from None
-    sys.stdout.write("the figure and the table:\n  " + compare_command(out, args.runs, "test" if args.quick
-                                                                         else "test_l4") + "\n")
+    command = compare_command(out, args.runs, "test" if args.quick else "test_l4",
+                              "warm_start" if start_from is None else "base")
+    sys.stdout.write(f"the figure and the table:\n  {command}\n")
 
 
 if __name__ == "__main__":
