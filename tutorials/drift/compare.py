@@ -145,7 +145,10 @@ def plot(runs: list[Run], out: Path, split: str) -> Path:
         ax.grid(alpha=0.3)
         if name == "drift_logp_abs_diff":  # exact IDs sit near 1e-4 nats, a mismatched template near 0.4
             ax.set_yscale("symlog", linthresh=1e-4)
-        if name in ("reward", "curve", "drift_token_frac", "clip_frac"):
+            ax.set_yticks([0, 1e-4, 1e-3, 1e-2, 1e-1, 1])
+        if name in ("drift_logp_abs_diff", "clip_frac", "grad_norm"):
+            ax.set_ylim(bottom=0)
+        if name in ("reward", "curve", "drift_token_frac"):
             ax.set_ylim(bottom=-0.02)
         if name in ("reward", "curve", "drift_token_frac"):
             ax.set_ylim(top=1.02)
