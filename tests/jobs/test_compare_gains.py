@@ -16,7 +16,9 @@ from types import ModuleType
 import pytest
 
 from spanlab.compare import Arm, measure
+from spanlab.config import load_yaml
 from spanlab.errors import ConfigError
+from spanlab.stages import split_names
 from spanlab.store import SpanStore
 from tests.jobs.run_stores import record
 from tests.scripts import load_script
@@ -115,3 +117,33 @@ def test_the_tutorial_shows_the_query_as_it_runs() -> None:
         return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("--"))
 
     assert any(code(block) == code(query) for block in blocks)
+
+
+def test_the_arms_run_the_main_job_at_one_budget(tmp_path: Path) -> None:
+    """run.py on the main job: every arm evaluates its five splits and spends the same 1152 rollouts (SFT rounds
+    shaped like GRPO steps); --start-from evaluates an existing warm start instead of training one."""
+    _gains()
+    run = load_script(REPO / "tutorials" / "compare" / "run.py", "compare_run")
+    base = load_yaml(run.BASE)
+    configs = {name: run.stage_config(name, base, tmp_path, 1152, 90) for name in run.STAGES}
+    for name, data in configs.items():
+        assert split_names(data) == ("test", "family", "test_l4", "family_l4", "depth"), name
+        assert data["eval"]["tasks"] == 90, name
+        assert "curve" not in data["eval"] and (name == "start") == ("warm_start" in data), name
+        if name != "start":
+            assert data["dataset"]["train_tasks"] == 1366 and data["engine"]["model"] == str(tmp_path / "start/final")
+    assert configs["grpo"]["grpo"]["steps"] == 9 and configs["grpo"]["grpo"]["demonstrations"]["coef"] == 1.0
+    assert {k: configs["sft"]["sft"][k] for k in ("rounds", "tasks_per_round", "samples_per_task")} == \
+        {"rounds": 9, "tasks_per_round": 16, "samples_per_task": 8}
+    assert configs["apo"]["apo"]["max_rollouts"] == 1152 and configs["apo"]["eval"]["base"] is True
+    with pytest.raises(SystemExit, match="give a multiple of it"):
+        run.stage_config("grpo", base, tmp_path, 1000, 90)
+
+    ws = tmp_path / "calc-ws"
+    start = run.start_config(base, tmp_path, 1152, 90, None, ws)
+    assert "warm_start" not in start and start["eval"]["base"] is True and start["grpo"]["steps"] == 0
+    assert start["engine"]["model"] == str(ws / "final")
+    assert run.stage_config("sft", base, tmp_path, 1152, 90, None, ws / "final")["engine"]["model"] == \
+        str(ws / "final")
+    first = run.arms(tmp_path, {}, start_from=ws)[0]
+    assert (first.label, first.phase) == (f"start: {ws / 'final'}", "base")

@@ -155,7 +155,9 @@ def tables(out: Path, walls: dict[str, float], splits: tuple[str, ...], budget: 
             rows.append(arm)
         else:
             logger.warning("%s: %s does not exist (the stage has not run); left out of the table", arm.label, arm.db)
-    baseline = next(r for r in rows if r.label.startswith("start"))
+    baseline = next((r for r in rows if r.label.startswith("start")), None)
+    if baseline is None:
+        raise ConfigError(f"{out / 'start.duckdb'}: no such store (the start stage has not run)")
     table = build_table(rows, baseline=baseline, splits=splits)
     (out / "table.md").write_text(table + "\n")
     sys.stdout.write(table + "\n")
