@@ -104,12 +104,15 @@ def run_stage(name: str, config: dict[str, Any], out: Path, *, resume: bool = Fa
         if not resume:
             raise ConfigError(f"{name}: an earlier run of this stage stopped before its end ({run_dir}); pass "
                               "--resume to continue it, or delete it and its store to start it over")
-        if _resumable(config) and (run_dir / "resume").is_dir():
+        resumable = _resumable(config)
+        if resumable and (run_dir / "resume").is_dir():
             command.append("--resume")
             logger.info("%s: continuing the stopped run from its last completed step", name)
         else:
-            logger.warning("%s: algorithm %s cannot continue a stopped run; starting it over (the stopped run's "
-                           "files are in %s)", name, config.get("algorithm"), _move_aside(out, name))
+            why = "it stopped before saving any state" if resumable else \
+                f"algorithm {config.get('algorithm')} cannot continue a stopped run"
+            logger.warning("%s: %s; starting it over (the stopped run's files are in %s)", name, why,
+                           _move_aside(out, name))
     path = Path(command[4])
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(config, sort_keys=False))
