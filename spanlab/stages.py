@@ -46,6 +46,23 @@ def split_names(config: dict[str, Any]) -> tuple[str, ...]:
     return (section.get("split", "test"), *extra)
 
 
+def from_checkpoint(config: dict[str, Any], model: Path, train_tasks: int) -> dict[str, Any]:
+    """``config`` as a run that starts from ``model`` (the start's servable folder) instead of its own warm start:
+    no warm start, the start's train tasks (``train_tasks``, :func:`start_train_tasks`), and GRPO's demonstration
+    term drawing what the warm start demonstrated (its count and levels). Without those, a run with no warm start
+    generates the term's demonstrations at every level of the dataset, the ones the warm start never showed too
+    (the calc main job's level 4, which RL alone is meant to teach)."""
+    out = copy.deepcopy(config)
+    warm = out.pop("warm_start", None) or {}
+    out["engine"] = {**out.get("engine", {}), "model": str(model)}
+    out["dataset"] = {**out.get("dataset", {}), "train_tasks": train_tasks}
+    term = (out.get("grpo") or {}).get("demonstrations")
+    if isinstance(term, dict):
+        shown = {key: warm[key] for key in ("demos", "levels") if warm.get(key) is not None}
+        out["grpo"]["demonstrations"] = {**shown, **term}
+    return out
+
+
 def start_train_tasks(config: dict[str, Any]) -> int:
     """How many train tasks the run of ``config`` generates (its warm start's demonstrations need more than its
     algorithm alone): a run that starts from that run's folder without a warm start of its own must ask for as

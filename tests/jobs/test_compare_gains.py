@@ -132,7 +132,8 @@ def test_the_arms_run_the_main_job_at_one_budget(tmp_path: Path) -> None:
         assert "curve" not in data["eval"] and (name == "start") == ("warm_start" in data), name
         if name != "start":
             assert data["dataset"]["train_tasks"] == 1366 and data["engine"]["model"] == str(tmp_path / "start/final")
-    assert configs["grpo"]["grpo"]["steps"] == 9 and configs["grpo"]["grpo"]["demonstrations"]["coef"] == 1.0
+    assert configs["grpo"]["grpo"]["steps"] == 9  # and the term demonstrates what the warm start did, no level 4:
+    assert configs["grpo"]["grpo"]["demonstrations"] == {"demos": 512, "levels": [1, 2, 3], "coef": 1.0, "per_step": 16}
     assert {k: configs["sft"]["sft"][k] for k in ("rounds", "tasks_per_round", "samples_per_task")} == \
         {"rounds": 9, "tasks_per_round": 16, "samples_per_task": 8}
     assert configs["apo"]["apo"]["max_rollouts"] == 1152 and configs["apo"]["eval"]["base"] is True

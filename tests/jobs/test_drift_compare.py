@@ -132,6 +132,8 @@ def test_the_stages_are_the_main_job_and_differ_only_in_what_the_trainer_reads(t
     assert exact == {**{k: v for k, v in main_job.items() if k not in (*where, "warm_start")},
                      "out_dir": str(tmp_path), "engine": {**main_job["engine"], "model": str(tmp_path / "start/final")},
                      "dataset": {**main_job["dataset"], "train_tasks": 1366},
+                     "grpo": {**main_job["grpo"], "demonstrations": {"demos": 512, "levels": [1, 2, 3],
+                                                                     **main_job["grpo"]["demonstrations"]}},
                      "eval": {**main_job["eval"], "base": False}}
     assert configs["retokenized-2"]["token_source"] == "retokenized" and configs["exact-2"]["token_source"] == "exact"
     assert (DRIFT.parents[1] / configs["retokenized-1"]["retokenize_template"]).is_file()

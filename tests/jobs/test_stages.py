@@ -14,7 +14,15 @@ import pytest
 
 from spanlab.config import load_yaml
 from spanlab.errors import ConfigError
-from spanlab.stages import deep_merge, run_stage, run_store, split_names, stage_state, start_train_tasks
+from spanlab.stages import (
+    deep_merge,
+    from_checkpoint,
+    run_stage,
+    run_store,
+    split_names,
+    stage_state,
+    start_train_tasks,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 BROKEN = {"algorithm": "grpo", "no_such_key": 1}  # refused by `spanlab train` at once
@@ -65,6 +73,11 @@ def test_the_helpers_read_what_the_configs_and_runs_say(tmp_path: Path) -> None:
     assert split_names(main_job) == ("test", "family", "test_l4", "family_l4", "depth")
     # the main job's warm start (512 demos of levels 1-3 among 4 levels) asks for 2 x ceil(512 x 4 / 3) tasks
     assert start_train_tasks(deep_merge(main_job, {"grpo": {"steps": 0}})) == 1366
+    started = from_checkpoint(main_job, tmp_path / "final", 1366)
+    assert "warm_start" not in started and started["engine"]["model"] == str(tmp_path / "final")
+    assert started["grpo"]["demonstrations"] == {"demos": 512, "levels": [1, 2, 3], "coef": 1.0, "per_step": 16}
+    own = deep_merge(main_job, {"grpo": {"demonstrations": {"levels": [1]}}, "warm_start": {"levels": None}})
+    assert from_checkpoint(own, tmp_path, 1)["grpo"]["demonstrations"]["levels"] == [1]  # the config's own wins
     merged = deep_merge({"a": {"b": 1, "c": 2}, "d": [1]}, {"a": {"c": 3}, "d": [2]})
     assert merged == {"a": {"b": 1, "c": 3}, "d": [2]}
     run = tmp_path / "runs" / "calc-ws"

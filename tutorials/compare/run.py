@@ -49,7 +49,7 @@ import gains  # noqa: E402
 from spanlab.compare import Arm, build_table, load_winner  # noqa: E402
 from spanlab.config import load_yaml  # noqa: E402
 from spanlab.errors import ConfigError  # noqa: E402
-from spanlab.stages import deep_merge, run_stage, split_names, start_train_tasks  # noqa: E402
+from spanlab.stages import deep_merge, from_checkpoint, run_stage, split_names, start_train_tasks  # noqa: E402
 
 logger = logging.getLogger("compare")
 
@@ -102,10 +102,8 @@ def stage_config(name: str, base: dict[str, Any], out: Path, budget: int, eval_t
         return config
     # The same train tasks as the start (its warm start asks for them): without it an arm would generate only
     # twice its own draws, and RL's pool (the train_levels ones among them) would shrink to a handful.
-    config["dataset"] = {**config.get("dataset", {}), "train_tasks": start_train_tasks(
-        stage_config("start", base, out, budget, eval_tasks, start_eval_tasks))}
-    config.pop("warm_start", None)
-    config["engine"] = {**config.get("engine", {}), "model": str(start_model or out / "start" / "final")}
+    config = from_checkpoint(config, start_model or out / "start" / "final",
+                             start_train_tasks(stage_config("start", base, out, budget, eval_tasks, start_eval_tasks)))
     config["eval"]["base"] = config["algorithm"] == "apo"  # APO evaluates its own start (its paired difference
     # needs it); the others are paired with the start's evaluation
     set_budget(config, budget)
@@ -121,8 +119,7 @@ def start_config(base: dict[str, Any], out: Path, budget: int, eval_tasks: int, 
     config = stage_config("start", base, out, budget, eval_tasks, start_eval_tasks)
     if start_from is None:
         return config
-    config.pop("warm_start", None)
-    config["engine"] = {**config.get("engine", {}), "model": str(start_from / "final")}
+    config = from_checkpoint(config, start_from / "final", start_train_tasks(config))
     config["eval"]["base"] = True
     return config
 

@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from spanlab.config import load_yaml  # noqa: E402
 from spanlab.errors import ConfigError  # noqa: E402
-from spanlab.stages import deep_merge, run_stage, start_train_tasks  # noqa: E402
+from spanlab.stages import deep_merge, from_checkpoint, run_stage, start_train_tasks  # noqa: E402
 
 logger = logging.getLogger("drift")
 
@@ -57,13 +57,8 @@ def stage_config(name: str, base: dict[str, Any], out: Path, train_tasks: int,
     model = start_from / "final" if start_from is not None else out / "start" / "final"
     if name == "start" and start_from is None:
         return config
-    config.pop("warm_start", None)
-    config["engine"] = {**config.get("engine", {}), "model": str(model)}
-    if name == "start":
-        config["eval"] = {**config.get("eval", {}), "base": True}
-        return config
-    config["dataset"] = {**config.get("dataset", {}), "train_tasks": train_tasks}
-    config["eval"] = {**config.get("eval", {}), "base": False}
+    config = from_checkpoint(config, model, train_tasks)
+    config["eval"] = {**config.get("eval", {}), "base": name == "start"}
     return config
 
 
