@@ -92,7 +92,7 @@ def run_store(run_dir: Path) -> Path:
 def stage_state(out: Path, name: str) -> StageState:
     """``done``: the stage's run wrote its report; ``partial``: it left a store or run folder but no report."""
     run_dir, db = out / name, out / f"{name}.duckdb"
-    if (run_dir / "report.json").is_file() and (run_dir / "wall.json").is_file():
+    if (run_dir / "report.json").is_file():  # written last, once the run has finished
         return "done"
     return "partial" if db.exists() or run_dir.exists() else "new"
 
@@ -112,8 +112,8 @@ def run_stage(name: str, config: dict[str, Any], out: Path, *, resume: bool = Fa
     wall seconds (a resumed stage: the seconds its report counts, over every part)."""
     run_dir, timing = out / name, out / name / "wall.json"
     state = stage_state(out, name)
-    if state == "done":
-        seconds = float(json.loads(timing.read_text())["seconds"])
+    if state == "done":  # its wall time as measured here, or (killed before that was written) its report's
+        seconds = float(json.loads((timing if timing.is_file() else run_dir / "report.json").read_text())["seconds"])
         logger.info("%s: reusing the finished run in %s (%.0f s when it ran)", name, run_dir, seconds)
         return seconds
     command = [sys.executable, "-m", "spanlab", "train", str(out / "configs" / f"{name}.yaml")]
