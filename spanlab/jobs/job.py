@@ -204,9 +204,14 @@ class Job:
         self.rig.store.add_metrics(self.report.run_id, self.config.algorithm, step, metrics)
         self.tracker.log_metrics(metrics, step)
         checkpoints.after_step(self)
-        curve, done = self.config.eval.curve, step + 1
+        self.curve_point(step + 1)
+
+    def curve_point(self, done: int) -> None:
+        """The learning curve's held-out point after ``done`` steps, where ``eval.curve`` asks for one (the final
+        step's point is the final evaluation)."""
+        curve = self.config.eval.curve
         if curve is not None and done % curve.every == 0 and done != self.planned_steps:
-            for name, tasks in self._held_out_splits():  # the final step's point is the final evaluation
+            for name, tasks in self._held_out_splits():
                 if name in curve.splits:
                     self._evaluate(f"step-{done}", name, tasks)
 

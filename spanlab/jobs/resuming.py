@@ -8,6 +8,9 @@ uninterrupted run), re-adds a step's metrics if the kill came between the state 
 and cancels the rollouts the kill left running. The interrupted step is then done again, but its
 rollouts that had already finished are reused (``Job.collect``), so no task of a step is sampled twice.
 
+A kill during the learning curve's evaluation after a step (``eval.curve``) loses that point, as the state was
+saved before it: the resumed run evaluates it first.
+
 Left out: resuming an algorithm other than GRPO, and a kill during the final evaluation (the final
 evaluation runs again; the interrupted one's rollouts stay in the store under ``phase = final``).
 """
@@ -82,6 +85,9 @@ def resume(job: Job, state: TrainState) -> None:
         store.cancel_rollout(summary.rollout_id)
     logger.info("resumed %s after step %d (policy v%d); cancelled %d rollouts the kill left unfinished",
                 run_id, len(job.report.steps), job.policy.sync.version if job.policy else 0, len(left))
+    done = len(job.report.steps)  # the state is saved before the step's curve point: a kill during it lost it
+    if done and not any(ev.phase == f"step-{done}" for ev in job.report.evaluations):
+        job.curve_point(done)
 
 
 def finished_rollouts(job: Job, step: int) -> dict[tuple[str, int], str]:

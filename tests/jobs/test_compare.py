@@ -16,26 +16,7 @@ from spanlab.compare import Arm, build_table, load_winner, measure
 from spanlab.errors import ConfigError
 from spanlab.stats import bootstrap, paired_difference
 from spanlab.store import SpanStore
-from spanlab.types import Rollout, RolloutConfig, reward_span
-
-
-def record(db: Path, rewards: dict[str, float], *, phase: str = "", split: str = "", mode: str = "test",
-           failed: frozenset[str] = frozenset()) -> None:
-    """One finished rollout per task with its reward (those in ``failed``: a failed attempt, no reward), as the
-    framework's collector leaves them."""
-    with SpanStore(db) as store:
-        metadata = {"phase": phase, "split": split} if phase else {}
-        store.enqueue([Rollout(input={"task_id": t, "question": t}, mode=mode, metadata=metadata,
-                               config=RolloutConfig(max_attempts=1)) for t in rewards])
-        while (taken := store.dequeue()) is not None:
-            rollout, attempt = taken
-            task = rollout.input["task_id"]
-            if task in failed:
-                store.finish_attempt(attempt.attempt_id, "failed")
-                continue
-            store.finish_attempt(attempt.attempt_id, "succeeded", [reward_span(rollout.rollout_id, attempt.attempt_id,
-                                                                               rewards[task])])
-
+from tests.jobs.run_stores import record
 
 START = {"t1": 1.0, "t2": 0.0, "t3": 0.0, "t4": 1.0}
 ARM = {"t1": 1.0, "t2": 1.0, "t3": 0.0, "t4": 1.0}

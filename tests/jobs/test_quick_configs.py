@@ -216,5 +216,5 @@ def test_the_quick_comparison_stages_are_valid_configs(tmp_path: Path, default_m
         assert config.eval.tasks == run.QUICK["eval_tasks"] and config.eval.base == (name in ("start", "apo"))
         section = data.get(config.algorithm, {})
         sizes[name] = {k: section.get(k) for k in ("steps", "rounds", "max_rollouts")}
-    assert sizes["start"]["steps"] == 0 and sizes["grpo"]["steps"] == 2 and sizes["sft"]["rounds"] == 1
+    assert sizes["start"]["steps"] == 0 and sizes["grpo"]["steps"] == 2 and sizes["sft"]["rounds"] == 2
     assert sizes["apo"]["max_rollouts"] == run.QUICK["budget"]
