@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from spanlab.adapters.grpo import Sample, iter_samples
+from spanlab.algos.grpo.advantages import cancel_identical, sample_advantages
 from spanlab.algos.grpo.update import GRPOConfig, LoraConfig, grpo_step, make_model_for_training
 from spanlab.store import SpanStore
 from spanlab.training.model import MissingDependencyError
@@ -147,6 +148,50 @@ def test_groups_without_signal_are_dropped_and_epochs_and_kl_run() -> None:
     assert metrics["clip_frac"] > 0
     with pytest.raises(ValueError, match="ref_model"):
         grpo_step(model, optimizer, mixed, config, pad_id=0)
+
+
+def _copies(sample: Sample, rewards: list[float], group: str, name: str = "x") -> list[Sample]:
+    """``sample``'s tokens once per reward: a role whose output did not vary while the rollouts' rewards did."""
+    return [Sample(f"{name}{i}", group, sample.input_ids.copy(), sample.loss_mask.copy(),
+                   sample.engine_logprobs.copy(), r) for i, r in enumerate(rewards)]
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("rewards", [[0.0, 0.0, 1.0], [1.0, 0.0, 0.0, 0.0]])
+def test_identical_samples_whose_advantages_cancel_are_a_group_without_signal(rewards: list[float]) -> None:
+    """Three or four copies of one sequence with varying rewards: their advantages sum to zero, so the gradient is
+    zero (3 copies) or a rounding residue that Adam would turn into a full lr step (4 copies). The group has no
+    signal: the step is skipped and the weights stay bit-identical, as for a group with equal rewards; with a group
+    that has signal beside it, the update is the one of that group alone."""
+    [one] = _batch(3, [0.0], ["a"])
+    identical = _copies(one, rewards, "a")
+    model = _tiny_model()
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+    metrics = grpo_step(model, optimizer, identical, GRPOConfig(), pad_id=0)
+    assert metrics["skipped"] == 1.0 and metrics["n_groups_with_signal"] == 0 and metrics["n_groups_cancelled"] == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+    varied = _batch(4, [1.0, 0.0, 0.5], ["b", "b", "b"])
+    updated = []
+    for samples in (identical + varied, varied):
+        model = _tiny_model()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+        metrics = grpo_step(model, optimizer, samples, GRPOConfig(), pad_id=0)
+        assert metrics["skipped"] == 0.0 and metrics["n_groups_with_signal"] == 1
+        assert metrics["n_samples_used"] == len(varied)
+        updated.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*updated, strict=True))
+
+
+def test_identical_samples_keep_their_advantages_when_they_do_not_cancel() -> None:
+    """Two copies of one sequence beside another sequence: the copies' advantages sum to its share of the signal."""
+    [x] = _batch(5, [0.0], ["a"])
+    [y] = _batch(6, [0.0], ["a"])
+    samples = [*_copies(x, [0.0, 1.0], "a"), *_copies(y, [1.0], "a", "y")]
+    adv = sample_advantages(samples)
+    np.testing.assert_array_equal(cancel_identical(samples, adv), adv)
+    assert cancel_identical(samples[:2], sample_advantages(samples[:2])).tolist() == [0.0, 0.0]
 
 
 def test_make_model_for_training_full_and_lora(tmp_path) -> None:

@@ -61,6 +61,14 @@ def _adapter(folder: Path) -> dict[str, torch.Tensor]:
     return load_file(str(folder / "adapter_model.safetensors"))
 
 
+def _diagnosis(policy: str, step: dict[str, float], **facts: bool) -> str:
+    """The policy's own metrics first (pytest truncates a long step dict before they show), then the rest."""
+    keys = ("n_samples", "n_samples_used", "n_groups_with_signal", "n_groups_cancelled", "skipped", "loss",
+            "grad_norm", "loss_tokens", "tis_weight_mean", "tis_capped_frac", "ratio_mean", "reward_std")
+    own = {k: f"{step[f'{policy}/{k}']:.4g}" for k in keys if f"{policy}/{k}" in step}
+    return f"policy {policy!r} {facts}: {own}; the whole step: {step}"
+
+
 def test_a_grpo_step_trains_each_policy_on_its_roles_and_writes_a_folder_per_policy(
         tmp_path: Path, engine: str, caplog: pytest.LogCaptureFixture) -> None:
     config = parse_train_config(_config(engine, tmp_path))
@@ -87,7 +95,8 @@ def test_a_grpo_step_trains_each_policy_on_its_roles_and_writes_a_folder_per_pol
         final = _adapter(run_dir / "final" / policy)
         changed = any(not torch.equal(t, final[k]) for k, t in first.items())
         trained = step[f"{policy}/n_samples"] > 0 and step.get(f"{policy}/skipped") == 0.0
-        assert changed == trained, (policy, step)  # moved exactly when its roles' groups had reward variance
+        # moved exactly when its roles' groups had a signal: rewards that varied among samples that differ
+        assert changed == trained, _diagnosis(policy, step, changed=changed, trained=trained)
         assert len(pushed[policy]) == 1 + trained  # pushed at the start, and again only after a change
         assert {"loss", "reward_mean", "n_samples"} <= {k.split("/", 1)[1] for k in step
                                                         if k.startswith(f"{policy}/")} or not trained

@@ -38,20 +38,28 @@ def _model() -> torch.nn.Module:
     return multi_adapter_model(LlamaForCausalLM(config), POLICIES)
 
 
-def _record(store: SpanStore) -> list[str]:
-    """TASKS x GROUP rollouts; each attempt has a writer call and a checker call, and a reward of its own."""
+def _record(store: SpanStore, *, same_writer: bool = False) -> list[str]:
+    """TASKS x GROUP rollouts; each attempt has a writer call and a checker call, and a reward of its own.
+
+    ``same_writer``: the writer's call is the same in every rollout of a task (its output did not vary; the
+    checker's did, and so did the rewards)."""
     rng = np.random.default_rng(0)
+    writer_calls = {task: (rng.integers(1, VOCAB, 5).tolist(), rng.integers(1, VOCAB, 4).tolist())
+                    for task in range(TASKS)} if same_writer else {}
     rollouts = store.enqueue([Rollout(input={"task_id": n // GROUP}) for n in range(TASKS * GROUP)])
     for n, rollout in enumerate(rollouts):
         got = store.dequeue(worker_id="w")
         assert got is not None
         attempt = got[1].attempt_id
+        calls = {role: (rng.integers(1, VOCAB, 5).tolist(), rng.integers(1, VOCAB, 4).tolist())
+                 for role in ("writer", "checker")}
+        if same_writer:
+            calls["writer"] = writer_calls[n // GROUP]
         spans = [Span(rollout_id=rollout.rollout_id, attempt_id=attempt, name="chat", kind="llm_call",
                       attributes={"agent": role},
-                      llm=LLMCall(model="tiny", prompt_token_ids=rng.integers(1, VOCAB, 5).tolist(),
-                                  response_token_ids=rng.integers(1, VOCAB, 4).tolist(),
+                      llm=LLMCall(model="tiny", prompt_token_ids=prompt, response_token_ids=response,
                                   response_logprobs=[-2.5] * 4))
-                 for role in ("writer", "checker")]
+                 for role, (prompt, response) in calls.items()]
         store.add_spans([*spans, reward_span(rollout.rollout_id, attempt, float(n % GROUP) / GROUP)])
         store.finish_attempt(attempt, "succeeded")
     return [r.rollout_id for r in rollouts]
@@ -165,3 +173,22 @@ def test_a_joint_step_trains_each_adapter_on_its_own_samples_only(samples: dict[
     moved = {p: any(not torch.equal(a, b) for a, b in zip(policy_parameters(joint, p), policy_parameters(alone, p),
                                                              strict=True)) for p in POLICIES.names}
     assert moved == {"lora-a": True, "lora-b": True}
+
+
+def test_a_policy_whose_samples_did_not_vary_in_a_group_is_not_updated() -> None:
+    """The writer wrote the same thing in every rollout of a task, the checker did not, and the rewards varied: the
+    writer's samples carry no signal (identical samples, advantages summing to zero), so its step is skipped and
+    its adapter stays bit-identical, while the checker's moves; the step reports exactly the policy that moved."""
+    with SpanStore(":memory:") as store:
+        samples = samples_by_policy(store, _record(store, same_writer=True), POLICIES, group_key="task_id")
+    assert {len({tuple(s.input_ids) for s in samples["lora-a"] if s.group_id == g}) for g in ("0", "1")} == {1}
+    model = _model()
+    optimizers = policy_optimizers(model, POLICIES.names,
+                                   lambda ps: torch.optim.AdamW(ps, lr=CONFIG.lr, weight_decay=CONFIG.weight_decay))
+    before = _snapshot(model)
+    metrics = step_each_policy(model, optimizers, samples, _step)
+    moved = {p: any(not torch.equal(before[n], q) for n, q in model.named_parameters()
+                    if any(q is r for r in policy_parameters(model, p))) for p in POLICIES.names}
+    assert moved == {"lora-a": False, "lora-b": True}
+    assert metrics["lora-a/skipped"] == 1.0 and metrics["lora-a/n_groups_cancelled"] == TASKS
+    assert metrics["lora-b/skipped"] == 0.0

@@ -3,6 +3,7 @@
 Why its own module: the update (:mod:`.update`) needs only one array from here, and what a group is (a task's
 rollouts; with per-turn credit, a task's turns of one role) is a question of its own. REFERENCE.md §6 has the
 formulas.
+Token-identical samples of a group whose advantages cancel carry no signal (:func:`cancel_identical`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import numpy as np
 from spanlab.adapters.samples import Sample
 from spanlab.algos.grpo.config import Normalization
 
-__all__ = ["Normalization", "group_advantages", "sample_advantages", "turn_advantages"]
+__all__ = ["Normalization", "cancel_identical", "group_advantages", "sample_advantages", "turn_advantages"]
 
 
 def group_advantages(
@@ -81,3 +82,29 @@ def turn_advantages(samples: Sequence[Sample], *, scale: bool = True,
     for idx in members_by_role.values():
         adv_N[idx] = sample_advantages([samples[i] for i in idx], scale=scale)
     return adv_N
+
+
+def cancel_identical(samples: Sequence[Sample], adv_N: np.ndarray, *, rtol: float = 1e-6) -> np.ndarray:
+    """``adv_N`` with 0 for every set of token-identical samples of one group and role whose advantages cancel.
+
+    Why: identical samples share one gradient, so the update sees only the sum of their advantages. When a role's
+    output did not vary within a group while the other roles' did (a writer that wrote the same SQL three times,
+    then a checker that sometimes caught a problem), the rewards vary but that role's samples are one sequence:
+    its advantages sum to zero, and the loss terms cancel to zero or to a float rounding residue. The step would
+    then count the group as a signal, take an optimizer step that moves nothing (zero gradient) or, worse, that
+    Adam's normalization turns a residue of 1e-9 into a full learning-rate step in a direction nobody chose.
+    Zeroing them here makes such a group one with no signal, so the step skips it as it skips a group whose
+    rewards are equal. A sum within ``rtol`` of the copies' summed magnitude is zero (float32 advantages).
+    """
+    copies: dict[tuple[str, str, bytes, bytes], list[int]] = defaultdict(list)
+    for i, s in enumerate(samples):
+        if adv_N[i] != 0:
+            key = (s.group_id, s.role, np.asarray(s.input_ids, dtype=np.int64).tobytes(),
+                   np.asarray(s.loss_mask, dtype=np.uint8).tobytes())
+            copies[key].append(i)
+    out_N = np.array(adv_N, dtype=np.float32, copy=True)
+    for idx in copies.values():
+        adv_C = out_N[idx].astype(np.float64)
+        if len(idx) > 1 and abs(adv_C.sum()) <= rtol * np.abs(adv_C).sum():
+            out_N[idx] = 0.0
+    return out_N

@@ -31,7 +31,7 @@ from torch.distributed.tensor import DTensor
 
 from spanlab.adapters.grpo import Batch, Sample, collate
 from spanlab.adapters.retokenize import drift_stats
-from spanlab.algos.grpo.advantages import group_advantages, sample_advantages, turn_advantages
+from spanlab.algos.grpo.advantages import cancel_identical, group_advantages, sample_advantages, turn_advantages
 from spanlab.algos.grpo.config import Aggregation, GRPOConfig
 from spanlab.training.logprobs import token_logprobs
 from spanlab.training.model import apply_lora, peak_rss_mb
@@ -175,6 +175,10 @@ def grpo_step(
 ) -> dict[str, float]:
     """One GRPO update on ``samples``; returns a flat metrics dict (``skipped`` 1.0 when no group has signal).
 
+    A group has signal when its rewards vary and its samples do too: token-identical samples whose advantages
+    cancel get none (:func:`~spanlab.algos.grpo.advantages.cancel_identical`; ``n_groups_cancelled`` counts the
+    groups that lost their signal so), so a step that is not skipped moves the weights.
+
     With ``ranks`` (a data-parallel update, :mod:`spanlab.training.data_parallel`) every rank gets all the
     samples and computes the same advantages and loss totals (``batch_tokens``, ``batch_seqs``) from the
     whole batch, trains on its shard of the kept samples, and the gradients are summed over ranks before
@@ -190,6 +194,8 @@ def grpo_step(
     start = time.perf_counter()
     rewards_N = np.array([s.reward for s in samples], dtype=np.float64)
     adv_N = turn_advantages(samples, scale=config.scale_rewards, normalize=config.credit.normalization)
+    groups_with_variance = {s.group_id for s, a in zip(samples, adv_N, strict=True) if a != 0}
+    adv_N = cancel_identical(samples, adv_N)  # identical samples whose advantages cancel: no gradient, no signal
     groups_with_signal = {s.group_id for s, a in zip(samples, adv_N, strict=True) if a != 0}
     keep = sorted((i for i, s in enumerate(samples) if s.group_id in groups_with_signal), key=lambda i: len(samples[i]))
     metrics: dict[str, float] = {
@@ -198,6 +204,7 @@ def grpo_step(
         "n_samples": float(len(samples)),
         "n_groups": float(len({s.group_id for s in samples})),
         "n_groups_with_signal": float(len(groups_with_signal)),
+        "n_groups_cancelled": float(len(groups_with_variance - groups_with_signal)),
         "n_samples_used": float(len(keep)),
     } | drift_stats(samples)
     if not keep:
