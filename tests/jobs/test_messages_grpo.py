@@ -4,16 +4,19 @@
 ``/v1/messages``, TITO on as the file ships), on the session's shared vLLM (weights restored after), from the
 session's shared calc warm start (``calc_warm_start``, tests/jobs/conftest.py): two GRPO steps of rollouts ->
 update -> weight push. The sizes are chosen so that an update happens for real: at the quick test sizes (2 tasks
-of levels 2-3, 2 samples each) the small warm start solved nothing and every step skipped its update, so here
-the steps draw level-1 tasks (a bare operation, which the warm start solves some of the time at temperature 1)
-in groups of :data:`GROUP` samples, and RL alone trains (no demonstration term), so the weights that change are
-changed by the GRPO loss on the recorded calls. The rewards are the agent's own 0/1 scores.
+of levels 2-3, 2 samples each) the small warm start solved nothing and every step skipped its update. Here the
+steps draw level-1 tasks (a bare operation, which the warm start solves most of the time at temperature 1: 14 of
+16 rollouts in the run measured in docs/results.md) in groups of :data:`GROUP`, and a step whose groups all
+scored alike samples more tasks (``dynamic_sampling``, up to two more rounds), so that a step without a group
+that differs is rare (at 14 in 16, about 1 in 25; both steps, about 1 in 600). RL alone trains (no
+demonstration term), so the weights that change are changed by the GRPO loss on the recorded calls. The rewards
+are the agent's own 0/1 scores.
 
 Checked: every training call is a ``messages`` span (``/v1/messages``) served from its attempt's TITO buffer; at
 least one step updated (``skipped`` 0, a group with reward variance) and the final weights differ from the warm
-start's; each step's drift statistics are zero (nothing trained differs from what was sampled, no
-retokenization); and every sample GRPO read is its attempt's ``tito_sessions`` sequence: the calls' prompt and
-sampled IDs verbatim, the sampled IDs under the loss mask, each call's sampled IDs decoding to the answer the
+start's; each step's drift statistics are zero (on exact IDs they are zero by construction, so the next check is
+the one that can fail); and every sample GRPO read is its attempt's ``tito_sessions`` sequence: the calls' prompt
+and sampled IDs verbatim, the sampled IDs under the loss mask, each call's sampled IDs decoding to the answer the
 agent got (``response_message``).
 """
 
