@@ -5,11 +5,11 @@
 session's shared calc warm start (``calc_warm_start``, tests/jobs/conftest.py): two GRPO steps of rollouts ->
 update -> weight push. The sizes are chosen so that an update happens for real: at the quick test sizes (2 tasks
 of levels 2-3, 2 samples each) the small warm start solved nothing and every step skipped its update. Here the
-steps draw level-1 tasks (a bare operation, which the warm start solves at temperature 1 nearly always: 62 of
-64 rollouts over two runs, 14 of 16 and 48 of 48) in groups of :data:`GROUP`, and a step whose groups all scored
-alike samples more tasks (``dynamic_sampling``, up to :data:`ROUNDS` more rounds): at 62 in 64, a group differs
-about 1 time in 9, a step finds none in 22 groups about 1 time in 15, and both steps about 1 time in 200 (at the
-first version's 2 extra rounds, the 48-of-48 run updated nothing). RL alone trains (no
+steps draw level-1 tasks (a bare operation, which the warm start solves at temperature 1 nearly always: 75 of
+80 rollouts over three runs, 14/16, 48/48 and 13/16) in groups of :data:`GROUP`, and a step whose groups all
+scored alike samples more tasks (``dynamic_sampling``, up to :data:`ROUNDS` more rounds, as long as level-1
+tasks remain): at 62 in 64 right, a group differs about 1 time in 9 and a step finds none in 22 groups about 1
+time in 15 (with 2 extra rounds, the 48-of-48 run updated nothing). RL alone trains (no
 demonstration term), so the weights that change are changed by the GRPO loss on the recorded calls. The rewards
 are the agent's own 0/1 scores.
 
