@@ -60,8 +60,8 @@ def test_a_mined_warm_start_checks_and_gets_its_train_tasks(tmp_path: Path) -> N
 
 
 def test_the_sql_tutorials_mined_config_passes_the_checks() -> None:
-    """tutorials/sql/policies_mined.yaml: policies.yaml with a mined per-role warm start (and a larger held-out
-    split); everything else as there, so the two runs differ by the warm start alone."""
+    """tutorials/sql/policies_mined.yaml: policies.yaml with a mined per-role warm start; everything else as there
+    (the >= 90 held-out tasks included), so the two runs differ by the warm start alone."""
     from spanlab.jobs.config import load_train_config
     from spanlab.jobs.job import check_job
 
@@ -71,5 +71,5 @@ def test_the_sql_tutorials_mined_config_passes_the_checks() -> None:
     assert config.warm_start is not None and config.warm_start.role_demos == "mined"
     mined, per_role = config.resolved(), load_train_config(folder / "policies.yaml").resolved()
     differ = {k for k in mined.keys() | per_role.keys() if mined.get(k) != per_role.get(k)}
-    assert differ == {"run_name", "db", "warm_start", "eval"}
+    assert differ == {"run_name", "db", "warm_start"}
     assert mined["eval"]["tasks"] >= 90
