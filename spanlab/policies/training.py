@@ -70,11 +70,11 @@ def samples_by_policy(store: StoreAPI, rollout_ids: Sequence[str], policies: Pol
     return {policy: out[policy] for policy in policies.names if policy in out}
 
 
-def step_each_policy(model: Any, optimizers: Mapping[str, torch.optim.Optimizer],
-                     samples: Mapping[str, list[Sample]], step: PolicyStep) -> dict[str, float]:
-    """``step`` once per policy with samples, on its own adapter and optimizer; metrics as ``<policy>/<key>``.
-
-    The adapter active before is active again afterwards (the engine-facing code may read it)."""
+def for_each_policy(model: Any, samples: Mapping[str, Sequence[Sample]],
+                    train: Callable[[str, list[Sample]], dict[str, float]]) -> dict[str, float]:
+    """``train(policy, samples)`` once per policy with samples, its adapter the active (and only trainable) one;
+    metrics as ``<policy>/<key>``. The adapter active before is active again afterwards (the engine-facing code
+    may read it)."""
     before = model.active_adapter
     metrics: dict[str, float] = {}
     try:
@@ -82,7 +82,13 @@ def step_each_policy(model: Any, optimizers: Mapping[str, torch.optim.Optimizer]
             if not policy_samples:
                 continue
             model.set_adapter(policy)
-            metrics |= {f"{policy}/{k}": v for k, v in step(model, optimizers[policy], policy_samples).items()}
+            metrics |= {f"{policy}/{k}": v for k, v in train(policy, list(policy_samples)).items()}
     finally:
         model.set_adapter(before)
     return metrics
+
+
+def step_each_policy(model: Any, optimizers: Mapping[str, torch.optim.Optimizer],
+                     samples: Mapping[str, list[Sample]], step: PolicyStep) -> dict[str, float]:
+    """``step`` once per policy with samples, on its own adapter and optimizer (:func:`for_each_policy`)."""
+    return for_each_policy(model, samples, lambda policy, s: step(model, optimizers[policy], s))

@@ -15,6 +15,7 @@ from typing import Any
 
 from spanlab.adapters.samples import Sample
 from spanlab.policies.config import PoliciesConfig
+from spanlab.policies.training import for_each_policy
 from spanlab.progress import PhaseProgress
 from spanlab.training.settings import SFTConfig
 from spanlab.training.supervised import sft_train
@@ -38,16 +39,8 @@ def warm_start_policies(model: Any, samples: Mapping[str, Sequence[Sample]], con
     """SFT of each policy's adapter on its own samples (``demos_by_policy``); metrics as ``<policy>/<key>``.
 
     The adapter active before is active again afterwards."""
-    before = model.active_adapter
-    metrics: dict[str, float] = {}
-    try:
-        for policy, policy_samples in samples.items():
-            if not policy_samples:
-                continue
-            model.set_adapter(policy)
-            got = sft_train(model, list(policy_samples), config, pad_id=pad_id, progress=progress,
-                            label=f"warm start ({policy})")
-            metrics |= {f"{policy}/{k}": v for k, v in got.items()}
-    finally:
-        model.set_adapter(before)
-    return metrics
+    def train(policy: str, policy_samples: list[Sample]) -> dict[str, float]:
+        return sft_train(model, policy_samples, config, pad_id=pad_id, progress=progress,
+                         label=f"warm start ({policy})")
+
+    return for_each_policy(model, samples, train)
