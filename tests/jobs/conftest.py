@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from spanlab.engine.weights import WeightSyncClient
-from tests.jobs.quick_runs import WarmStart, train_calc_warm_start
+from tests.jobs.quick_runs import SQL_POLICIES, WarmStart, train_calc_warm_start
 
 
 @pytest.fixture
@@ -18,6 +18,16 @@ def restored_engine(vllm_server, default_model_dir: Path) -> Iterator[str]:
     yield vllm_server.root_url
     with WeightSyncClient(vllm_server.root_url) as client:
         client.reload_weights(default_model_dir)
+
+
+@pytest.fixture
+def policies_engine(restored_engine: str) -> Iterator[str]:
+    """The shared engine's URL for a job with :data:`SQL_POLICIES`; afterwards its base weights are reloaded and
+    the policies' adapters unloaded."""
+    yield restored_engine
+    with WeightSyncClient(restored_engine) as client:
+        for name in (SQL_POLICIES["roles"]["writer"], SQL_POLICIES["default"]):
+            client.unload_lora(name)
 
 
 @pytest.fixture(scope="session")

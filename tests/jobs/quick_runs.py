@@ -83,3 +83,9 @@ def from_warm_start(data: dict[str, Any], warm: WarmStart, engine_url: str) -> d
     dataset = {**data["dataset"], "train_tasks": 2 * int(warm.settings["demos"])}
     return {key: value for key, value in data.items() if key != "warm_start"} | {
         "engine": {**data["engine"], "model": str(warm.folder)}, "dataset": dataset}
+
+
+# The SQL agent's roles on two LoRA policies (the session server has two slots): the writer on its own, the checker
+# and the rewriter on the default.
+SQL_POLICIES = {"roles": {"writer": "lora-w"}, "default": "lora-r",
+                "lora": {"rank": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}}

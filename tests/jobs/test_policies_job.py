@@ -11,36 +11,21 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from spanlab.engine.weights import WeightSyncClient
 from spanlab.jobs.config import parse_train_config
 from spanlab.jobs.job import run_job
 from spanlab.jobs.outcome import end_lines
 from spanlab.policies.serving import resource_name
 from spanlab.serve import serve_config
 from spanlab.store import SpanStore
+from tests.jobs.quick_runs import SQL_POLICIES
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
-
-POLICIES = {"roles": {"writer": "lora-w"}, "default": "lora-r",
-            "lora": {"rank": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}}
-
-
-@pytest.fixture
-def engine(vllm_server, default_model_dir: Path) -> Iterator[str]:
-    """The shared engine's URL; afterwards its base weights are reloaded and the job's adapters unloaded."""
-    yield vllm_server.root_url
-    with WeightSyncClient(vllm_server.root_url) as client:
-        client.reload_weights(default_model_dir)
-        for name in ("lora-w", "lora-r"):
-            client.unload_lora(name)
-
 
 def _config(engine: str, tmp_path: Path) -> dict:
     return {
@@ -48,7 +33,7 @@ def _config(engine: str, tmp_path: Path) -> dict:
         "db": str(tmp_path / "run.duckdb"), "engine": {"model": "smollm2-135m-instruct", "max_model_len": 2048},
         "agent": {"name": "sql", "kwargs": {"temperature": 1.0, "max_tokens": 48, "rounds": 1,
                                             "roles": ["writer", "checker", "rewriter"]}},
-        "policies": POLICIES,
+        "policies": SQL_POLICIES,
         "dataset": {"name": "sql", "seed": 0, "levels": [1]},
         "eval": {"split": "test", "tasks": 1, "temperature": 0.0, "base": False},
         "warm_start": {"demos": 4, "epochs": 1, "lr": 1.0e-4, "batch_size": 4},
@@ -70,8 +55,8 @@ def _diagnosis(policy: str, step: dict[str, float], **facts: bool) -> str:
 
 
 def test_a_grpo_step_trains_each_policy_on_its_roles_and_writes_a_folder_per_policy(
-        tmp_path: Path, engine: str, caplog: pytest.LogCaptureFixture) -> None:
-    config = parse_train_config(_config(engine, tmp_path))
+        tmp_path: Path, policies_engine: str, caplog: pytest.LogCaptureFixture) -> None:
+    config = parse_train_config(_config(policies_engine, tmp_path))
     caplog.set_level(logging.INFO)
     report = run_job(config)
     [step] = report.steps

@@ -11,7 +11,6 @@ request the live agent sent the checker for that draft, as the gateway recorded 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,30 +18,16 @@ import torch
 from safetensors.torch import load_file
 
 from spanlab.agents.sql.mining import mine_demonstrations
-from spanlab.engine.weights import WeightSyncClient
 from spanlab.jobs.config import parse_train_config
 from spanlab.jobs.job import run_job
 from spanlab.policies.serving import resource_name
 from spanlab.serving import ThreadedServer
 from spanlab.store import SpanStore, StoreClient
 from spanlab.store.server import create_store_app
+from tests.jobs.quick_runs import SQL_POLICIES
 from tests.stores import TOKEN
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
-
-POLICIES = {"roles": {"writer": "lora-w"}, "default": "lora-r",
-            "lora": {"rank": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}}
-
-
-@pytest.fixture
-def engine(vllm_server, default_model_dir: Path) -> Iterator[str]:
-    """The shared engine's URL; afterwards its base weights are reloaded and the job's adapters unloaded."""
-    yield vllm_server.root_url
-    with WeightSyncClient(vllm_server.root_url) as client:
-        client.reload_weights(default_model_dir)
-        for name in ("lora-w", "lora-r"):
-            client.unload_lora(name)
-
 
 def _config(engine: str, tmp_path: Path) -> dict:
     return {
@@ -50,7 +35,7 @@ def _config(engine: str, tmp_path: Path) -> dict:
         "db": str(tmp_path / "run.duckdb"), "engine": {"model": "smollm2-135m-instruct", "max_model_len": 2048},
         "agent": {"name": "sql", "kwargs": {"temperature": 1.0, "max_tokens": 48, "rounds": 1,
                                             "roles": ["writer", "checker", "rewriter"]}},
-        "policies": POLICIES,
+        "policies": SQL_POLICIES,
         "dataset": {"name": "sql", "seed": 0, "levels": [1]},
         "eval": {"split": "test", "tasks": 1, "temperature": 0.0, "base": False},
         "warm_start": {"demos": 4, "epochs": 1, "lr": 1.0e-3, "batch_size": 4, "role_demos": "mined",
@@ -69,8 +54,8 @@ def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 
 
 def test_each_policy_is_warm_started_on_its_own_roles_mined_demonstrations(
-        tmp_path: Path, engine: str, default_model_dir: Path) -> None:
-    config = parse_train_config(_config(engine, tmp_path))
+        tmp_path: Path, policies_engine: str, default_model_dir: Path) -> None:
+    config = parse_train_config(_config(policies_engine, tmp_path))
     report = run_job(config)
     assert report.warm_start is not None
     ws = report.warm_start
