@@ -139,3 +139,25 @@ def test_a_missing_store_or_phase_is_a_one_line_error(tmp_path: Path) -> None:
         assert proc.returncode == 2 and message in proc.stderr.strip().splitlines()[-1], proc.stderr
     with pytest.raises(ValueError, match="phase final"):
         _script().rows({"a": unfinished})
+
+
+def test_an_arm_with_its_own_warm_start_starts_there_and_its_curve_counts_tasks_moved(tmp_path: Path) -> None:
+    script = _script()
+    right, wrong = (1.0, 1, 1, 1, None), NOTHING
+    per_role = _store(tmp_path / "per_role.duckdb", {
+        "base": [wrong] * 4,
+        "warm_start": [right, wrong, wrong, wrong],
+        "step-3": [right, wrong, wrong, wrong],   # nothing moved yet
+        "step-6": [wrong, right, right, wrong],   # t1, t2 gained, t0 lost
+        "final": [right, right, right, wrong],
+    })
+    shared = _store(tmp_path / "shared.duckdb", {"warm_start": [wrong] * 4, "final": [wrong, right, wrong, wrong]})
+    with SpanStore(per_role) as store:
+        assert script.curve_phases(store) == ["base", "warm_start", "step-3", "step-6", "final"]
+        assert script.decisions_moved(store) == [("step-3", 0.25, 0, 0), ("step-6", 0.5, 2, 1), ("final", 0.75, 2, 0)]
+    table = script.report({"shared": shared, "per role": per_role}, per_role)
+    lines = table.splitlines()
+    # shared starts from its own warm start (0/4), not from the --start store's (1/4)
+    (shared_acc,) = [x for x in lines if x.startswith("| shared | accuracy |")]
+    assert shared_acc.split(" | ")[2] == "0.0% [0.0, 0.0] (n=4)" and "| +25.0 [" in shared_acc
+    assert "| per role | step-6 | 50.0% | 2 | 1 |" in lines and "| shared | final | 25.0% | 1 | 0 |" in lines

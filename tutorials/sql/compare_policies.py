@@ -1,19 +1,19 @@
 """Per-role policies vs one shared policy vs the warm start alone on the SQL agent (issue 55's comparison).
 
-Three rows, all from one warm-start checkpoint:
+Three rows:
 
-- **warm start only**: the (per-role) warm start with no RL; its start is the base model when its run evaluated
-  one (``eval.base``), so its row shows what the demonstrations give by themselves;
+- **warm start only**: the warm start with no RL, from base to after the warm start, so the row shows what the
+  demonstrations give by themselves (``--start``: the store of a run that evaluated both phases, e.g. the per-role
+  run itself);
 - **shared**: one adapter for every role, the final reward broadcast (``policies_shared.yaml``);
 - **per role**: an adapter per role, per-turn credit with ``scope: role`` (``policies.yaml``).
 
-Warm-start one run with ``grpo.steps: 0`` (it evaluates phase ``warm_start`` and writes ``runs/NAME/final``),
-start both arms from that folder (``engine.model``, no ``warm_start``, ``eval.base: false``), then:
+An arm's start is its own warm start when its run had one (``warm_start.role_demos: mined`` warm-starts each arm's
+own adapters), else the ``--start`` store's warm start (arms started from that run's folder, ``engine.model``,
+with ``eval.base: false``), else its base evaluation:
 
-    python tutorials/sql/compare_policies.py --start runs/sql-warm.duckdb shared.duckdb per-role.duckdb
-
-Without ``--start`` each arm's start is its own store's (``warm_start`` when it had one, else ``base``) and the
-warm-start row is left out.
+    python tutorials/sql/compare_policies.py --start runs/sql-policies-mined.duckdb \
+        runs/sql-policies-shared-mined.duckdb runs/sql-policies-mined.duckdb
 
 Everything is read back from the stores' held-out rollouts (``mode = 'test'``, ``metadata.phase`` and
 ``metadata.split = 'test'``): the final reward (accuracy) and the role metrics each rollout recorded
@@ -21,8 +21,10 @@ Everything is read back from the stores' held-out rollouts (``mode = 'test'``, `
 interval, and end - start paired by task. Accuracy, the writer's draft accuracy and the checker's verdict rate and
 accuracy are recorded on every held-out rollout, so they pair by task; the rewriter's fix rate and the outcome
 rates (right drafts kept, wrong drafts fixed) are over the rollouts they are about, which differ between
-phases, so they are shown with their counts and not paired. Then per-role - shared at the end, paired by task,
-and each arm's train reward per step and role (the ``role_summary`` view).
+phases, so they are shown with their counts and not paired. Then per-role - shared at the end, paired by task;
+per arm and held-out phase (``eval.curve``'s ``step-K`` points, then ``final``) the tasks gained and lost since
+its start, which shows the step at which GRPO begins to move greedy outcomes; and each arm's train reward per
+step and role (the ``role_summary`` view).
 """
 
 from __future__ import annotations
@@ -84,9 +86,36 @@ def scores(store: StoreAPI, phase: str) -> Scores:
     return out
 
 
-def start_scores(store: StoreAPI) -> Scores:
-    """A run's start: after its warm start when it had one, else its base evaluation."""
-    return scores(store, "warm_start") or scores(store, "base")
+def start_scores(store: StoreAPI, common: Scores | None = None) -> Scores | None:
+    """A run's start: after its own warm start when it had one, else the common start (a run started from another's
+    folder), else its base evaluation (None: it evaluated none)."""
+    return scores(store, "warm_start") or common or scores(store, "base") or None
+
+
+def curve_phases(store: StoreAPI) -> list[str]:
+    """The run's held-out phases in training order: its start, each ``step-K`` of ``eval.curve``, ``final``."""
+    found = {str(r.metadata.get("phase")) for r in store.rollout_summaries(metadata={"split": SPLIT})
+             if r.mode == "test"}
+    steps = sorted((p for p in found if p.startswith("step-")), key=lambda p: int(p.removeprefix("step-")))
+    return [p for p in ("base", "warm_start") if p in found] + steps + (["final"] if "final" in found else [])
+
+
+def decisions_moved(store: StoreAPI) -> list[tuple[str, float, int, int]]:
+    """Per phase after the start: (phase, accuracy, tasks gained, tasks lost) against the start, task by task, so
+    the step at which greedy held-out outcomes begin to change can be read off (the GRPO budget that moves them)."""
+    phases = curve_phases(store)
+    if "warm_start" in phases:  # a warm-started run starts after its warm start
+        phases = [p for p in phases if p != "base"]
+    if len(phases) < 2:
+        return []
+    start = scores(store, phases[0])[ACCURACY]
+    out = []
+    for phase in phases[1:]:
+        acc = scores(store, phase)[ACCURACY]
+        common = start.keys() & acc.keys()
+        out.append((phase, sum(acc.values()) / len(acc), sum(acc[t] > start[t] for t in common),
+                    sum(acc[t] < start[t] for t in common)))
+    return out
 
 
 def _open(db: Path) -> SpanStore:
@@ -110,7 +139,7 @@ def rows(arms: dict[str, Path], start: Path | None = None) -> list[Row]:
             end = scores(store, "final")
             if not end:
                 raise ValueError(f"{db}: no held-out evaluation of phase final (did the run finish?)")
-            out.append(Row(label, common if common is not None else start_scores(store) or None, end))
+            out.append(Row(label, start_scores(store, common), end))
     return out
 
 
@@ -163,6 +192,11 @@ def report(arms: dict[str, Path], start: Path | None = None) -> str:
     for label, metric, is_paired in METRICS:
         if is_paired and metric in a.end and metric in b.end:
             lines.append(f"| {label} | {_diff(b.end[metric], a.end[metric])} |")
+    lines += ["", "| arm | phase | accuracy | tasks gained since the start | tasks lost |", "|---|---|---|---|---|"]
+    for label, db in arms.items():
+        with _open(db) as store:
+            for phase, acc, gained, lost in decisions_moved(store):
+                lines.append(f"| {label} | {phase} | {100 * acc:.1f}% | {gained} | {lost} |")
     lines += ["", "| arm | step | role | policy | calls | final reward | intermediate reward |",
               "|---|---|---|---|---|---|---|"]
     for label, db in arms.items():
