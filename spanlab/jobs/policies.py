@@ -12,15 +12,19 @@ folder vLLM serves with ``--enable-lora``) and ``policies.json`` naming the role
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from spanlab.errors import ConfigError
 from spanlab.policies.serving import PolicyAdapters
 from spanlab.serve import POLICIES_FILE
 
 if TYPE_CHECKING:
     from spanlab.jobs.job import Job
+
+logger = logging.getLogger(__name__)
 
 
 def open_job_policies(job: Job) -> PolicyAdapters:
@@ -35,11 +39,32 @@ def open_job_policies(job: Job) -> PolicyAdapters:
     policy, policies = job.policy, job.config.policies
     assert policy is not None and policies is not None, "policies need a weight-training job with policies:"
     policy.model = multi_adapter_model(policy.model, policies)
+    start_adapters(job)
     adapters = PolicyAdapters(policy.sync.client, job.rig.store, policies, job.config.run_dir / "policies",
                               on_served=job.rig.gateway.set_policy_version)
     adapters.push_all(policy.model)
     job.policy_adapters = adapters
     return adapters
+
+
+def start_adapters(job: Job) -> list[str]:
+    """A run whose ``engine.model`` is another run's folder with a policy per role (``policies.json``) goes on from
+    those policies: each policy of this config with an adapter folder there starts from its weights (the base
+    weights come from the folder as for any run). Without this every adapter would start at B = 0 and the earlier
+    run's training would be lost. Returns the policies loaded."""
+    from spanlab.engine.model import resolve_model
+    from spanlab.policies.adapters import load_adapters
+
+    assert job.policy is not None and job.config.policies is not None
+    folder = Path(resolve_model(job.config.engine.model))
+    if not (folder / POLICIES_FILE).is_file():
+        return []
+    try:
+        loaded = load_adapters(job.policy.model, folder, list(job.config.policies.names))
+    except ValueError as exc:
+        raise ConfigError(f"engine.model {folder}: {exc}") from exc
+    logger.info("policies %s start from their adapters in %s", ", ".join(loaded) or "(none)", folder)
+    return loaded
 
 
 def write_policies_servable(job: Job, tag: str, info: dict[str, Any]) -> Path:

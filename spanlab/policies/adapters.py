@@ -51,6 +51,34 @@ def multi_adapter_model(model: nn.Module, policies: PoliciesConfig) -> Any:
     return wrapped
 
 
+def load_adapters(model: Any, folder: str | Path, names: list[str]) -> list[str]:
+    """Set each of ``names``' adapters to the weights saved in ``folder/<name>/`` (a run's ``final/`` or
+    ``step-K/``), so a run started from that folder goes on from its policies instead of from B = 0. Returns the
+    policies loaded; a policy with no folder there keeps its fresh adapter. The saved adapter must have the shape
+    the config asks for (rank and target modules), else a one-line error naming the policy."""
+    import json
+
+    from safetensors.torch import load_file
+
+    peft, loaded = _peft(), []
+    for name in names:
+        saved = Path(folder) / name
+        if not (saved / "adapter_model.safetensors").is_file():
+            continue
+        got = json.loads((saved / "adapter_config.json").read_text())
+        want = model.peft_config[name]
+        if got.get("r") != want.r or sorted(got.get("target_modules") or []) != sorted(want.target_modules):
+            raise ValueError(f"policy {name!r}: the adapter in {saved} has rank {got.get('r')} on "
+                             f"{sorted(got.get('target_modules') or [])}; the config asks rank {want.r} on "
+                             f"{sorted(want.target_modules)}")
+        result = peft.set_peft_model_state_dict(model, load_file(str(saved / "adapter_model.safetensors")),
+                                                adapter_name=name)
+        if missing := [k for k in result.missing_keys if "lora_" in k and f".{name}." in k]:
+            raise ValueError(f"policy {name!r}: the adapter in {saved} has no weight for {missing[0]}")
+        loaded.append(name)
+    return loaded
+
+
 def adapter_state(model: Any, policy: str) -> dict[str, torch.Tensor]:
     """The weights of ``policy``'s adapter under PEFT's saved names (what vLLM loads), detached copies."""
     peft = _peft()
