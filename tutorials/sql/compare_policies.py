@@ -203,7 +203,8 @@ def report(arms: dict[str, Path], start: Path | None = None) -> str:
         with _open(db) as store:
             for r in train_rewards(store):
                 inter = r["intermediate_reward_mean"]
-                lines.append(f"| {label} | {r['step']} | {r['role']} | {r['policy']} | {r['llm_calls']} "
+                step = "warm start (mining)" if r["step"] is None else r["step"]  # train rollouts outside any step
+                lines.append(f"| {label} | {step} | {r['role']} | {r['policy']} | {r['llm_calls']} "
                              f"| {float(r['final_reward_mean'] or 0):.3f} "  # type: ignore[arg-type]
                              f"| {'-' if inter is None else f'{float(inter):.3f}'} |")  # type: ignore[arg-type]
     return "\n".join(lines)
@@ -220,7 +221,7 @@ def main() -> None:
         text = report({"shared": args.shared, "per role": args.per_role}, args.start)
     except (FileNotFoundError, ValueError) as exc:
         parser.error(str(exc))
-    Console().print(text, markup=False)
+    Console(soft_wrap=True).print(text, markup=False, highlight=False)  # a markdown table: one row per line
 
 
 if __name__ == "__main__":
