@@ -73,3 +73,23 @@ def test_the_sql_tutorials_mined_config_passes_the_checks() -> None:
     differ = {k for k in mined.keys() | per_role.keys() if mined.get(k) != per_role.get(k)}
     assert differ == {"run_name", "db", "warm_start"}
     assert mined["eval"]["tasks"] >= 90
+
+
+def test_the_shared_arm_of_the_mined_comparison_differs_by_its_policies_alone() -> None:
+    """tutorials/sql/policies_shared_mined.yaml is policies_mined.yaml with one adapter for every role and the final
+    reward broadcast (no per-turn credit), and policies_shared.yaml with the mined warm start."""
+    from spanlab.jobs.config import load_train_config
+    from spanlab.jobs.job import check_job
+
+    folder = Path(__file__).resolve().parents[2] / "tutorials" / "sql"
+    shared_mined = load_train_config(folder / "policies_shared_mined.yaml")
+    check_job(shared_mined)
+    a = shared_mined.resolved()
+    for other, expected in (("policies_mined.yaml", {"run_name", "db", "policies", "grpo", "engine"}),
+                            ("policies_shared.yaml", {"run_name", "db", "warm_start"})):
+        b = load_train_config(folder / other).resolved()
+        assert {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)} == expected, other
+    per_role = load_train_config(folder / "policies_mined.yaml").resolved()
+    assert {k for k in a["grpo"] if a["grpo"][k] != per_role["grpo"][k]} == {"credit"}
+    assert {k for k in a["engine"] if a["engine"][k] != per_role["engine"][k]} == {"max_loras"}  # a slot per policy
+    assert set(shared_mined.policies.names) == {"shared"}  # type: ignore[union-attr]
