@@ -161,3 +161,6 @@ def test_an_arm_with_its_own_warm_start_starts_there_and_its_curve_counts_tasks_
     (shared_acc,) = [x for x in lines if x.startswith("| shared | accuracy |")]
     assert shared_acc.split(" | ")[2] == "0.0% [0.0, 0.0] (n=4)" and "| +25.0 [" in shared_acc
     assert "| per role | step-6 | 50.0% | 2 | 1 |" in lines and "| shared | final | 25.0% | 1 | 0 |" in lines
+    # the ends: per role 3/4, shared 1/4 (+50); the gains: per role +50 from 1/4, shared +25 from 0/4 (+25)
+    (acc,) = [x for x in lines if x.startswith("| accuracy | ")]
+    assert acc.startswith("| accuracy | +50.0 [") and "| +25.0 [" in acc.split("(n=4)")[1]

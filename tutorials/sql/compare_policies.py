@@ -21,10 +21,11 @@ Everything is read back from the stores' held-out rollouts (``mode = 'test'``, `
 interval, and end - start paired by task. Accuracy, the writer's draft accuracy and the checker's verdict rate and
 accuracy are recorded on every held-out rollout, so they pair by task; the rewriter's fix rate and the outcome
 rates (right drafts kept, wrong drafts fixed) are over the rollouts they are about, which differ between
-phases, so they are shown with their counts and not paired. Then per-role - shared at the end, paired by task;
-per arm and held-out phase (``eval.curve``'s ``step-K`` points, then ``final``) the tasks gained and lost since
-its start, which shows the step at which GRPO begins to move greedy outcomes; and each arm's train reward per
-step and role (the ``role_summary`` view).
+phases, so they are shown with their counts and not paired. Then per-role - shared at the end, paired by task,
+and per-role's gain - shared's gain (each arm's end - start per task: the fair comparison where the arms start
+apart, each from its own warm start); per arm and held-out phase (``eval.curve``'s ``step-K`` points, then
+``final``) the tasks gained and lost since its start, which shows the step at which GRPO begins to move greedy
+outcomes; and each arm's train reward per step and role (the ``role_summary`` view).
 """
 
 from __future__ import annotations
@@ -162,6 +163,15 @@ def paired(after: dict[str, float], before: dict[str, float]) -> Interval | None
     return paired_difference([after[t] for t in tasks], [before[t] for t in tasks]) if tasks else None
 
 
+def gains(row: Row, metric: str) -> dict[str, float] | None:
+    """Per task, end - start: where two arms start apart (each its own warm start), their gains compare fairly
+    where their ends alone would not."""
+    before, after = (row.start or {}).get(metric), row.end.get(metric)
+    if not before or not after:
+        return None
+    return {t: after[t] - before[t] for t in after.keys() & before.keys()}
+
+
 def _diff(after: dict[str, float] | None, before: dict[str, float] | None) -> str:
     i = paired(after, before) if after and before else None
     return "-" if i is None else _pts(i)
@@ -188,10 +198,12 @@ def report(arms: dict[str, Path], start: Path | None = None) -> str:
             lines.append(f"| {row.label} | {label} | {_cell(before, is_paired)} | {_cell(after, is_paired)} "
                          f"| {diff} |")
     a, b = table[-2], table[-1]
-    lines += ["", f"| metric | {b.label} - {a.label} at the end, points (paired by task) |", "|---|---|"]
+    lines += ["", f"| metric | {b.label} - {a.label} at the end, points (paired by task) "
+              f"| {b.label}'s gain - {a.label}'s gain since each one's start (paired by task) |", "|---|---|---|"]
     for label, metric, is_paired in METRICS:
         if is_paired and metric in a.end and metric in b.end:
-            lines.append(f"| {label} | {_diff(b.end[metric], a.end[metric])} |")
+            lines.append(f"| {label} | {_diff(b.end[metric], a.end[metric])} "
+                         f"| {_diff(gains(b, metric), gains(a, metric))} |")
     lines += ["", "| arm | phase | accuracy | tasks gained since the start | tasks lost |", "|---|---|---|---|---|"]
     for label, db in arms.items():
         with _open(db) as store:
