@@ -154,7 +154,9 @@ def test_an_arm_with_its_own_warm_start_starts_there_and_its_curve_counts_tasks_
     shared = _store(tmp_path / "shared.duckdb", {"warm_start": [wrong] * 4, "final": [wrong, right, wrong, wrong]})
     with SpanStore(per_role) as store:
         assert script.curve_phases(store) == ["base", "warm_start", "step-3", "step-6", "final"]
-        assert script.decisions_moved(store) == [("step-3", 0.25, 0, 0), ("step-6", 0.5, 2, 1), ("final", 0.75, 2, 0)]
+        start = script.start_scores(store)["accuracy"]  # the warm start's, not the base's
+        assert script.decisions_moved(store, start) == [
+            ("step-3", 0.25, 0, 0), ("step-6", 0.5, 2, 1), ("final", 0.75, 2, 0)]
     table = script.report({"shared": shared, "per role": per_role}, per_role)
     lines = table.splitlines()
     # shared starts from its own warm start (0/4), not from the --start store's (1/4)

@@ -101,17 +101,14 @@ def curve_phases(store: StoreAPI) -> list[str]:
     return [p for p in ("base", "warm_start") if p in found] + steps + (["final"] if "final" in found else [])
 
 
-def decisions_moved(store: StoreAPI) -> list[tuple[str, float, int, int]]:
-    """Per phase after the start: (phase, accuracy, tasks gained, tasks lost) against the start, task by task, so
-    the step at which greedy held-out outcomes begin to change can be read off (the GRPO budget that moves them)."""
-    phases = curve_phases(store)
-    if "warm_start" in phases:  # a warm-started run starts after its warm start
-        phases = [p for p in phases if p != "base"]
-    if len(phases) < 2:
-        return []
-    start = scores(store, phases[0])[ACCURACY]
+def decisions_moved(store: StoreAPI, start: dict[str, float]) -> list[tuple[str, float, int, int]]:
+    """Per held-out phase after the start (each ``step-K``, then ``final``): (phase, accuracy, tasks gained, tasks
+    lost) against ``start`` (the row's start accuracy, task by task), so the step at which greedy held-out outcomes
+    begin to change can be read off (the GRPO budget that moves them)."""
     out = []
-    for phase in phases[1:]:
+    for phase in curve_phases(store):
+        if phase in ("base", "warm_start"):
+            continue
         acc = scores(store, phase)[ACCURACY]
         common = start.keys() & acc.keys()
         out.append((phase, sum(acc.values()) / len(acc), sum(acc[t] > start[t] for t in common),
@@ -205,10 +202,11 @@ def report(arms: dict[str, Path], start: Path | None = None) -> str:
             lines.append(f"| {label} | {_diff(b.end[metric], a.end[metric])} "
                          f"| {_diff(gains(b, metric), gains(a, metric))} |")
     lines += ["", "| arm | phase | accuracy | tasks gained since the start | tasks lost |", "|---|---|---|---|---|"]
-    for label, db in arms.items():
-        with _open(db) as store:
-            for phase, acc, gained, lost in decisions_moved(store):
-                lines.append(f"| {label} | {phase} | {100 * acc:.1f}% | {gained} | {lost} |")
+    for row, db in zip(table[-len(arms):], arms.values(), strict=True):
+        if row.start and ACCURACY in row.start:
+            with _open(db) as store:
+                for phase, acc, gained, lost in decisions_moved(store, row.start[ACCURACY]):
+                    lines.append(f"| {row.label} | {phase} | {100 * acc:.1f}% | {gained} | {lost} |")
     lines += ["", "| arm | step | role | policy | calls | final reward | intermediate reward |",
               "|---|---|---|---|---|---|---|"]
     for label, db in arms.items():
