@@ -54,8 +54,9 @@ def multi_adapter_model(model: nn.Module, policies: PoliciesConfig) -> Any:
 def load_adapters(model: Any, folder: str | Path, names: list[str]) -> list[str]:
     """Set each of ``names``' adapters to the weights saved in ``folder/<name>/`` (a run's ``final/`` or
     ``step-K/``), so a run started from that folder goes on from its policies instead of from B = 0. Returns the
-    policies loaded; a policy with no folder there keeps its fresh adapter. The saved adapter must have the shape
-    the config asks for (rank and target modules), else a one-line error naming the policy."""
+    policies loaded; a policy with no folder there keeps its fresh adapter. The saved adapter must be the one the
+    config asks for (rank, alpha and target modules), else a one-line error naming the policy: another alpha loads
+    without complaint but scales the update by alpha / rank, so the policy would not be the one that was saved."""
     import json
 
     from safetensors.torch import load_file
@@ -67,9 +68,10 @@ def load_adapters(model: Any, folder: str | Path, names: list[str]) -> list[str]
             continue
         got = json.loads((saved / "adapter_config.json").read_text())
         want = model.peft_config[name]
-        if got.get("r") != want.r or sorted(got.get("target_modules") or []) != sorted(want.target_modules):
-            raise ValueError(f"policy {name!r}: the adapter in {saved} has rank {got.get('r')} on "
-                             f"{sorted(got.get('target_modules') or [])}; the config asks rank {want.r} on "
+        shape = (got.get("r"), float(got.get("lora_alpha") or 0), sorted(got.get("target_modules") or []))
+        if shape != (want.r, want.lora_alpha, sorted(want.target_modules)):
+            raise ValueError(f"policy {name!r}: the adapter in {saved} has rank {shape[0]}, alpha {shape[1]:g} on "
+                             f"{shape[2]}; the config asks rank {want.r}, alpha {want.lora_alpha:g} on "
                              f"{sorted(want.target_modules)}")
         result = peft.set_peft_model_state_dict(model, load_file(str(saved / "adapter_model.safetensors")),
                                                 adapter_name=name)

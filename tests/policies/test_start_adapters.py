@@ -65,5 +65,13 @@ def test_a_policy_with_no_folder_keeps_its_fresh_adapter(tiny_model_dir: Path, t
 def test_an_adapter_of_another_shape_is_a_one_line_error(tiny_model_dir: Path, tmp_path: Path) -> None:
     _trained(tiny_model_dir, tmp_path)
     other = PoliciesConfig(roles={"writer": "w"}, lora={**LORA, "rank": 8})
-    with pytest.raises(ValueError, match=r"policy .w.: the adapter in .* has rank 4 .* the config asks rank 8"):
+    with pytest.raises(ValueError, match=r"policy .w.: the adapter in .* has rank 4, .* the config asks rank 8"):
         load_adapters(_model(tiny_model_dir, other), tmp_path, ["w"])
+
+
+def test_an_adapter_of_another_alpha_is_a_one_line_error(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Same shapes, so peft would load it, but the update would be scaled by 16/4 instead of 8/4."""
+    _trained(tiny_model_dir, tmp_path)
+    other = PoliciesConfig(roles={"checker": "c"}, lora={**LORA, "alpha": 16})
+    with pytest.raises(ValueError, match=r"policy .c.: .* has rank 4, alpha 8 .* asks rank 4, alpha 16"):
+        load_adapters(_model(tiny_model_dir, other), tmp_path, ["c"])
