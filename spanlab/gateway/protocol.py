@@ -148,5 +148,6 @@ def strip_for_agent(payload: dict[str, Any], endpoint: Endpoint, asked: AgentAsk
 
 
 def request_params(body: dict[str, Any]) -> dict[str, Any]:
-    """The agent's sampling parameters (its body minus messages/tools/prompt), as it sent them."""
+    """The agent's sampling parameters (its body minus messages/tools/prompt), as it sent them, with the ``seed``
+    the gateway gave a seeded rollout's call (:mod:`spanlab.gateway.seeding`)."""
     return {k: v for k, v in body.items() if k not in _PAYLOAD_KEYS}

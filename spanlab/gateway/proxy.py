@@ -205,6 +205,9 @@ class Gateway:
             rollout_id, attempt_id = requested_attribution(request.path_params, request.headers)
             if rollout_id is not None and attempt_id is not None:
                 await self.attempts.check(rollout_id, attempt_id)
+                if "seed" not in body and (seed := self.attempts.next_call_seed(attempt_id)) is not None:
+                    body = {**body, "seed": seed}  # recorded with the call's other request parameters
+                    upstream_body["seed"] = seed
         except BadRequestError as exc:
             logger.warning("rejected %s %s: %s", request.method, request.url.path, exc)
             return error_response(exc.status_code, str(exc), exc.code)

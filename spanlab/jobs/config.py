@@ -150,6 +150,8 @@ class RolloutsConfig(_Section):
                              "as failed")
     temperature: float | None = Field(default=None, ge=0, le=10, description="sampling temperature; default: "
                                       "the agent's (APO scores at eval.temperature unless this is set)")
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1, description="seed every rollout's sampling: the "
+                             "same config samples the same tokens (vLLM's per-request seed); default: unseeded")
 
 
 class LoopConfig(_Section):

@@ -91,7 +91,7 @@ def open_rig(stack: ExitStack, config: TrainConfig, console: Console) -> Rig:
                                  remote=remote,
                                  worker_concurrency=runner.worker_concurrency(config.rollouts.concurrency),
                                  max_attempts=runner.max_attempts, unresponsive_s=runner.unresponsive_s,
-                                 gateway_token=gateway_token)
+                                 gateway_token=gateway_token, seed=config.rollouts.seed)
     return Rig(store, root_urls[0], served, gateway, collector, tuple(root_urls))
 
 

@@ -12,11 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from spanlab.gateway.seeding import SAMPLING_SEED, rollout_seed, stable_seed
 from spanlab.jobs.background import BackgroundRollouts, serve_locally
 from spanlab.runner.agent import load_agent
 from spanlab.runner.worker import RolloutDone, Worker, run_then_close
@@ -59,6 +61,8 @@ class RolloutCollector:
     max_attempts: int = 1
     unresponsive_s: float | None = None
     gateway_token: str | None = None  # the gateway's bearer token, given to the agents as their api_key
+    seed: int | None = None  # rollouts.seed: each queued rollout gets a sampling seed (spanlab.gateway.seeding)
+    _queued: Counter[str] = field(default_factory=Counter)  # (mode, metadata) keys queued so far, for their seeds
 
     def collect(
         self,
@@ -98,10 +102,22 @@ class RolloutCollector:
                 for i, task in enumerate(tasks) for k in range(group_size)]
 
     def enqueue(self, rollouts: Sequence[Rollout]) -> list[str]:
-        """Queue rollouts (on Ray with the lost-worker retry policy); their IDs in order."""
+        """Queue rollouts (on Ray with the lost-worker retry policy); their IDs in order. With a ``seed``, each
+        gets its sampling seed in its metadata, from what it is (mode, step, task, sample), so the same config
+        samples the same tokens."""
+        if self.seed is not None:
+            rollouts = [self._seeded(r) for r in rollouts]
         if self.remote is not None:
             rollouts = [r.model_copy(update={"config": self._lost_worker_policy(r.config)}) for r in rollouts]
         return [r.rollout_id for r in self.store.enqueue(list(rollouts))]
+
+    def _seeded(self, rollout: Rollout) -> Rollout:
+        assert self.seed is not None
+        key = stable_seed(rollout.mode, {k: v for k, v in rollout.metadata.items() if k != "run_id"})
+        occurrence = self._queued[str(key)]
+        self._queued[str(key)] += 1
+        seed = rollout_seed(self.seed, rollout.mode, rollout.metadata, occurrence)
+        return rollout.model_copy(update={"metadata": {**rollout.metadata, SAMPLING_SEED: seed}})
 
     def background(self, mode: RolloutMode = "train", **agent_overrides: Any) -> BackgroundRollouts:
         """Workers that run whatever ``mode`` rollouts the store queues until closed (the async loop's)."""

@@ -88,6 +88,13 @@ def test_a_quick_config_runs_the_whole_loop(path: Path, tmp_path: Path, restored
     assert all(" elapsed, ETA " in line for line in progress)
     if config.algorithm in ("grpo", "sft"):  # the step loop's bar, to its end
         assert any(line.startswith(("GRPO: ", "SFT rounds: ")) and "(100%)" in line for line in progress), progress
+    if config.rollouts.seed is not None:  # calc's: every train call went to vLLM with its rollout's seed
+        with SpanStore(config.db) as store:
+            rows = store.query("SELECT json_extract_string(r.metadata, '$.sampling_seed') IS NOT NULL AS seeded, "
+                               "json_extract_string(c.attributes, '$.request_params.seed') IS NOT NULL AS sent, "
+                               "count(*) AS n FROM llm_calls c JOIN rollouts r USING (rollout_id) "
+                               "WHERE r.mode = 'train' GROUP BY ALL").to_pylist()
+        assert [(r["seeded"], r["sent"]) for r in rows] == [(True, True)], rows
     if config.retokenize_template is not None:  # the drift tutorial: a mismatched template drifts in every step
         assert all(step["drift_sample_frac"] > 0 for step in report.steps), report.steps
     if name == "calc" and warm is not None:  # calc's own warm-start phase: the shared run's, in full
