@@ -20,11 +20,11 @@ import json
 from typing import Any
 
 SAMPLING_SEED = "sampling_seed"  # the rollout metadata key the gateway reads
-_BITS = 63  # vLLM takes any int64 seed
+_BITS = 62  # vLLM takes an int64 seed and gives choice i of an ``n > 1`` call seed + i: room for both
 
 
 def stable_seed(*parts: Any) -> int:
-    """A seed in [0, 2**63) that depends only on ``parts`` (JSON-able values), the same in every process."""
+    """A seed in [0, 2**62) that depends only on ``parts`` (JSON-able values), the same in every process."""
     digest = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).digest()
     return int.from_bytes(digest[:8], "big") >> (64 - _BITS)
 

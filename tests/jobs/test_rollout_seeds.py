@@ -36,6 +36,7 @@ def test_every_rollout_of_a_run_gets_its_own_seed_and_a_second_run_the_same_ones
     assert first == second  # another run ID, another store: the same seeds
     assert len(set(first)) == len(first) == 8  # each sample of each group at each step its own
     assert not set(other_seed) & set(first)
+    assert all(0 <= s < 2**62 for s in first)  # vLLM seeds choice i of an n > 1 call with seed + i, in an int64
     assert first[0] == rollout_seed(0, "train", {"step": 0, "group_id": "a", "sample": 0})
 
 
