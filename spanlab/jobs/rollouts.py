@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from spanlab.gateway.seeding import SAMPLING_SEED, rollout_seed, stable_seed
+from spanlab.gateway.seeding import SAMPLING_SEED, rollout_seed
 from spanlab.jobs.background import BackgroundRollouts, serve_locally
 from spanlab.runner.agent import load_agent
 from spanlab.runner.worker import RolloutDone, Worker, run_then_close
@@ -62,7 +62,7 @@ class RolloutCollector:
     unresponsive_s: float | None = None
     gateway_token: str | None = None  # the gateway's bearer token, given to the agents as their api_key
     seed: int | None = None  # rollouts.seed: each queued rollout gets a sampling seed (spanlab.gateway.seeding)
-    _queued: Counter[str] = field(default_factory=Counter)  # (mode, metadata) keys queued so far, for their seeds
+    _queued: Counter[int] = field(default_factory=Counter)  # rollouts queued so far per identity, for their seeds
 
     def collect(
         self,
@@ -113,9 +113,9 @@ class RolloutCollector:
 
     def _seeded(self, rollout: Rollout) -> Rollout:
         assert self.seed is not None
-        key = stable_seed(rollout.mode, {k: v for k, v in rollout.metadata.items() if k != "run_id"})
-        occurrence = self._queued[str(key)]
-        self._queued[str(key)] += 1
+        first = rollout_seed(self.seed, rollout.mode, rollout.metadata)  # its identity; a repeat counts up from it
+        occurrence = self._queued[first]
+        self._queued[first] += 1
         seed = rollout_seed(self.seed, rollout.mode, rollout.metadata, occurrence)
         return rollout.model_copy(update={"metadata": {**rollout.metadata, SAMPLING_SEED: seed}})
 
