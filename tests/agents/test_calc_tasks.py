@@ -213,3 +213,40 @@ def test_all_phrasings_draw_many_wordings_per_family() -> None:
     slot_values = re.compile(r"\b(\d+|" + "|".join(NAMES + ITEMS) + r")\b")
     wordings = {slot_values.sub("_", t["question"]) for t in of_family}
     assert len(of_family) >= 10 and len(wordings) >= 5, wordings
+
+
+def test_sealed_split_is_pinned_and_words_no_question_like_any_other_split() -> None:
+    """The sealed wordings (another hand's, from a spec alone) load only at their pinned digest, cover every kind of
+    levels 1-3 with >= 8 templates, and no sealed question is a question of any other split."""
+    from spanlab.agents.calc.sealed import SHA256, WORDINGS, sealed_templates
+
+    assert hashlib.sha256(WORDINGS.read_bytes()).hexdigest() == SHA256
+    templates = sealed_templates()
+    assert set(templates) == {k for lv in LEVELS for k in KINDS[lv]}
+    assert all(len(t) >= 8 for t in templates.values())
+    sealed = make_tasks("sealed", 300, seed=0, levels=LEVELS)
+    assert {t["level"] for t in sealed} == set(LEVELS) and all("/sealed/" in t["family"] for t in sealed)
+    assert len({t["family"] for t in sealed}) > 100, "most sealed templates are used"
+    others = {t["question"] for s in ("train", "val", "test", "family") for t in
+              make_tasks(s, 2000 if s == "train" else 300, seed=0, phrasings="all" if s != "family" else "original")}
+    assert not others & {t["question"] for t in sealed}
+    for t in sealed:
+        assert evaluate(t["expression"]) == str(t["answer"])
+        assert "{" not in t["question"] and "}" not in t["question"], t["question"]
+    assert make_tasks("sealed", 30, seed=0) == sealed[:30], "a larger n extends a smaller one"
+
+
+def test_sealed_split_refuses_levels_it_does_not_word_and_a_changed_file(tmp_path: Path, monkeypatch) -> None:
+    from spanlab.agents.calc import sealed
+
+    with pytest.raises(ValueError, match="sealed split words levels"):
+        make_tasks("sealed", 4, levels=(1, 4))
+    changed = tmp_path / "sealed_wordings.json"
+    changed.write_text(sealed.WORDINGS.read_text().replace("What is", "What's", 1))
+    monkeypatch.setattr(sealed, "WORDINGS", changed)
+    sealed.sealed_templates.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="not the pinned"):
+            sealed.sealed_templates()
+    finally:
+        sealed.sealed_templates.cache_clear()

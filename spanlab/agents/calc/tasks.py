@@ -14,8 +14,10 @@ hash of its text (80/10/10), whatever seed generated it, so no seed can leak a t
 training. Two more splits are held out by what a question is like, which a model cannot pass by
 memorizing templates: ``family`` words the asked levels' problems with templates no other split uses,
 and ``depth`` asks problems one level deeper than any asked level (one more operation than any training
-problem). ``make_tasks`` draws questions from a seeded stream and keeps those of the asked split, so it
-is deterministic for its arguments, and a larger ``n`` extends a smaller one. Answers stay below 10,000.
+problem). ``sealed`` words levels 1-3 with templates written by another hand from a spec alone
+(``sealed.py``): the check of a recipe chosen on the others. ``make_tasks`` draws questions from a seeded
+stream and keeps those of the asked split, so it is deterministic for its arguments, and a larger ``n``
+extends a smaller one. Answers stay below 10,000.
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ from collections.abc import Callable, Sequence
 from typing import Literal, TypedDict
 
 from spanlab.agents.calc.phrasings import HELD_OUT, TRAIN, choose_variant, first_variant
+from spanlab.agents.calc.sealed import sealed_templates
 from spanlab.agents.task_args import check_task_args
 
-Split = Literal["train", "val", "test", "family", "depth"]
-SPLITS: tuple[Split, ...] = ("train", "val", "test", "family", "depth")
+Split = Literal["train", "val", "test", "family", "depth", "sealed"]
+SPLITS: tuple[Split, ...] = ("train", "val", "test", "family", "depth", "sealed")
+SEALED_LEVELS = (1, 2, 3)  # the levels the sealed wordings cover
 Phrasings = Literal["original", "all"]
 LEVELS = (1, 2, 3)  # the default levels; 4 and 5 exist for deeper training and the depth split
 ALL_LEVELS = (1, 2, 3, 4, 5)
@@ -196,6 +200,10 @@ def _draw(rng: random.Random, level: int, split: Split, phrasings: Phrasings,
     if split == "family":
         index = rng.randrange(len(HELD_OUT[kind]))
         return HELD_OUT[kind][index].format(**slots), expression, answer, f"{kind}/held-out/{index}"
+    if split == "sealed":
+        templates = sealed_templates()[kind]
+        index = rng.randrange(len(templates))
+        return templates[index].format(**slots), expression, answer, f"{kind}/sealed/{index}"
     if phrasings == "original" and split != "depth":
         return first_variant(TRAIN[kind][0]).format(**slots), expression, answer, f"{kind}/0"
     index = template[1] if template is not None else rng.randrange(len(TRAIN[kind]))
@@ -212,7 +220,8 @@ def make_tasks(
 ) -> list[CalcTask]:
     """``n`` distinct tasks of ``split``, levels interleaved round-robin (``n // len(levels)`` or one more each).
 
-    ``depth`` asks level ``max(levels) + 1`` whatever ``levels`` holds; ``family`` asks ``levels``.
+    ``depth`` asks level ``max(levels) + 1`` whatever ``levels`` holds; ``family`` and ``sealed`` ask ``levels``
+    (``sealed``: of levels 1-3 only).
     """
     check_task_args(split, n, levels, KINDS, splits=SPLITS)
     if phrasings not in ("original", "all"):
@@ -221,7 +230,9 @@ def make_tasks(
         if max(levels) + 1 not in KINDS:
             raise ValueError(f"no depth split beyond level {max(levels)} (levels go up to {max(KINDS)})")
         levels = (max(levels) + 1,)
-    stream = "depth" if split == "depth" else "family" if split == "family" else ""
+    if split == "sealed" and (beyond := sorted(set(levels) - set(SEALED_LEVELS))):
+        raise ValueError(f"the sealed split words levels {list(SEALED_LEVELS)} only, not {beyond}")
+    stream = split if split in ("depth", "family", "sealed") else ""
     rngs = {lv: random.Random(f"spanlab-calc:{seed}:{lv}{stream}") for lv in levels}
     # "all" on a split held out by question cycles through the level's templates (stratified: a warm start on the
     # first n train tasks sees every template and kind as evenly as n allows); the others draw them at random.
