@@ -393,6 +393,7 @@ def train(
         out.print(report.curve_table())
     if report.paired_gains():
         out.print(report.gains_table())
+    out.print(report.times_table())
     for style, line in end_lines(report, cfg.run_dir):
         out.print(line, style=style or None, markup=False, highlight=False, soft_wrap=True)
     if learned_nothing(report):

@@ -278,11 +278,12 @@ class Job:
         from spanlab.jobs.role_warm_start import role_warm_start
         from spanlab.training.policy import warm_start
 
+        started = time.monotonic()
         if ws.role_demos == "mined":  # every role on its own job's demonstrations (docs/multi_policy.md)
-            self.report.warm_start = role_warm_start(self)
+            metrics = role_warm_start(self)
         else:
-            self.report.warm_start = warm_start(self.policy, warm_start_demonstrations(self), ws,
-                                                progress=self.progress)
+            metrics = warm_start(self.policy, warm_start_demonstrations(self), ws, progress=self.progress)
+        self.report.warm_start = {**metrics, "seconds": time.monotonic() - started}  # the report's time table
         self.held_out("warm_start")
 
 

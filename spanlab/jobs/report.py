@@ -185,6 +185,32 @@ class TrainReport(BaseModel):
                                          for p in phases))
         return table
 
+    def phase_seconds(self) -> dict[str, float]:
+        """Where the run's wall time went: the warm start, each evaluation phase (all its splits), the steps'
+        rollouts, updates and weight pushes, and the rest (engine start, checkpoints, what no part times). A part
+        the run did not have is left out; the parts sum to the run's seconds."""
+        parts: dict[str, float] = {}
+        if self.warm_start is not None and "seconds" in self.warm_start:
+            parts["warm start"] = self.warm_start["seconds"]
+        for ev in self.evaluations:
+            key = f"evaluation {ev.phase}"
+            parts[key] = parts.get(key, 0.0) + ev.seconds
+        for key, name in (("rollout_s", "rollouts"), ("step_s", "updates"), ("sync_s", "weight pushes")):
+            if any(key in step for step in self.steps):
+                parts[name] = sum(step.get(key, 0.0) for step in self.steps)
+        parts["other"] = max(0.0, self.seconds - sum(parts.values()))
+        return parts
+
+    def times_table(self) -> Table:
+        """:meth:`phase_seconds` as a table, with each part's share of the run."""
+        table = Table(title=f"wall time: {self.seconds / 60:.1f} min")
+        for col in ("part", "min", "share"):
+            table.add_column(col)
+        for name, seconds in self.phase_seconds().items():
+            share = f"{100 * seconds / self.seconds:.0f}%" if self.seconds > 0 else ""
+            table.add_row(name, f"{seconds / 60:.1f}", share)
+        return table
+
     def dropped(self) -> dict[str, int]:
         """What the sample rule left out over the run (:mod:`spanlab.adapters.trainable`): each step's
         ``dropped_*`` counts summed, the non-zero ones (``kept_failed_attempts`` too: trained on a set reward)."""
@@ -202,4 +228,5 @@ class TrainReport(BaseModel):
                 metrics.setdefault(name, {}).setdefault(ev.split, {})[ev.phase] = m.mean
         return {"run_id": self.run_id, "accuracy": acc, "accuracy_by_split": by_split, "metrics_by_split": metrics,
                 "steps": len(self.steps), "seconds": round(self.seconds),
+                "phase_seconds": {k: round(v) for k, v in self.phase_seconds().items()},
                 "paired_gains": [g.model_dump() for g in self.paired_gains()], "not_trained": self.dropped()}
