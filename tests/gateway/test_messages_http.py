@@ -68,7 +68,7 @@ def test_a_body_over_the_limit_is_413_in_the_messages_shape(dead_gateway: Gatewa
     with pytest.raises(APIStatusError) as err:
         _client(dead_gateway).messages.create(**big)
     assert err.value.status_code == 413 and err.value.body["type"] == "error"
-    assert err.value.body["error"]["type"] == "invalid_request_error" and "limit" in err.value.body["error"]["message"]
+    assert err.value.body["error"]["type"] == "request_too_large" and "limit" in err.value.body["error"]["message"]
     assert dead_gateway.flush(10) and list(store.iter_spans()) == []
 
 
