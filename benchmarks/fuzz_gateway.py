@@ -1,7 +1,7 @@
 """Fuzz the recording gateway as fuzz_store_server.py fuzzes the store server, and count the answers >= 500.
 
 The gateway is a plain Starlette app with no OpenAPI of its own, so :data:`GATEWAY_OPENAPI` describes the
-routes agents call (chat, completions, responses, attributed or not; models; health; flush) with the fields
+routes agents call (chat, completions, responses, messages, attributed or not; models; health; flush) with the fields
 the gateway itself reads. Each operation gets ``--examples`` schemathesis requests per generation mode, then
 the hostile bodies (NaN, Infinity, deep nesting, lone surrogates, invalid UTF-8). The "engine" is a closed
 port, so a request the gateway lets through answers 502 ``upstream_unreachable``: the right answer, not
@@ -56,6 +56,13 @@ _BODIES = {
     "/v1/responses": {"required": ["model", "input"], "properties": {
         "model": {"type": "string"}, "input": {"type": "string"}, "instructions": {"type": "string"},
         "max_output_tokens": {"type": "integer"}, "temperature": {"type": "number"}}},
+    "/v1/messages": {"required": ["model", "messages", "max_tokens"], "properties": {  # booleans strict (issue 65)
+        "model": {"type": "string"}, "max_tokens": {"type": "integer"}, "system": {"type": "string"},
+        "messages": {"type": "array", "items": {"type": "object", "required": ["role", "content"], "properties": {
+            "role": {"type": "string", "enum": ["user", "assistant"]}, "content": {"type": "string"}}}},
+        "stream": {"type": "boolean"}, "temperature": {"type": "number"},
+        "tool_choice": {"type": "object", "properties": {"type": {"type": "string", "enum": ["auto", "any"]},
+                                                         "disable_parallel_tool_use": {"type": "boolean"}}}}},
 }
 _PREFIX = "/rollout/{rollout_id}/attempt/{attempt_id}"
 _IDS = [{"name": n, "in": "path", "required": True, "schema": {"type": "string"}} for n in ("rollout_id", "attempt_id")]
@@ -82,9 +89,12 @@ GATEWAY_OPENAPI: dict[str, Any] = {
 
 
 def unreachable_engine(response: Any) -> bool:
-    """The gateway's answer when the engine cannot be reached: the right one here."""
+    """The gateway's answer when the engine cannot be reached: the right one here (``/v1/messages``: in Anthropic's
+    shape, whose error has a type and a message but no code)."""
     try:
-        return response.status_code in (502, 504) and response.json()["error"]["code"].startswith("upstream_")
+        error = response.json()["error"]
+        reason = error["code"] if "code" in error else error["type"] == "api_error" and error["message"]
+        return response.status_code in (502, 504) and "upstream" in reason
     except (ValueError, KeyError, TypeError, AttributeError):
         return False
 

@@ -266,6 +266,9 @@ def serve_cmd(
                                             "the config's db, else $SPANLAB_DB, else ./spanlab.duckdb)")] = None,
     port: Annotated[int | None, typer.Option(envvar="SPANLAB_SERVE_PORT", help="the gateway's port (default: "
                                              "the config's gateway.port, else 8800; 0: any free port)")] = None,
+    restart_engine: Annotated[bool | None, typer.Option("--restart-engine/--no-restart-engine", help="restart the "
+                              "engine if it dies (default: the config's restart_engine, else off: serve then stops, "
+                              "non-zero, with the engine's exit status and log tail)", show_default=False)] = None,
 ) -> None:
     """Start the engine (vLLM), the recording gateway and the span store; print the base URL; Ctrl-C stops all.
 
@@ -278,7 +281,7 @@ def serve_cmd(
         data = load_yaml(config) if config else {}
         if db is None and "db" not in data:
             db = sql_text.resolve_db(None)
-        cfg = serve_config(data, model=model, device=device, db=db, port=port,
+        cfg = serve_config(data, model=model, device=device, db=db, port=port, restart_engine=restart_engine,
                            source=str(config) if config else "the command line")
         serve(cfg)
     except SpanlabError as exc:

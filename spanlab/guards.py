@@ -25,12 +25,13 @@ from spanlab import jsonpolicy
 logger = logging.getLogger(__name__)
 # The names a server bound to loopback answers to; a bind to anything else is reachable from other machines.
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
-# (status, message) -> the whole body of a refusal; each surface answers in its own error shape.
-Refusal = Callable[[int, str], bytes]
+# (status, message, path) -> the whole body of a refusal; each surface (and on the gateway, each API: OpenAI's or
+# Anthropic's, told apart by the path) answers in its own error shape.
+Refusal = Callable[[int, str, str], bytes]
 
 
-def detail_body(status: int, message: str) -> bytes:
-    """FastAPI's error shape, ``{"detail": ...}``."""
+def detail_body(status: int, message: str, path: str = "") -> bytes:
+    """FastAPI's error shape, ``{"detail": ...}``, whatever the path."""
     return json.dumps({"detail": message}).encode()
 
 
@@ -53,14 +54,14 @@ class BearerToken:
 
     def __init__(self, app: ASGIApp, token: str, refusal: Refusal = detail_body,
                  public: Collection[str] = ()) -> None:
-        self.app, self._token, self._public = app, token.encode(), frozenset(public)
-        self._body = refusal(401, "missing or wrong bearer token")
+        self.app, self._token, self._public, self._refusal = app, token.encode(), frozenset(public), refusal
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in self._public or self._allowed(scope):
             await self.app(scope, receive, send)
             return
-        await _refuse(send, 401, self._body, [(b"www-authenticate", b"Bearer")])
+        body = self._refusal(401, "missing or wrong bearer token", scope["path"])
+        await _refuse(send, 401, body, [(b"www-authenticate", b"Bearer")])
 
     def _allowed(self, scope: Scope) -> bool:
         value = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
@@ -86,7 +87,7 @@ class BodyLimit:
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
             detail = f"body of {length.decode(errors='replace')} bytes is over the {self.max_bytes}-byte limit"
-            await _refuse(send, 413, self.refusal(413, detail))
+            await _refuse(send, 413, self.refusal(413, detail, scope["path"]))
             return
         received, started = 0, False
 
@@ -108,7 +109,7 @@ class BodyLimit:
             await self.app(scope, counted, tracked)
         except BodyTooLargeError as exc:  # raised by a read inside the app, whatever catches errors there
             if not started:
-                await _refuse(send, 413, self.refusal(413, str(exc)))
+                await _refuse(send, 413, self.refusal(413, str(exc), scope["path"]))
 
 
 class BodyTooLargeError(HTTPException):

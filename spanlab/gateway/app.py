@@ -20,11 +20,14 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
+from spanlab.errors import ConfigError
 from spanlab.gateway.auth import refusal
 from spanlab.gateway.config import GatewayConfig
-from spanlab.gateway.protocol import error_body
+from spanlab.gateway.messages.reply import error_body as messages_error_body
+from spanlab.gateway.messages.reply import is_messages_path
+from spanlab.gateway.protocol import dumps, error_body
 from spanlab.gateway.proxy import Gateway
 from spanlab.guards import BodyTooLargeError, add_guards
 from spanlab.serving import ThreadedServer, check_bind
@@ -33,19 +36,32 @@ from spanlab.store.base import StoreAPI
 logger = logging.getLogger(__name__)
 
 
-async def _not_found(request: Request, exc: Exception) -> JSONResponse:
-    return JSONResponse(
-        error_body(
-            f"no route {request.method} {request.url.path}; the gateway serves /v1/chat/completions, /v1/completions, "
-            "/v1/responses, /v1/messages and /v1/models, optionally under /rollout/{rid}/attempt/{aid}",
-            code="not_found",
-        ),
-        status_code=404,
-    )
+_ROUTES = ("the gateway serves /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages and /v1/models, "
+           "optionally under /rollout/{rid}/attempt/{aid}")
+
+
+def _api_error(request: Request, status: int, message: str, code: str, headers: dict[str, str] | None = None
+               ) -> Response:
+    """An error in the shape of the API the path is on: Anthropic's on ``/v1/messages*``, else OpenAI's."""
+    if is_messages_path(request.url.path):
+        body = messages_error_body(message, status)
+    else:
+        body = dumps(error_body(message, code=code))
+    return Response(body, status, media_type="application/json", headers=headers)
+
+
+async def _not_found(request: Request, exc: Exception) -> Response:
+    return _api_error(request, 404, f"no route {request.method} {request.url.path}; {_ROUTES}", "not_found")
+
+
+async def _not_allowed(request: Request, exc: Exception) -> Response:
+    allowed = getattr(exc, "headers", None) or {}
+    return _api_error(request, 405, f"{request.method} is not allowed on {request.url.path}"
+                      + (f"; use {allowed['Allow']}" if "Allow" in allowed else ""), "method_not_allowed", allowed)
 
 
 async def _too_large(request: Request, exc: Exception) -> Response:
-    return Response(refusal(413, str(exc)), 413, media_type="application/json")
+    return Response(refusal(413, str(exc), request.url.path), 413, media_type="application/json")
 
 
 def create_app(
@@ -58,7 +74,8 @@ def create_app(
     lifespan starts the upstream client and span writer, and on shutdown flushes every queued span. The
     guards of every surface (:mod:`spanlab.guards`) run before a route: ``hosts``, the only ``Host`` names
     answered (None: any); ``config.token``, a bearer token every request must carry (:mod:`spanlab.gateway.auth`);
-    ``config.max_body_bytes``. Bodies follow the JSON policy (:func:`~spanlab.gateway.protocol.parse_request`).
+    :func:`body_limit`. Unknown routes and wrong methods get 404 and 405 in the error shape of the path's API.
+    Bodies follow the JSON policy (:func:`~spanlab.gateway.protocol.parse_request`).
     """
     if config is None:
         if upstream_base_url is None and not overrides.get("upstream_urls"):
@@ -80,11 +97,25 @@ def create_app(
             await gateway.stop()
 
     app = Starlette(routes=gateway.routes(), lifespan=lifespan,
-                    exception_handlers={404: _not_found, BodyTooLargeError: _too_large})
+                    exception_handlers={404: _not_found, 405: _not_allowed, BodyTooLargeError: _too_large})
     add_guards(app, hosts=hosts, token=None if config.token is None else config.token.get_secret_value(),
-               max_body_bytes=config.max_body_bytes, refusal=refusal)
+               max_body_bytes=body_limit(config, store), refusal=refusal)
     app.state.gateway = gateway
     return app
+
+
+def body_limit(config: GatewayConfig, store: StoreAPI) -> int:
+    """The largest request body the gateway takes: ``config.max_body_bytes``, by default the store's record limit
+    (``store.max_json_bytes``), and never above it: a body the door let through whose record the store refused
+    would be a call generated, then answered 503 and lost (:mod:`spanlab.gateway.oversize` covers the rare record
+    a little over the limit from a body under it)."""
+    if config.max_body_bytes is None:
+        return store.max_json_bytes
+    if config.max_body_bytes > store.max_json_bytes:
+        raise ConfigError(f"gateway max_body_bytes={config.max_body_bytes} is over the span store's record limit "
+                          f"({store.max_json_bytes} bytes, max_json_bytes): a call with a larger body could not be "
+                          "recorded; leave max_body_bytes unset (it follows the store) or lower it")
+    return config.max_body_bytes
 
 
 class GatewayServer(ThreadedServer):

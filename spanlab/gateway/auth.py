@@ -10,15 +10,21 @@ before routing or reading the body; the token is the gateway's own and is not fo
 
 from __future__ import annotations
 
+from spanlab.gateway.messages.reply import error_body as messages_error_body
+from spanlab.gateway.messages.reply import is_messages_path
 from spanlab.gateway.protocol import dumps, error_body
 
 _CODES = {401: ("invalid_api_key", "authentication_error"), 413: ("body_too_large", "invalid_request_error")}
 
 
-def refusal(status: int, message: str) -> bytes:
-    """The guards' refusals (401, 413) in OpenAI's error shape with Anthropic's ``"type": "error"`` on top: the
-    guards answer before any route runs, so one body must read right to both SDKs (``/v1/messages`` agents too)."""
-    code, err_type = _CODES.get(status, ("invalid_request", "invalid_request_error"))
+def refusal(status: int, message: str, path: str) -> bytes:
+    """The guards' refusals (401, 413) in the error shape of the API the path belongs to: Anthropic's on
+    ``/v1/messages`` and below (:func:`~spanlab.gateway.messages.reply.is_messages_path`), OpenAI's elsewhere."""
     if status == 401:
         message += " (the gateway's token: gateway.token)"
-    return dumps({"type": "error", **error_body(message, code=code, err_type=err_type)})
+    elif status == 413:
+        message += " (the gateway takes no body larger than the span store's largest record)"
+    if is_messages_path(path):
+        return messages_error_body(message, status)
+    code, err_type = _CODES.get(status, ("invalid_request", "invalid_request_error"))
+    return dumps(error_body(message, code=code, err_type=err_type))

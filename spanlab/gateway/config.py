@@ -55,8 +55,10 @@ class GatewayConfig(BaseModel):
                                          "TITO spans (spanlab serve/train fill it in from the engine config)")
     reasoning_parser: str | None = Field(default=None, description="the engine's --reasoning-parser, recorded")
     tito_max_sessions: int = Field(default=16_384, ge=1, description="TITO buffers kept (least recently used go)")
-    max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, description="the largest request body taken "
-                                "(413 above), counted as it arrives, chunked or not")
+    max_body_bytes: int | None = Field(
+        default=None, ge=1024, description="the largest request body taken (413 above, before the engine is called), "
+        "counted as it arrives, chunked or not; default and most: the store's record limit (its max_json_bytes, "
+        "16 MiB), so that no call is generated that its record could not hold")
     policies: PoliciesConfig | None = Field(default=None, description="a LoRA policy per agent role: each role's "
                                             "calls go to its policy's adapter (spanlab.gateway.policy_routing)")
     served_models: tuple[str, ...] = Field(default=(), description="the model names the engines serve (spanlab "

@@ -16,7 +16,8 @@ A successful call's span must not be lost, so:
   keeping order; nothing later overtakes the failed batch;
 * a batch the store rejects as invalid is retried span by span (completed calls: call by call, so each
   learns its own fate), so one bad span cannot block or take down the others; a span rejected on its own
-  can never succeed and goes to ``fallback_path`` (JSON lines) when one is set, else its ID is logged at
+  for its size is stored cut to the store's limit and marked (:mod:`.oversize`); one rejected for anything
+  else can never succeed and goes to ``fallback_path`` (JSON lines) when one is set, else its ID is logged at
   CRITICAL;
 * ``close`` drains both queues, retrying until its timeout; what still cannot be written goes to the
   fallback file too.
@@ -35,6 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from spanlab.gateway.oversize import fit_span
 from spanlab.store.base import StoreAPI
 from spanlab.types import Span
 
@@ -241,6 +243,12 @@ class SpanWriter:
                 if len(batch) > 1:
                     logger.error("store rejected a batch of %d spans (%s); writing them one by one", len(batch), exc)
                     return all([self._write_batch([span], deadline) for span in batch])
+                if "truncated" not in batch[0].attributes and (  # cut once: a cut span refused again is given up
+                        fitted := fit_span(batch[0], self.store.max_json_bytes)) is not None:
+                    logger.warning("span %s is over the store's %d-byte limit (%s); storing it with %s cut "
+                                   "(attributes.truncated)", batch[0].span_id, self.store.max_json_bytes, exc,
+                                   ", ".join(fitted.attributes["truncated"]))
+                    return self._write_batch([fitted], deadline)
                 self._give_up(batch, exc)
                 return False
             except Exception as exc:  # any other store failure is retried, never dropped

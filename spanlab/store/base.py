@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict
 if TYPE_CHECKING:
     import pandas as pd
 
+from spanlab.store.schema import MAX_JSON_BYTES
 from spanlab.types import (
     Attempt,
     FinishedAttemptStatus,
@@ -67,6 +68,10 @@ class Metric(StrictModel):
 
 class StoreAPI(ABC):
     """Queue, spans and resources. Token-heavy reads return Arrow, never lists of Python ints."""
+
+    # The largest JSON column of a span this store takes (``SpanStore(max_json_bytes=...)``; a store server's store
+    # has the default): the gateway's body limit follows it.
+    max_json_bytes: int = MAX_JSON_BYTES
 
     # --- rollout queue -------------------------------------------------------------------------
     @abstractmethod

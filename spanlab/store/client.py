@@ -22,6 +22,7 @@ from urllib3.exceptions import HTTPError, NewConnectionError
 
 from spanlab.errors import InvalidSpanError, NotFoundError, QueryError, StoreError
 from spanlab.store.base import Metric, RolloutSummary, StoreAPI
+from spanlab.store.schema import MAX_JSON_BYTES
 from spanlab.store.spans import spans_to_arrow
 from spanlab.store.wire import ARROW_STREAM, SQL_COLUMNS_HEADER, table_to_bytes
 from spanlab.types import Attempt, FinishedAttemptStatus, Resource, ResourceKind, Rollout, Span
@@ -43,6 +44,16 @@ class StoreClient(StoreAPI):
         self._http = urllib3.connection_from_url(self.url, maxsize=8, block=False, retries=False,
                                                  timeout=urllib3.Timeout(connect=min(timeout_s, 10.0), read=timeout_s))
         self.retry_for_s = retry_for_s
+        self._max_json_bytes: int | None = None
+
+    @property  # type: ignore[override]  # StoreAPI's is a class attribute; the server's store says its own
+    def max_json_bytes(self) -> int:
+        """The server's store's largest JSON column of a span (its ``/health`` says it), asked once; a server that
+        does not say has the default."""
+        if self._max_json_bytes is None:
+            limit = self._json("GET", "/health").get("max_json_bytes")
+            self._max_json_bytes = limit if isinstance(limit, int) and limit > 0 else MAX_JSON_BYTES
+        return self._max_json_bytes
 
     def close(self) -> None:
         self._http.close()

@@ -42,7 +42,7 @@ class SpanStore(StoreAPI):
     """DuckDB-backed store. ``path=":memory:"`` gives a throwaway store for tests and notebooks."""
 
     def __init__(self, path: str | Path = MEMORY, *, max_tokens_per_span: int = 1_048_576,
-                 max_json_bytes: int = 16 * 1024 * 1024, stale_check_interval_s: float = 1.0,
+                 max_json_bytes: int = schema.MAX_JSON_BYTES, stale_check_interval_s: float = 1.0,
                  timeout_grace_s: float = 2.0, compress: bool = True, copy_interval_s: float = 1.0) -> None:
         """``compress=False`` stores columns uncompressed: faster bulk ingest for a bigger file.
         ``copy_interval_s``: how long a write may wait in the hot store alone when fewer than ``_COPY_EVERY``

@@ -142,6 +142,10 @@ SPAN_ARROW_SCHEMA = pa.schema([  # the spans table's columns, in its order: its 
 
 SPAN_COLUMNS: tuple[str, ...] = tuple(SPAN_ARROW_SCHEMA.names)
 JSON_SPAN_COLUMNS: tuple[str, ...] = ("attributes", "request_messages", "request_tools", "response_message")
+# The largest JSON column of one stored span, in bytes (UTF-8). The one size limit of a recorded call: the store
+# refuses a span over it, and the gateway refuses a request body over it at the door (413, before the engine is
+# called), so no call is generated that its record could not hold (spanlab.gateway.oversize, docs/gateway.md).
+MAX_JSON_BYTES = 16 * 1024 * 1024
 REQUIRED_SPAN_COLUMNS = ("span_id", "name", "kind", "start_time", "status")  # sequence_id: filled in if absent
 _SQL_TYPES = {_S: "VARCHAR", _I: "INTEGER", _F: "DOUBLE", _IDS: "INTEGER[]", _FLOATS: "FLOAT[]", _BYTES: "UTINYINT[]"}
 # No PRIMARY KEY: an ART index cuts ingest ~4x; the store dedupes span_id per attempt itself.

@@ -82,8 +82,9 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
         return wire.InsertedResponse(inserted=len(new_ids), span_ids=new_ids)
 
     @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
+    async def health() -> dict[str, Any]:
+        """Up, and the largest JSON column of a span the store takes (a gateway's body limit follows it)."""
+        return {"status": "ok", "max_json_bytes": store.max_json_bytes}
 
     # Store methods whose own signature is the route's (path parameters, optional query strings): FastAPI
     # runs these plain methods on its thread pool, never on the event loop.

@@ -1,4 +1,5 @@
-"""Process lifecycle of the managed server: no orphans after a parent SIGKILL, dead-engine restart.
+"""Process lifecycle of the managed server: no orphans after a parent SIGKILL, a dead engine's one-line reason and
+its restart.
 
 Each starts or restarts a real server (~40-80 s each on 2 cores). The orphan check's child serves
 the session's tiny random model (tests/engine_fixtures.py): what it checks is the process tree, not the model.
@@ -12,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ import pytest
 
 from spanlab.engine import _guard
 from spanlab.engine.server import VLLMServer
+from spanlab.engine.watch import EngineDiedError, watch_engines
 
 pytestmark = pytest.mark.vllm
 
@@ -45,6 +48,7 @@ def test_parent_sigkill_leaves_no_vllm_processes(tiny_model_dir: Path) -> None:
         import json, sys, time
         from spanlab.engine.config import EngineConfig
         from spanlab.engine.server import VLLMServer
+from spanlab.engine.watch import EngineDiedError, watch_engines
         server = VLLMServer(EngineConfig(model=sys.argv[1], max_model_len=512)).start()
         print(json.dumps({"pgid": server.pgid, "pids": server.pids()}), flush=True)
         time.sleep(3600)
@@ -80,6 +84,13 @@ def test_dead_engine_is_detected_and_restarted(vllm_server: Any) -> None:
     while vllm_server.status() != "dead" and time.monotonic() < deadline:
         time.sleep(0.5)
     assert vllm_server.status() == "dead"
+    # what `spanlab serve` says and does (spanlab.engine.watch): one line, the core's death and the API server's status
+    reason = vllm_server.death()
+    assert reason is not None and "\n" not in reason
+    assert f"died: its engine core (pid {', '.join(map(str, core))}) died and its API server " in reason, reason
+    assert f"log {vllm_server.log_path} ends: " in reason
+    with pytest.raises(EngineDiedError, match=r"died: its engine core .* \(--restart-engine restarts a dead engine\)"):
+        watch_engines([vllm_server], threading.Event(), restart=False, interval_s=0.1)
     assert vllm_server.ensure_healthy() is True
     assert vllm_server.status() == "healthy" and vllm_server.base_url == base_url
     resp = httpx.post(f"{base_url}/completions", timeout=60,

@@ -68,7 +68,7 @@ def test_a_body_over_the_limit_is_413_in_the_messages_shape(dead_gateway: Gatewa
     with pytest.raises(APIStatusError) as err:
         _client(dead_gateway).messages.create(**big)
     assert err.value.status_code == 413 and err.value.body["type"] == "error"
-    assert err.value.body["error"]["type"] == "invalid_request_error" and "limit" in err.value.body["error"]["message"]
+    assert err.value.body["error"]["type"] == "request_too_large" and "limit" in err.value.body["error"]["message"]
     assert dead_gateway.flush(10) and list(store.iter_spans()) == []
 
 
@@ -95,3 +95,84 @@ def test_an_unknown_attempt_is_404_before_forwarding(dead_gateway: GatewayServer
         client.messages.create(**BODY)
     assert err.value.status_code == 404 and err.value.body["error"]["type"] == "not_found_error"
     assert dead_gateway.flush(10) and list(store.iter_spans()) == []
+
+
+@pytest.mark.parametrize(("change", "needle"), [
+    ({"stream": "yes"}, "`stream` must be true or false, not 'yes'"),
+    ({"stream": 0}, "`stream` must be true or false, not 0"),
+    ({"stream": 1}, "`stream` must be true or false, not 1"),
+    ({"return_token_ids": "true"}, "`return_token_ids` must be true or false"),
+    ({"tools": [{"name": "add", "input_schema": {"type": "object"}, "strict": "no"}]},
+     "`tools[0].strict` must be true or false, not 'no'"),
+    ({"tool_choice": {"type": "auto", "disable_parallel_tool_use": 1}},
+     "`tool_choice.disable_parallel_tool_use` must be true or false, not 1"),
+])
+def test_booleans_are_strict(dead_gateway: GatewayServer, store: SpanStore, started: tuple[Rollout, Attempt],
+                             change: dict[str, Any], needle: str) -> None:
+    """``"stream": "yes"`` was read as true and ``0`` as false (issue 65, item 5): a boolean is true or false."""
+    base = dead_gateway.base_url(started[0].rollout_id, started[1].attempt_id)
+    resp = httpx.post(base + "/messages", json=BODY | change)
+    assert resp.status_code == 400 and needle in resp.json()["error"]["message"], resp.text
+    assert resp.json()["type"] == "error" and resp.json()["error"]["type"] == "invalid_request_error"
+    assert dead_gateway.flush(10) and list(store.iter_spans()) == []
+
+
+def test_true_false_and_null_booleans_are_taken(dead_gateway: GatewayServer, store: SpanStore,
+                                                started: tuple[Rollout, Attempt]) -> None:
+    """The strict booleans still take ``true``, ``false`` and ``null`` (left out): each call is forwarded (the closed
+    port answers 502) and recorded."""
+    base = dead_gateway.base_url(started[0].rollout_id, started[1].attempt_id)
+    for stream in (True, False, None):
+        resp = httpx.post(base + "/messages", json=BODY | {"stream": stream})
+        assert resp.status_code == 502 and resp.json()["error"]["type"] == "api_error", resp.text
+    assert dead_gateway.flush(10)
+    assert [s.attributes["stream"] for s in store.iter_spans()] == [True, False, False]
+
+
+@pytest.mark.parametrize(("method", "path", "status"), [
+    ("GET", "/v1/messages", 405), ("PUT", "/v1/messages", 405), ("DELETE", "/v1/messages", 405),
+    ("GET", "/rollout/ro-x/attempt/at-x/v1/messages", 405),
+    ("POST", "/v1/messages/count_tokens", 404), ("GET", "/v1/messages/batches", 404),
+    ("POST", "/rollout/ro-x/attempt/at-x/agent/writer/v1/messages/count_tokens", 404),
+])
+def test_every_answer_on_the_messages_paths_is_in_anthropics_shape(
+    dead_gateway: GatewayServer, method: str, path: str, status: int
+) -> None:
+    """A plain-text 405 and an OpenAI-shaped 404 were answered here (issue 65, item 8)."""
+    resp = httpx.request(method, dead_gateway.url + path, json=BODY)
+    assert resp.status_code == status and resp.headers["content-type"] == "application/json", resp.text
+    body = resp.json()
+    assert set(body) == {"type", "error"} and body["type"] == "error" and set(body["error"]) == {"type", "message"}
+    assert body["error"]["type"] == ("not_found_error" if status == 404 else "invalid_request_error")
+    assert path in body["error"]["message"]
+    if status == 405:
+        assert resp.headers["allow"] == "POST" and "use POST" in body["error"]["message"]
+
+
+def test_the_other_paths_keep_openais_shape(dead_gateway: GatewayServer) -> None:
+    for method, path, status in [("GET", "/v1/chat/completions", 405), ("POST", "/v1/nothing", 404),
+                                 ("POST", "/v1/messagesx", 404)]:
+        resp = httpx.request(method, dead_gateway.url + path, json={})
+        assert resp.status_code == status and "type" not in resp.json(), resp.text
+        assert resp.json()["error"]["code"] in ("not_found", "method_not_allowed")
+    resp = httpx.post(dead_gateway.base_url() + "/chat/completions", content=b"x" * 8000)
+    assert resp.status_code == 413 and resp.json()["error"]["code"] == "body_too_large" and "type" not in resp.json()
+
+
+def test_a_chunked_body_over_the_limit_is_413_in_the_messages_shape(dead_gateway: GatewayServer) -> None:
+    """Without a length the limit is found while the body is read; the answer is still Anthropic's."""
+    def chunks() -> Iterator[bytes]:
+        yield from [b"{" + b" " * 4000] * 3
+
+    resp = httpx.post(dead_gateway.base_url() + "/messages", content=chunks())
+    assert resp.status_code == 413 and resp.json()["type"] == "error", resp.text
+    assert resp.json()["error"]["type"] == "request_too_large" and set(resp.json()["error"]) == {"type", "message"}
+
+
+def test_a_missing_token_is_401_in_the_messages_shape(store: SpanStore) -> None:
+    with GatewayServer(store, "http://127.0.0.1:9", token="s3cret") as gw:
+        resp = httpx.post(gw.base_url() + "/messages", json=BODY)
+        assert resp.status_code == 401 and resp.json()["error"]["type"] == "authentication_error", resp.text
+        assert set(resp.json()) == {"type", "error"}
+        resp = httpx.post(gw.base_url() + "/chat/completions", json={})
+        assert resp.status_code == 401 and resp.json()["error"]["code"] == "invalid_api_key"

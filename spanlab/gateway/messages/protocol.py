@@ -19,7 +19,10 @@ not listed below is passed on (vLLM's extra fields such as ``stop_token_ids`` or
 Refused (:class:`MessagesError`, 400, nothing forwarded or stored): a malformed body or block (named by its path,
 e.g. ``messages[2].content[0]``), content other than text / tool_use / tool_result / thinking, a ``tool_result``
 whose ``tool_use_id`` no earlier ``tool_use`` made, server tools (``web_search_...``), thinking turned on,
-``max_tokens`` missing, not a positive integer, or over the limit the route passes in.
+``max_tokens`` missing, not a positive integer, or over the limit the route passes in, and a boolean field that is
+not ``true`` or ``false`` (``stream``, ``tools[].strict``, ``tool_choice.disable_parallel_tool_use``, and the vLLM
+extras the gateway reads, ``return_token_ids`` and ``logprobs``): ``"stream": "yes"`` or ``0`` is refused, never read
+by its truthiness (``null`` is the field left out).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ _REFUSED = {
 _MAPPED = frozenset({"model", "messages", "system", "tools", "tool_choice", "max_tokens", "stop_sequences", "stream",
                      "thinking"})
 _TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
+_BOOLEANS = ("stream", "return_token_ids", "logprobs")  # top-level booleans (the last two: vLLM extras passed on)
 
 
 class MessagesError(BadRequestError):
@@ -61,6 +65,14 @@ def _string(block: dict[str, Any], key: str, where: str) -> str:
     value = block.get(key)
     if not isinstance(value, str):
         raise MessagesError(f"{where}.{key} must be a string, not {type(value).__name__}")
+    return value
+
+
+def _boolean(block: dict[str, Any], key: str, where: str = "") -> bool | None:
+    """A strict boolean field: ``true``/``false``, or None when absent or null; anything else is refused."""
+    value = block.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise MessagesError(f"`{where}{key}` must be true or false, not {value!r:.100}")
     return value
 
 
@@ -183,8 +195,8 @@ def _tools(tools: Any) -> list[dict[str, Any]] | None:
         if tool.get("description") is not None:
             fn["description"] = _string(tool, "description", where)
         fn["parameters"] = _object(tool.get("input_schema"), f"{where}.input_schema")
-        if tool.get("strict") is not None:
-            fn["strict"] = bool(tool["strict"])
+        if (strict := _boolean(tool, "strict", f"{where}.")) is not None:
+            fn["strict"] = strict
         out.append({"type": "function", "function": fn})
     return out
 
@@ -200,7 +212,7 @@ def _tool_choice(choice: Any, chat: dict[str, Any]) -> None:
         chat["tool_choice"] = _TOOL_CHOICES[kind]
     else:
         raise MessagesError(f"tool_choice.type must be one of auto, any, tool, none, not {kind!r}")
-    if choice.get("disable_parallel_tool_use"):
+    if _boolean(choice, "disable_parallel_tool_use", "tool_choice."):
         chat["parallel_tool_calls"] = False
 
 
@@ -225,6 +237,8 @@ def to_chat(body: dict[str, Any], max_tokens_limit: int | None = None) -> dict[s
     if thinking is not None and _object(thinking, "thinking").get("type") != "disabled":
         raise MessagesError("`thinking` is not supported (only {\"type\": \"disabled\"}): the gateway records the "
                             "engine's reasoning parser output, which it cannot budget")
+    for key in _BOOLEANS:
+        _boolean(body, key)
     if not isinstance(body.get("model"), str) or not body["model"]:
         raise MessagesError("`model` is required (a string)")
     chat: dict[str, Any] = {k: v for k, v in body.items() if k not in _DROPPED and k not in _MAPPED}

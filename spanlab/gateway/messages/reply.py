@@ -11,6 +11,7 @@ refusals and the engine's, is ``{"type": "error", "error": {"type", "message"}}`
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 
@@ -20,6 +21,15 @@ from spanlab.gateway.protocol import dumps, loads
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 422: "invalid_request_error",
                429: "rate_limit_error", 529: "overloaded_error"}
+
+
+_MESSAGES_PATH = re.compile(r"(^|/)v1/messages(/|$)")
+
+
+def is_messages_path(path: str) -> bool:
+    """Whether a request path is on the Messages API (``/v1/messages`` and below, under any attribution prefix):
+    every answer there, the gateway's refusals and unknown routes included, is in Anthropic's error shape."""
+    return _MESSAGES_PATH.search(path) is not None
 
 
 class ToolArgumentsError(ValueError):
