@@ -48,8 +48,8 @@ def check_role_demos(config: TrainConfig, task_set: TaskSet) -> None:
 def mined_demonstrations(job: Job) -> tuple[dict[str, list[Sample]], dict[str, float]]:
     """Run the mining tasks, mine and filter each role's demonstrations, record them; each role's as stored."""
     from spanlab.adapters.demonstrations import read_demonstrations, record_demonstrations
+    from spanlab.adapters.filtered_dataset import FilterConfig
     from spanlab.adapters.role_demos import role_sets
-    from spanlab.adapters.sft import FilterConfig
 
     ws, store, run_id = job.config.warm_start, job.rig.store, job.report.run_id
     assert ws is not None and job.policy is not None and job.task_set.mine_demonstrations is not None

@@ -2,7 +2,7 @@
 
 The demonstrations come the way a run gets them: the writer's generated from the task set, the checker's and the
 rewriter's mined from real SQL rollouts recorded in a real store (tests/sql_scripted.py) and filtered per role by
-the SFT adapter. The model is a tiny random Llama with the real SmolLM2 tokenizer and an adapter per role.
+SFT's reward filter. The model is a tiny random Llama with the real SmolLM2 tokenizer and an adapter per role.
 """
 
 from __future__ import annotations
