@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from spanlab.adapters.conversation import encode_conversation
+from spanlab.adapters.recorded_rollouts import read_rollouts
 from spanlab.adapters.role_demos import role_sets
 from spanlab.adapters.samples import Sample
 from spanlab.agents.sql import demonstration
@@ -37,7 +38,7 @@ def by_role(default_model_dir: Path) -> dict[str, list[Sample]]:
     tokenizer = AutoTokenizer.from_pretrained(default_model_dir)
     with SpanStore(":memory:") as store:
         record_scripted(store)
-        sets = role_sets(mine_demonstrations(store), tokenizer)
+        sets = role_sets(mine_demonstrations(read_rollouts(store)), tokenizer)
     writer = [encode_conversation(tokenizer, demonstration(t)["messages"]) for t in TASKS[:3]]
     return {"writer": writer, **{role: s.samples for role, s in sets.items()}}
 
