@@ -55,7 +55,7 @@ class ServeGateway(_Section):
 
     @model_validator(mode="after")
     def _token_beyond_loopback(self) -> ServeGateway:
-        from spanlab.serving import check_bind
+        from spanlab.threaded_server import check_bind
 
         check_bind(self.host, self.token, insecure_no_token=self.insecure_no_token, what="the gateway",
                    flag="gateway.insecure_no_token: true", token_hint="gateway.token")
@@ -70,7 +70,7 @@ class ServeStoreServer(_Section):
 
     @model_validator(mode="after")
     def _token_beyond_loopback(self) -> ServeStoreServer:
-        from spanlab.serving import check_bind
+        from spanlab.threaded_server import check_bind
 
         check_bind(self.host, self.token, insecure_no_token=self.insecure_no_token,
                    flag="store_server.insecure_no_token: true")
@@ -158,9 +158,9 @@ def serve(config: ServeConfig, *, console: Console | None = None, stop: threadin
     """Start everything, print the URLs, block until SIGINT/SIGTERM (or ``stop``), then stop it all."""
     from spanlab.engine.server import VLLMServer
     from spanlab.gateway.app import GatewayServer
-    from spanlab.serving import ThreadedServer
     from spanlab.store import SpanStore
     from spanlab.store.server import create_store_app
+    from spanlab.threaded_server import ThreadedServer
 
     console = console or Console()
     stop = stop or threading.Event()

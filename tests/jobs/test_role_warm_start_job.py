@@ -22,9 +22,9 @@ from spanlab.agents.sql.mining import mine_demonstrations
 from spanlab.jobs.config import parse_train_config
 from spanlab.jobs.job import run_job
 from spanlab.policies.serving import resource_name
-from spanlab.serving import ThreadedServer
 from spanlab.store import SpanStore, StoreClient
 from spanlab.store.server import create_store_app
+from spanlab.threaded_server import ThreadedServer
 from tests.jobs.quick_runs import SQL_POLICIES
 from tests.stores import TOKEN
 
