@@ -28,8 +28,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from spanlab.errors import ConfigError
+from spanlab.jobs.rig_backends import open_gateway, open_store
 from spanlab.jobs.rollouts import RolloutCollector
-from spanlab.jobs.runner_rig import open_gateway, open_store
 from spanlab.runner.config import GatewayListenConfig, RolloutRunnerConfig
 from spanlab.runner.ray_runner import RayRunner
 from spanlab.store import SpanStore

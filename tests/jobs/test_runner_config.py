@@ -159,7 +159,7 @@ def test_a_gateway_off_loopback_always_has_a_token_and_a_taken_port_names_the_ke
     from contextlib import ExitStack
 
     from spanlab.errors import ConfigError
-    from spanlab.jobs.runner_rig import open_gateway
+    from spanlab.jobs.rig_backends import open_gateway
     from spanlab.runner.config import GatewayListenConfig
 
     with SpanStore(tmp_path / "spans.duckdb") as store, ExitStack() as stack:
