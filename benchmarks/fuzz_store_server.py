@@ -35,10 +35,10 @@ from hypothesis import seed as fixed_seed
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
-from spanlab.serving import ThreadedServer
 from spanlab.store import SpanStore
 from spanlab.store.server import create_store_app
 from spanlab.store.wire import ARROW_STREAM
+from spanlab.threaded_server import ThreadedServer
 from spanlab.types import Rollout, reward_span
 
 logger = logging.getLogger("fuzz_store_server")

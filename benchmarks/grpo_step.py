@@ -22,7 +22,7 @@ import time
 import numpy as np
 import torch
 
-from spanlab.adapters.grpo import Sample
+from spanlab.adapters.samples import Sample
 from spanlab.algos.grpo.update import GRPOConfig, grpo_step, make_model_for_training
 from spanlab.training.model import peak_rss_mb
 

@@ -34,9 +34,9 @@ os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPAT
 from spanlab.jobs.rollouts import RolloutCollector  # noqa: E402
 from spanlab.runner.config import RolloutRunnerConfig  # noqa: E402
 from spanlab.runner.ray_runner import RayRunner  # noqa: E402
-from spanlab.serving import ThreadedServer  # noqa: E402
 from spanlab.store import SpanStore  # noqa: E402
 from spanlab.store.server import create_store_app  # noqa: E402
+from spanlab.threaded_server import ThreadedServer  # noqa: E402
 
 ARMS = ("in-process", "ray x1", "ray x2")
 

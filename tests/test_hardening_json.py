@@ -18,9 +18,9 @@ import httpx
 import pytest
 
 from spanlab.jsonpolicy import MAX_DEPTH, JSONPolicyError, decode
-from spanlab.serving import ThreadedServer
 from spanlab.store import SpanStore
 from spanlab.store.server import create_store_app
+from spanlab.threaded_server import ThreadedServer
 
 DEEP = "[" * 300 + "1" + "]" * 300
 DEEP_OBJ = '{"a":' * 300 + "1" + "}" * 300

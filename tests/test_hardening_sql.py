@@ -19,11 +19,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from spanlab.errors import QueryError
-from spanlab.serving import ThreadedServer
 from spanlab.store import SpanStore
 from spanlab.store.file_query import run_query
 from spanlab.store.server import create_store_app
 from spanlab.store.sql import fetch_user_query
+from spanlab.threaded_server import ThreadedServer
 from spanlab.types import Rollout
 from spanlab.ui import create_app
 

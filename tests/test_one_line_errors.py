@@ -24,10 +24,10 @@ from spanlab.cli import app
 from spanlab.config import MAX_ALIAS_VALUES, load_yaml
 from spanlab.errors import ConfigError
 from spanlab.gateway import GatewayServer
-from spanlab.serving import ThreadedServer
 from spanlab.store import SpanStore
 from spanlab.store.server import create_store_app
 from spanlab.store.spans import spans_to_arrow
+from spanlab.threaded_server import ThreadedServer
 from spanlab.ui.app import create_app as create_ui_app
 from tests.conftest import llm_span
 

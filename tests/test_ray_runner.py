@@ -28,13 +28,13 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from spanlab.errors import ConfigError
+from spanlab.jobs.rig_backends import open_gateway, open_store
 from spanlab.jobs.rollouts import RolloutCollector
-from spanlab.jobs.runner_rig import open_gateway, open_store
 from spanlab.runner.config import GatewayListenConfig, RolloutRunnerConfig
 from spanlab.runner.ray_runner import RayRunner
-from spanlab.serving import ListenConfig, ThreadedServer
 from spanlab.store import SpanStore
 from spanlab.store.server import create_store_app
+from spanlab.threaded_server import ListenConfig, ThreadedServer
 from spanlab.types import Rollout, RolloutConfig
 from tests.jobs.test_plugin import _config as plugin_config
 from tests.jobs.test_plugin import _train as train

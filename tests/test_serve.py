@@ -13,8 +13,9 @@ import yaml
 
 from spanlab.config import parse
 from spanlab.engine.config import detect_device
+from spanlab.engine.served_folder import serve_command, served_name
 from spanlab.errors import ConfigError
-from spanlab.serve import ServeConfig, serve_command, serve_config
+from spanlab.serve import ServeConfig, serve_config
 from spanlab.store import SpanStore
 
 SPANLAB = str(Path(sys.executable).with_name("spanlab"))
@@ -54,7 +55,7 @@ def test_a_trained_folder_is_served_under_its_run_name(tmp_path: Path) -> None:
     """The name comes from the checkpoint info the run wrote, else from the run's folder; never the path."""
     import json
 
-    from spanlab.serve import client_example, served_name
+    from spanlab.serve import client_example
 
     step = tmp_path / "runs" / "calc-grpo" / "step-3"
     step.mkdir(parents=True)

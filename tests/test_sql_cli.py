@@ -152,9 +152,9 @@ def test_a_wide_result_prints_one_block_per_record(demo_db: Path) -> None:
 
 
 def test_an_empty_result_prints_the_same_from_a_file_and_from_a_server(demo_db: Path, tmp_path: Path) -> None:
-    from spanlab.serving import ThreadedServer
     from spanlab.store import SpanStore
     from spanlab.store.server import create_store_app
+    from spanlab.threaded_server import ThreadedServer
 
     served = tmp_path / "served.duckdb"
     served.write_bytes(demo_db.read_bytes())

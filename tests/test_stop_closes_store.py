@@ -20,7 +20,7 @@ import httpx
 import pytest
 import yaml
 
-from spanlab.serving import ThreadedServer
+from spanlab.threaded_server import ThreadedServer
 from tests.gateway.test_gateway_kill import _engine_app
 from tests.stores import SPANLAB, ServerProcess, free_port
 

@@ -224,9 +224,9 @@ def test_a_chunked_body_over_the_limit_is_413(server: ServerProcess) -> None:
 
 def test_reading_spans_does_not_stall_other_requests(tmp_path: Path) -> None:
     """GET /spans/arrow runs its store call in a thread, like every route: other requests go on meanwhile."""
-    from spanlab.serving import ThreadedServer
     from spanlab.store import SpanStore
     from spanlab.store.server import create_store_app
+    from spanlab.threaded_server import ThreadedServer
 
     class SlowReads(SpanStore):
         def spans_reader(self, **kw):  # type: ignore[no-untyped-def, override]

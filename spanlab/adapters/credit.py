@@ -3,7 +3,7 @@
 Why: a multi-agent attempt (writer, checker, rewriter) records intermediate rewards as spans
 (``ctx.add_reward``: "the checker's verdict matched the real outcome", "the rewrite fixed a failing query")
 before its final reward. Broadcasting the final reward to every turn (``mode: broadcast``, the default and what
-:func:`spanlab.adapters.grpo.iter_samples` did before this module) rewards the checker for the writer's query.
+:func:`spanlab.adapters.sample_reader.iter_samples` did before this module) rewards the checker for the writer's query.
 ``mode: per_turn`` gives each turn only what followed it.
 
 The return, precisely. A *turn* is one ``llm_call`` sample, or one TITO session sample (the calls of one role
@@ -30,7 +30,7 @@ makes more calls does not discount its later rewards more. Only attempts with at
 (an attempt with none is skipped, as the broadcast mode skips one with no final reward), and only the calls and
 attempts :mod:`spanlab.adapters.trainable` says are trainable.
 
-Any algorithm reads per-turn rewards through here (or :func:`~spanlab.adapters.grpo.iter_samples` with
+Any algorithm reads per-turn rewards through here (or :func:`~spanlab.adapters.sample_reader.iter_samples` with
 ``credit=``), never with its own SQL: :func:`turn_rewards` gives each call's return without token tensors.
 
     credit = CreditConfig(mode="per_turn", discount=0.9)
@@ -190,7 +190,7 @@ def turn_rewards(store: StoreAPI, rollout_ids: Sequence[str], credit: CreditConf
     attempts without one are left out). ``per_turn``: the call's discounted return. ``agents``: only these roles'
     calls. Only trainable calls of finished attempts (:mod:`spanlab.adapters.trainable`; failed ones dropped).
     A TITO session sample takes the reward of its first call
-    (:func:`~spanlab.adapters.grpo.iter_samples` with ``credit=`` gives the samples themselves).
+    (:func:`~spanlab.adapters.sample_reader.iter_samples` with ``credit=`` gives the samples themselves).
     """
     attempts = {a.attempt_id: r.rollout_id for r, a in store.last_attempts(list(dict.fromkeys(rollout_ids)))
                 if attempt_verdict(a.status) == "train"}

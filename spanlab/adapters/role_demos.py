@@ -1,12 +1,12 @@
-"""Role demonstrations -> each role's SFT examples: the SFT adapter's filter, run once per role.
+"""Role demonstrations -> each role's SFT examples: the reward filter SFT uses, run once per role.
 
 A task set that can mine its roles' demonstrations from recorded rollouts (the SQL agent's checker and rewriter,
 :mod:`spanlab.agents.sql.mining`) hands over :class:`RoleDemonstration` conversations. Each is encoded with the
 policy's chat template (the assistant turn is the trained part) and carries a reward (1.0: a demonstration is a
 right answer by construction; a miner may keep recorded answers at the reward they earned). Per role they then go
-through :func:`~spanlab.adapters.sft.filter_samples`, the same high-reward filter SFT applies to recorded calls
-(reward floor, exact-duplicate removal, ``max_len``), so what each role's warm start kept and dropped is counted
-the way an SFT round counts it (``<role>/filter_*`` metrics).
+through :func:`~spanlab.adapters.filtered_dataset.filter_samples`, the same high-reward filter SFT applies to
+recorded calls (reward floor, exact-duplicate removal, ``max_len``), so what each role's warm start kept and
+dropped is counted the way an SFT round counts it (``<role>/filter_*`` metrics).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spanlab.adapters.conversation import encode_conversation
+from spanlab.adapters.filtered_dataset import FilterConfig, FilterStats, filter_samples
 from spanlab.adapters.samples import Sample
-from spanlab.adapters.sft import FilterConfig, FilterStats, filter_samples
 
 __all__ = ["RoleDemonstration", "RoleSet", "role_sets"]
 

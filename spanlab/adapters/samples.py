@@ -1,8 +1,9 @@
 """Training samples and the padded tensors built from them: what the trainers take, wherever samples come from.
 
-Why its own module: the GRPO adapter (spans -> samples), the conversation encoder (SFT demonstrations ->
-samples), the re-tokenizing adapter and the trainers in :mod:`spanlab.training` all use :class:`Sample`; kept
-apart from the store readers, it imports none of them, so they need not import each other for it.
+Why its own module: the sample reader (:mod:`spanlab.adapters.sample_reader`: spans -> samples), the conversation
+encoder (SFT demonstrations -> samples), the re-tokenizing adapter and the trainers in :mod:`spanlab.training` all
+use :class:`Sample`; kept apart from the store readers, it imports none of them, so they need not import each other
+for it. This is the one module to import :class:`Sample` from.
 """
 
 from __future__ import annotations

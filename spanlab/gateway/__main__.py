@@ -22,9 +22,9 @@ from spanlab.errors import ConfigError
 from spanlab.gateway.app import create_app
 from spanlab.gateway.config import GatewayConfig
 from spanlab.guards import loopback_hosts
-from spanlab.serving import check_bind, sigterm_exits
 from spanlab.store import SpanStore, StoreAPI
 from spanlab.store.client import StoreClient
+from spanlab.threaded_server import check_bind, sigterm_exits
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -30,8 +30,8 @@ from spanlab.gateway.messages.reply import is_messages_path
 from spanlab.gateway.protocol import dumps, error_body
 from spanlab.gateway.proxy import Gateway
 from spanlab.guards import BodyTooLargeError, add_guards
-from spanlab.serving import ThreadedServer, check_bind
 from spanlab.store.base import StoreAPI
+from spanlab.threaded_server import ThreadedServer, check_bind
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ def body_limit(config: GatewayConfig, store: StoreAPI) -> int:
 class GatewayServer(ThreadedServer):
     """A gateway served by uvicorn on ``host:port`` in a daemon thread (``port=0``: any free port). Beyond
     loopback it needs ``token`` (``insecure_no_token``: the explicit way not to); on loopback it answers only
-    loopback Host names (:class:`~spanlab.serving.ThreadedServer`)."""
+    loopback Host names (:class:`~spanlab.threaded_server.ThreadedServer`)."""
 
     def __init__(self, store: StoreAPI, upstream_base_url: str | None = None, *, host: str = "127.0.0.1",
                  port: int = 0, config: GatewayConfig | None = None, insecure_no_token: bool = False,

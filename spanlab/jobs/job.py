@@ -314,8 +314,8 @@ def check_job(config: TrainConfig) -> tuple[Algorithm, TaskSet, dict[str, Tasks]
     from spanlab.jobs.model_checks import check_lora_targets, check_roles
     from spanlab.jobs.prompt import check_prompt
     from spanlab.jobs.rig import check_writable
+    from spanlab.jobs.rig_backends import check_runner
     from spanlab.jobs.role_warm_start import check_role_demos
-    from spanlab.jobs.runner_rig import check_runner
     from spanlab.runner.agent import load_agent
 
     algorithm = build_algorithm(config)

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spanlab.serve import serve_command
+from spanlab.engine.served_folder import serve_command
 
 if TYPE_CHECKING:  # config reaches this module at run time (through checkpoints); the types only point back
     from spanlab.jobs.config import TrainConfig

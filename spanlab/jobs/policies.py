@@ -17,9 +17,9 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from spanlab.engine.served_folder import POLICIES_FILE
 from spanlab.errors import ConfigError
 from spanlab.policies.serving import PolicyAdapters
-from spanlab.serve import POLICIES_FILE
 
 if TYPE_CHECKING:
     from spanlab.jobs.job import Job

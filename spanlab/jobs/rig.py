@@ -24,8 +24,8 @@ from rich.console import Console
 
 from spanlab.errors import ConfigError
 from spanlab.jobs.config import TrainConfig
+from spanlab.jobs.rig_backends import open_gateway, open_ray_runner, open_store
 from spanlab.jobs.rollouts import RolloutCollector, cancel_leftovers
-from spanlab.jobs.runner_rig import open_gateway, open_ray_runner, open_store
 from spanlab.store.base import StoreAPI
 
 

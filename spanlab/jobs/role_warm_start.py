@@ -7,7 +7,7 @@ Three stages, each through the parts a run already has:
    ``policies`` only the adapter of the policy answering that role;
 2. the job runs ``warm_start.mine_tasks`` train tasks once each, recorded like any rollout, and the task set
    mines the other roles' demonstrations from them (``mine_demonstrations``: the checker's verdicts, the
-   rewriter's fixes), filtered per role by the SFT adapter (:mod:`spanlab.adapters.role_demos`), stored as
+   rewriter's fixes), filtered per role by SFT's reward filter (:mod:`spanlab.adapters.role_demos`), stored as
    ``demonstration`` spans (``source: warm_start.<role>``, with ``role`` and ``label``) and read back, so the
    warm start trains on exactly what the store holds;
 3. each policy answering a mined role is trained on its own roles' demonstrations only (a policy that also answers
@@ -48,15 +48,16 @@ def check_role_demos(config: TrainConfig, task_set: TaskSet) -> None:
 def mined_demonstrations(job: Job) -> tuple[dict[str, list[Sample]], dict[str, float]]:
     """Run the mining tasks, mine and filter each role's demonstrations, record them; each role's as stored."""
     from spanlab.adapters.demonstrations import read_demonstrations, record_demonstrations
+    from spanlab.adapters.filtered_dataset import FilterConfig
+    from spanlab.adapters.recorded_rollouts import read_rollouts
     from spanlab.adapters.role_demos import role_sets
-    from spanlab.adapters.sft import FilterConfig
 
     ws, store, run_id = job.config.warm_start, job.rig.store, job.report.run_id
     assert ws is not None and job.policy is not None and job.task_set.mine_demonstrations is not None
     tasks = job.splits["train"][: ws.mined_tasks]
     batch = job.collect(tasks, purpose="mine_role_demos")
     try:
-        demos = job.task_set.mine_demonstrations(store, batch.rollout_ids)
+        demos = job.task_set.mine_demonstrations(read_rollouts(store, batch.rollout_ids))
     except ValueError as exc:
         raise ConfigError(f"warm_start.role_demos: {exc}") from exc
     sets = role_sets(demos, job.policy.tokenizer, FilterConfig(max_len=ws.max_len))

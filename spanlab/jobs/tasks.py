@@ -4,7 +4,8 @@
 accuracy is held out; ``demonstration(task)`` (optional) returns ``{"messages", "tools"}`` of a correct
 solution, for warm starts and SFT. A multi-agent task set may also say which role those demonstrations are
 for (``DEMONSTRATED_ROLE``) and mine the other roles' from recorded rollouts
-(``mine_demonstrations(store, rollout_ids) -> list[RoleDemonstration]``, for ``warm_start.role_demos: mined``).
+(``mine_demonstrations(rollouts) -> list[RoleDemonstration]``, for ``warm_start.role_demos: mined``; the rollouts
+are plain data, :func:`spanlab.adapters.recorded_rollouts.read_rollouts`, so a task set never reads the store).
 """
 
 from __future__ import annotations

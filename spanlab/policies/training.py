@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from spanlab.adapters.grpo import iter_samples
+from spanlab.adapters.sample_reader import iter_samples
 from spanlab.adapters.samples import Sample
 from spanlab.policies.config import PoliciesConfig
 from spanlab.store.base import StoreAPI

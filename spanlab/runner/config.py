@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from spanlab.serving import WILDCARD_HOSTS, ListenConfig
+from spanlab.threaded_server import WILDCARD_HOSTS, ListenConfig
 
 RAY_EXTRA_HINT = "install the `ray` extra: pip install 'spanlab[ray]' (scripts/setup.sh does)"
 

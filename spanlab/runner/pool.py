@@ -16,9 +16,9 @@ from dataclasses import asdict
 from spanlab.config import RunConfig
 from spanlab.runner.agent import load_agent
 from spanlab.runner.worker import Worker, WorkerStats
-from spanlab.serving import ThreadedServer
 from spanlab.store.base import StoreAPI
 from spanlab.store.client import StoreClient
+from spanlab.threaded_server import ThreadedServer
 
 logger = logging.getLogger(__name__)
 

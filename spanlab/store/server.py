@@ -46,7 +46,7 @@ def create_store_app(store: SpanStore, *, token: str | None = None, max_body_byt
                      sql_workers: int = 2, sql_timeout_s: float = SURFACE_TIMEOUT_S,
                      sql_max_bytes: int = SURFACE_MAX_BYTES, hosts: Collection[str] | None = None) -> FastAPI:
     """The FastAPI app over ``store``; the caller owns the store and closes it after the app stops.
-    ``hosts``: the only ``Host`` names answered (None: any; :class:`~spanlab.serving.ThreadedServer` checks
+    ``hosts``: the only ``Host`` names answered (None: any; :class:`~spanlab.threaded_server.ThreadedServer` checks
     them itself for a loopback bind). The token, Host and body size are checked before a route runs or a
     body is read (:mod:`spanlab.guards`); JSON bodies follow :mod:`spanlab.jsonpolicy`."""
     store.restrict_to_store()

@@ -31,8 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from spanlab.errors import NotFoundError, QueryError, SpanlabError, StoreLockedError
 from spanlab.guards import add_guards, policy_app
-from spanlab.serving import LOOPBACK_NAMES
 from spanlab.sql_surface import SURFACE_MAX_BYTES, SURFACE_TIMEOUT_S, QueryBusyError, QueryLimits, SqlPool
+from spanlab.threaded_server import LOOPBACK_NAMES
 from spanlab.ui import queries
 from spanlab.ui.db import ReadOnlyStore, fetch
 from spanlab.ui.hosts import allowed_hosts

@@ -12,7 +12,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Collection
 
-from spanlab.serving import LOOPBACK_NAMES
+from spanlab.threaded_server import LOOPBACK_NAMES
 
 WILDCARD_BINDS = frozenset({"0.0.0.0", "::", ""})
 

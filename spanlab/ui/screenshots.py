@@ -15,7 +15,7 @@ import logging
 from pathlib import Path
 from urllib.parse import quote
 
-from spanlab.serving import ThreadedServer
+from spanlab.threaded_server import ThreadedServer
 from spanlab.ui.app import create_app
 from spanlab.ui.browser import chromium, open_view
 from spanlab.ui.db import ReadOnlyStore, objects

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from spanlab.adapters.credit import CreditConfig, discounted_return, turn_rewards
-from spanlab.adapters.grpo import iter_samples
+from spanlab.adapters.sample_reader import iter_samples
 from spanlab.algos.grpo.advantages import group_advantages, sample_advantages, turn_advantages
 from spanlab.algos.grpo.config import GRPOCredit, GRPOSection
 from spanlab.store import StoreAPI

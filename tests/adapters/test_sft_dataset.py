@@ -14,8 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from spanlab.adapters.grpo import Sample
-from spanlab.adapters.sft import (
+from spanlab.adapters.filtered_dataset import (
     SFT_SCHEMA,
     FilterConfig,
     as_hf_dataset,
@@ -26,6 +25,7 @@ from spanlab.adapters.sft import (
     to_table,
     write_dataset,
 )
+from spanlab.adapters.samples import Sample
 from spanlab.store import SpanStore
 from spanlab.types import LLMCall, Span, reward_span
 

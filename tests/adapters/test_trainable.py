@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from spanlab.adapters.credit import CreditConfig, turn_rewards
-from spanlab.adapters.grpo import iter_samples
+from spanlab.adapters.filtered_dataset import FilterConfig, build_sft_dataset
 from spanlab.adapters.messages import conversations
-from spanlab.adapters.sft import FilterConfig, build_sft_dataset
+from spanlab.adapters.sample_reader import iter_samples
 from spanlab.adapters.trainable import Dropped, KeepFailed, final_index, final_mark, final_rewards, trainable_rollouts
 from spanlab.algos.grpo.config import GRPOSection
 from spanlab.errors import InvalidSpanError

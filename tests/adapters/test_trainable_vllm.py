@@ -17,8 +17,8 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
-from spanlab.adapters.grpo import iter_samples
-from spanlab.adapters.sft import FilterConfig, build_sft_dataset
+from spanlab.adapters.filtered_dataset import FilterConfig, build_sft_dataset
+from spanlab.adapters.sample_reader import iter_samples
 from spanlab.adapters.trainable import Dropped, KeepFailed
 from spanlab.gateway import GatewayServer
 from spanlab.runner import Agent, RolloutContext, Worker

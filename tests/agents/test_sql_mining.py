@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from spanlab.adapters.recorded_rollouts import read_rollouts
 from spanlab.adapters.role_demos import role_sets
 from spanlab.agents.sql.mining import (
     COLUMNS,
@@ -18,8 +19,8 @@ from spanlab.agents.sql.mining import (
     ROWS,
     checker_demonstrations,
     mine_demonstrations,
-    read_drafts,
     verdict,
+    writer_drafts,
 )
 from spanlab.agents.sql.prompts import sql_block
 from spanlab.store import StoreAPI
@@ -29,7 +30,7 @@ from tests.sql_scripted import TASKS, record_scripted
 
 def test_each_draft_is_labelled_with_its_true_verdict(any_store: StoreAPI) -> None:
     record_scripted(any_store)
-    drafts = {d.task["task_id"]: d for d in read_drafts(any_store)}
+    drafts = {d.task["task_id"]: d for d in writer_drafts(read_rollouts(any_store))}
     assert [verdict(drafts[t["task_id"]]) for t in TASKS] == [
         "OK", "WRONG: no such column: nosuch_column", f"WRONG: {EMPTY}", f"WRONG: {COLUMNS}", f"WRONG: {ROWS}",
         "WRONG: no SQL query found in the reply", "OK"]
@@ -39,7 +40,7 @@ def test_each_draft_is_labelled_with_its_true_verdict(any_store: StoreAPI) -> No
 
 def test_checker_demos_are_balanced_and_prompted_as_the_agent_prompts(any_store: StoreAPI, tokenizer: Any) -> None:
     agent = record_scripted(any_store)
-    demos = mine_demonstrations(any_store)
+    demos = mine_demonstrations(read_rollouts(any_store))
     checker = [d for d in demos if d.role == "checker"]
     # 2 drafts matched, 5 did not: the OKs topped up with the gold queries of the first wrong drafts' tasks (the
     # last draft quotes its gold query, so it and its gold are one demonstration), alternating with the WRONGs
@@ -71,7 +72,7 @@ def test_checker_demos_are_balanced_and_prompted_as_the_agent_prompts(any_store:
 
 def test_checker_needs_a_wrong_draft(any_store: StoreAPI) -> None:
     record_scripted(any_store)
-    right = [d for d in read_drafts(any_store) if d.matches]
+    right = [d for d in writer_drafts(read_rollouts(any_store)) if d.matches]
     with pytest.raises(ValueError, match=r"cannot balance the checker's demonstrations: all 2 distinct drafts match "
                                          "the gold result, none is wrong") as info:
         checker_demonstrations(right)
@@ -81,6 +82,6 @@ def test_checker_needs_a_wrong_draft(any_store: StoreAPI) -> None:
 def test_a_store_without_sql_rollouts_is_a_one_line_error(any_store: StoreAPI) -> None:
     any_store.enqueue([Rollout(input={"task_id": "calc-1", "question": "2 + 2"})])
     with pytest.raises(ValueError, match="no SQL rollouts to mine: none of the 1 rollouts") as info:
-        mine_demonstrations(any_store)
+        mine_demonstrations(read_rollouts(any_store))
     assert "\n" not in str(info.value)
     assert len(any_store.rollout_summaries()) == 1  # nothing stored was touched

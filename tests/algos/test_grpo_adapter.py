@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from spanlab.adapters.grpo import Sample, collate, iter_samples, micro_batches
+from spanlab.adapters.sample_reader import iter_samples
+from spanlab.adapters.samples import Sample, collate, micro_batches
 from spanlab.store import StoreAPI
 from spanlab.types import Attempt, LLMCall, Rollout, RolloutConfig, Span, reward_span
 from tests.conftest import llm_span
@@ -79,7 +80,7 @@ def test_only_the_last_attempt_is_read(store: StoreAPI) -> None:
 def test_unrewarded_rollouts_are_skipped_with_a_log_line(store: StoreAPI, caplog: pytest.LogCaptureFixture) -> None:
     rewarded, _ = _run(store, {"task_id": "t"}, 1.0)
     silent, _ = _run(store, {"task_id": "t"}, None)
-    with caplog.at_level(logging.INFO, logger="spanlab.adapters.grpo"):
+    with caplog.at_level(logging.INFO, logger="spanlab.adapters.sample_reader"):
         samples = list(iter_samples(store, [rewarded.rollout_id, silent.rollout_id, "ro-never-enqueued"]))
     assert {s.rollout_id for s in samples} == {rewarded.rollout_id}
     assert silent.rollout_id in caplog.text and "ro-never-enqueued" in caplog.text

@@ -9,7 +9,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from spanlab.adapters.grpo import Sample
+from spanlab.adapters.samples import Sample
 from spanlab.algos.grpo.update import GRPOConfig, group_advantages, policy_loss, sample_advantages
 from spanlab.training.logprobs import token_logprobs
 

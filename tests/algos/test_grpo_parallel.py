@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from spanlab.adapters.grpo import Sample
+from spanlab.adapters.samples import Sample
 from spanlab.algos.grpo.update import GRPOConfig, grpo_step
 from spanlab.errors import ConfigError
 from spanlab.jobs.config import parse_train_config

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from spanlab.adapters.grpo import Sample, iter_samples
+from spanlab.adapters.sample_reader import iter_samples
+from spanlab.adapters.samples import Sample
 from spanlab.algos.grpo.advantages import cancel_identical, sample_advantages
 from spanlab.algos.grpo.update import GRPOConfig, LoraConfig, grpo_step, make_model_for_training
 from spanlab.store import SpanStore

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from spanlab.adapters.grpo import Sample
+from spanlab.adapters.samples import Sample
 from spanlab.algos.grpo.update import GRPOConfig, grpo_step
 from spanlab.engine.weights import save_weights
 from spanlab.jobs.groups import policy_recorder

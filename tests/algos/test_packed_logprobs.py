@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from spanlab.adapters.grpo import Sample, collate
+from spanlab.adapters.samples import Sample, collate
 from spanlab.algos.grpo.update import GRPOConfig, grpo_step, policy_loss, sample_advantages
 from spanlab.training.lm_head import target_logprobs
 from spanlab.training.logprobs import token_logprobs

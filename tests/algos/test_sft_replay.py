@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from spanlab.adapters.conversation import encode_conversation
-from spanlab.adapters.sft import IGNORE_INDEX
+from spanlab.adapters.filtered_dataset import IGNORE_INDEX
 from spanlab.agents.calc import demonstration, make_tasks
 from spanlab.algos.sft.config import SFTRoundsConfig
 from spanlab.algos.sft.rounds import _row, replay_samples

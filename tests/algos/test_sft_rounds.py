@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from spanlab.adapters.grpo import Sample, collate
-from spanlab.adapters.sft import FilterConfig, filter_samples, to_table
+from spanlab.adapters.filtered_dataset import FilterConfig, filter_samples, to_table
+from spanlab.adapters.samples import Sample, collate
 from spanlab.algos.sft.config import SFTRoundsConfig
 from spanlab.algos.sft.rounds import choose_backend, samples_from_table
 from spanlab.errors import ConfigError

@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from spanlab.adapters.grpo import Sample, collate, iter_samples
 from spanlab.adapters.retokenize import align_logprobs, drift_stats
+from spanlab.adapters.sample_reader import iter_samples
+from spanlab.adapters.samples import Sample, collate
 from spanlab.algos.grpo.update import GRPOConfig, grpo_step
 from spanlab.engine.template import render_ids
 from spanlab.errors import ConfigError

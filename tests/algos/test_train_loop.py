@@ -159,7 +159,7 @@ def test_an_async_grpo_run_trains_within_its_bound_and_ends_with_nothing_leased(
 @pytest.mark.slow
 def test_one_sft_round_trains_on_the_filtered_exact_ids(tmp_path: Path, restored_engine: str) -> None:
     """collect -> filter -> train -> serve once, on the plain torch trainer (the CI path)."""
-    from spanlab.adapters.sft import read_dataset
+    from spanlab.adapters.filtered_dataset import read_dataset
 
     db = tmp_path / "run.duckdb"
     config = parse_train_config({

@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from spanlab.serving import ThreadedServer
+from spanlab.threaded_server import ThreadedServer
 
 logger = logging.getLogger(__name__)
 

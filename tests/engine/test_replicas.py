@@ -27,7 +27,7 @@ from spanlab.engine.replicas import EngineReplicas, ReplicaStartError
 from spanlab.errors import ConfigError
 from spanlab.jobs.config import TrainConfig
 from spanlab.jobs.rig import engines
-from spanlab.serving import ThreadedServer
+from spanlab.threaded_server import ThreadedServer
 
 FAKE_ENGINE = textwrap.dedent("""
     import http.server, os, sys, time

@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from spanlab.serving import ThreadedServer
+from spanlab.threaded_server import ThreadedServer
 from tests.stores import TOKEN, ServerProcess, free_port
 
 

@@ -20,8 +20,8 @@ from starlette.routing import Route
 
 from spanlab.gateway import GatewayServer
 from spanlab.gateway.routing import rendezvous
-from spanlab.serving import ThreadedServer
 from spanlab.store import SpanStore
+from spanlab.threaded_server import ThreadedServer
 from tests.stores import running_attempts
 
 

@@ -18,10 +18,10 @@ import pytest
 from spanlab.compare import Arm, measure
 from spanlab.config import load_yaml
 from spanlab.errors import ConfigError
-from spanlab.stages import split_names
 from spanlab.store import SpanStore
 from tests.jobs.run_stores import record
 from tests.scripts import load_script
+from tutorials.stages import split_names
 
 REPO = Path(__file__).resolve().parents[2]
 TASKS = [f"t{i}" for i in range(8)]

@@ -19,10 +19,10 @@ from spanlab.errors import ConfigError
 from spanlab.jobs.config import parse_train_config
 from spanlab.jobs.job import build_algorithm
 from spanlab.jobs.report import Evaluation, TrainReport
-from spanlab.stages import deep_merge
 from spanlab.stats import paired_difference
 from tests.jobs.run_stores import record
 from tests.scripts import load_script
+from tutorials.stages import deep_merge
 
 DRIFT = Path(__file__).resolve().parents[2] / "tutorials" / "drift"
 TASKS = [f"t{i}" for i in range(6)]

@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from spanlab.adapters.grpo import iter_samples
+from spanlab.adapters.sample_reader import iter_samples
 from spanlab.config import load_yaml
 from spanlab.jobs.config import parse_train_config
 from spanlab.jobs.job import run_job

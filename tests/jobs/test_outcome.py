@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 
 from spanlab.algos.grpo.step_parts import StepParts
 from spanlab.cli import app
+from spanlab.engine.served_folder import serve_command
 from spanlab.engine.weights import WeightSyncClient
 from spanlab.jobs.groups import POLICY_RESOURCE
 from spanlab.jobs.outcome import (
@@ -32,7 +33,6 @@ from spanlab.jobs.outcome import (
     warn_if_no_update,
 )
 from spanlab.jobs.report import TrainReport
-from spanlab.serve import serve_command
 
 SKIPPED = {"reward_mean": 1.0, "n_samples": 64.0, NO_UPDATE_KEY: 1.0}
 UPDATED = {"reward_mean": 0.75, "n_samples": 64.0, NO_UPDATE_KEY: 0.0, "loss": 0.1}

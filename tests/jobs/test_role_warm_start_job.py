@@ -17,13 +17,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from spanlab.adapters.recorded_rollouts import read_rollouts
 from spanlab.agents.sql.mining import mine_demonstrations
 from spanlab.jobs.config import parse_train_config
 from spanlab.jobs.job import run_job
 from spanlab.policies.serving import resource_name
-from spanlab.serving import ThreadedServer
 from spanlab.store import SpanStore, StoreClient
 from spanlab.store.server import create_store_app
+from spanlab.threaded_server import ThreadedServer
 from tests.jobs.quick_runs import SQL_POLICIES
 from tests.stores import TOKEN
 
@@ -95,10 +96,10 @@ def test_each_policy_is_warm_started_on_its_own_roles_mined_demonstrations(
 
     # the same rollouts mined on both store kinds give the same demonstrations
     with SpanStore(config.db) as store:
-        from_file = mine_demonstrations(store, mine_ids)
+        from_file = mine_demonstrations(read_rollouts(store, mine_ids))
         with ThreadedServer(create_store_app(store, token=TOKEN), name="store server") as server, \
                 StoreClient(server.url, token=TOKEN, retry_for_s=5) as client:
-            over_http = mine_demonstrations(client, mine_ids)
+            over_http = mine_demonstrations(read_rollouts(client, mine_ids))
         checker_requests = [
             [{"role": m["role"], "content": m["content"]} for m in span.llm.request_messages]
             for span in store.iter_spans(rollout_ids=mine_ids, kinds=["llm_call"])

@@ -21,9 +21,9 @@ from typer.testing import CliRunner
 
 from spanlab.cli import app
 from spanlab.runner.config import RolloutRunnerConfig
-from spanlab.serving import ThreadedServer
 from spanlab.store import SpanStore
 from spanlab.store.server import create_store_app
+from spanlab.threaded_server import ThreadedServer
 from tests.stores import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -159,7 +159,7 @@ def test_a_gateway_off_loopback_always_has_a_token_and_a_taken_port_names_the_ke
     from contextlib import ExitStack
 
     from spanlab.errors import ConfigError
-    from spanlab.jobs.runner_rig import open_gateway
+    from spanlab.jobs.rig_backends import open_gateway
     from spanlab.runner.config import GatewayListenConfig
 
     with SpanStore(tmp_path / "spans.duckdb") as store, ExitStack() as stack:
@@ -178,7 +178,7 @@ def test_a_gateway_off_loopback_always_has_a_token_and_a_taken_port_names_the_ke
 def test_a_wildcard_bind_is_called_on_loopback_here_and_at_its_advertised_url_elsewhere() -> None:
     from types import SimpleNamespace
 
-    from spanlab.serving import ListenConfig
+    from spanlab.threaded_server import ListenConfig
 
     server: Any = SimpleNamespace(port=8701)
     assert ListenConfig(host="0.0.0.0").url(server) == "http://127.0.0.1:8701"

@@ -19,9 +19,9 @@ import pytest
 from typer.testing import CliRunner
 
 from spanlab.cli import app
-from spanlab.serving import ThreadedServer
 from spanlab.store import SpanStore
 from spanlab.store.server import create_store_app
+from spanlab.threaded_server import ThreadedServer
 from spanlab.types import Span, reward_span
 from tests.engine.test_replicas import FAKE_ENGINE, _two_free_ports
 from tests.stores import free_port

@@ -1,4 +1,4 @@
-"""``spanlab.stages``: how an experiment's stage is reused, continued or started over, on real folders.
+"""``tutorials/stages.py``: how an experiment's stage is reused, continued or started over, on real folders.
 
 A stage's subprocess is the real ``python -m spanlab train``; here its config is refused before an engine
 starts (an unknown key), which is enough to see which command ran and what happened to a stopped run's files.
@@ -14,7 +14,7 @@ import pytest
 
 from spanlab.config import load_yaml
 from spanlab.errors import ConfigError
-from spanlab.stages import (
+from tutorials.stages import (
     deep_merge,
     from_checkpoint,
     run_stage,
@@ -50,7 +50,7 @@ def test_a_finished_stage_is_reused_and_a_stopped_one_needs_resume(tmp_path: Pat
 
 
 def test_resume_continues_grpo_and_starts_sft_over(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="spanlab.stages")
+    caplog.set_level(logging.INFO, logger="tutorials.stages")
     _stopped(tmp_path, "grpo")
     with pytest.raises(ConfigError, match=r"grpo: spanlab train exited with 2; see .*grpo\.log"):
         run_stage("grpo", BROKEN, tmp_path, resume=True)

@@ -2,7 +2,7 @@
 
 The demonstrations come the way a run gets them: the writer's generated from the task set, the checker's and the
 rewriter's mined from real SQL rollouts recorded in a real store (tests/sql_scripted.py) and filtered per role by
-the SFT adapter. The model is a tiny random Llama with the real SmolLM2 tokenizer and an adapter per role.
+SFT's reward filter. The model is a tiny random Llama with the real SmolLM2 tokenizer and an adapter per role.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from spanlab.adapters.conversation import encode_conversation
+from spanlab.adapters.recorded_rollouts import read_rollouts
 from spanlab.adapters.role_demos import role_sets
 from spanlab.adapters.samples import Sample
 from spanlab.agents.sql import demonstration
@@ -37,7 +38,7 @@ def by_role(default_model_dir: Path) -> dict[str, list[Sample]]:
     tokenizer = AutoTokenizer.from_pretrained(default_model_dir)
     with SpanStore(":memory:") as store:
         record_scripted(store)
-        sets = role_sets(mine_demonstrations(store), tokenizer)
+        sets = role_sets(mine_demonstrations(read_rollouts(store)), tokenizer)
     writer = [encode_conversation(tokenizer, demonstration(t)["messages"]) for t in TASKS[:3]]
     return {"writer": writer, **{role: s.samples for role, s in sets.items()}}
 

@@ -2,7 +2,7 @@
 
 A tiny random Llama with two peft adapters (``lora-a`` for the writer, ``lora-b`` for the checker), and multi-agent
 attempts recorded in a real store as the gateway records them (each call with ``attributes.agent``, one final
-reward per rollout). The samples are read back per policy with the GRPO adapter and stepped with ``grpo_step``.
+reward per rollout). The samples are read back per policy with the sample reader and stepped with ``grpo_step``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from spanlab.adapters.credit import CreditConfig
-from spanlab.adapters.grpo import iter_samples
+from spanlab.adapters.sample_reader import iter_samples
 from spanlab.algos.grpo.update import GRPOConfig, grpo_step
 from spanlab.policies.adapters import multi_adapter_model
 from spanlab.policies.config import PoliciesConfig

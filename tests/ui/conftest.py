@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from spanlab.serving import ThreadedServer
 from spanlab.store import SpanStore
+from spanlab.threaded_server import ThreadedServer
 from spanlab.types import LLMCall, RolloutConfig, Span, reward_span
 from spanlab.ui import create_app
 from tests.conftest import scripted_spans

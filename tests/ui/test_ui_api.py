@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from spanlab.serving import ThreadedServer
 from spanlab.store.file_query import run_query
+from spanlab.threaded_server import ThreadedServer
 from tests.ui.conftest import UiStore, load_test_tokenizer
 
 

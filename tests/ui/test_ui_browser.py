@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from spanlab.serving import ThreadedServer
 from spanlab.store.file_query import run_query
+from spanlab.threaded_server import ThreadedServer
 from spanlab.ui.browser import browser_unavailable, chromium, open_view
 from tests.ui.conftest import HOSTILE_VERSION, ROLES_RUN, SINGLE_RUN, RolesStore, UiStore
 

@@ -10,8 +10,8 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from spanlab.serving import ThreadedServer
 from spanlab.store.file_query import run_query
+from spanlab.threaded_server import ThreadedServer
 from tests.ui.conftest import HOSTILE_VERSION, ROLES_RUN, SINGLE_RUN, RolesStore
 
 

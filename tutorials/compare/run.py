@@ -9,7 +9,7 @@ on 2 idle cores; 3-4x longer when other work shares them):
 
 Stages, each a normal ``spanlab train`` config written to ``OUT/configs/NAME.yaml`` (the base
 ``tutorials/calc/grpo.yaml`` deep-merged with ``tutorials/compare/arms/NAME.yaml``) and run as
-``python -m spanlab train`` in a subprocess, each with its own store ``OUT/NAME.duckdb`` (:mod:`spanlab.stages`):
+``python -m spanlab train`` in a subprocess, each with its own store ``OUT/NAME.duckdb`` (``tutorials/stages.py``):
 
 1. ``start``: the base config's SFT warm start, no training steps; writes the servable ``OUT/start/final/``.
    ``--start-from RUN`` uses a finished run of that config with ``grpo.steps: 0`` instead (its ``final/`` and
@@ -49,7 +49,7 @@ import gains  # noqa: E402
 from spanlab.compare import Arm, build_table, load_winner  # noqa: E402
 from spanlab.config import load_yaml  # noqa: E402
 from spanlab.errors import ConfigError  # noqa: E402
-from spanlab.stages import deep_merge, from_checkpoint, run_stage, split_names, start_train_tasks  # noqa: E402
+from tutorials.stages import deep_merge, from_checkpoint, run_stage, split_names, start_train_tasks  # noqa: E402
 
 logger = logging.getLogger("compare")
 

@@ -34,11 +34,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: tutorials/stages.py
+
 from spanlab.compare import Arm, held_out, measure
 from spanlab.errors import ConfigError
 from spanlab.jobs.report import TrainReport
-from spanlab.stages import run_store
 from spanlab.store import SpanStore
+from tutorials.stages import run_store
 
 logger = logging.getLogger("drift.compare")
 

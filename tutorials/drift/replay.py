@@ -44,7 +44,7 @@ def logp_gap(model: Any, samples: list[Any], pad_id: int, max_tokens: int = 2048
     """Mean |trainer - engine| logprob over aligned trained tokens, and how many tokens it is over."""
     import torch
 
-    from spanlab.adapters.grpo import collate, micro_batches
+    from spanlab.adapters.samples import collate, micro_batches
     from spanlab.training.logprobs import token_logprobs
 
     total, count = 0.0, 0
@@ -84,8 +84,8 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from spanlab.adapters.grpo import iter_samples
     from spanlab.adapters.retokenize import drift_stats
+    from spanlab.adapters.sample_reader import iter_samples
     from spanlab.engine.model import ensure_default_model
     from spanlab.store import SpanStore
     from spanlab.training.policy import pad_token_id

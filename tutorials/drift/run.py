@@ -7,7 +7,7 @@ Run from the repo root (each run's time: about the main job's GRPO phase, ~25 mi
 
 Stages, each a normal ``spanlab train`` config written to ``OUT/configs/NAME.yaml`` (the main job,
 ``tutorials/calc/grpo.yaml``, deep-merged with ``tutorials/drift/arms/ARM.yaml``) and run in a subprocess with
-its own store ``OUT/NAME.duckdb`` (:mod:`spanlab.stages`):
+its own store ``OUT/NAME.duckdb`` (``tutorials/stages.py``):
 
 1. ``start``: the main job's SFT warm start, no GRPO step; writes the servable ``OUT/start/final/``.
 2. ``exact-1`` .. ``exact-N`` and ``retokenized-1`` .. ``retokenized-N``: the main job's GRPO from
@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from spanlab.config import load_yaml  # noqa: E402
 from spanlab.errors import ConfigError  # noqa: E402
-from spanlab.stages import deep_merge, from_checkpoint, run_stage, start_train_tasks  # noqa: E402
+from tutorials.stages import deep_merge, from_checkpoint, run_stage, start_train_tasks  # noqa: E402
 
 logger = logging.getLogger("drift")
 

@@ -19,8 +19,12 @@ the checker was shown and what it should have said:
 
 The prompts are built by the agent's own builders (``prompts.py``) from the recorded draft and result, so a
 demonstration's prompt is the request the agent sends that role for that draft. Writer demonstrations are the
-task set's generated ones (``demos.py``). Drafts are read from each rollout's latest attempt, through the
-store's typed span read (every store kind alike). Left out: later rounds' rewrites as checker drafts.
+task set's generated ones (``demos.py``). Drafts are found in each rollout's latest attempt, as
+:func:`spanlab.adapters.recorded_rollouts.read_rollouts` reads it from the store: everything here works on that
+plain data (it runs queries on the tasks' SQLite databases, never reads the span store: agents do not). Left out:
+later rounds' rewrites as checker drafts.
+
+    demos = mine_demonstrations(read_rollouts(store, rollout_ids))
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from spanlab.adapters.recorded_rollouts import RecordedRollout
 from spanlab.adapters.role_demos import RoleDemonstration
 from spanlab.agents.sql.databases import schema_text
 from spanlab.agents.sql.execution import ExecResult, execution_match, run_sql
@@ -43,11 +48,10 @@ from spanlab.agents.sql.prompts import (
     rewriter_user,
     sql_block,
 )
-from spanlab.store.base import StoreAPI
 from spanlab.types import Span
 
-__all__ = ["Draft", "checker_demonstrations", "gold_draft", "mine_demonstrations", "read_drafts",
-           "rewriter_demonstrations", "verdict"]
+__all__ = ["Draft", "checker_demonstrations", "gold_draft", "mine_demonstrations", "rewriter_demonstrations",
+           "verdict", "writer_drafts"]
 
 EMPTY, COLUMNS, ROWS = "the result is empty", "wrong columns", "wrong rows"
 
@@ -119,21 +123,19 @@ def _draft(rollout_id: str, task: dict[str, Any], spans: Sequence[Span]) -> Draf
                  None if matches else _reason(result, task), (first.span_id,), None if matches else good)
 
 
-def read_drafts(store: StoreAPI, rollout_ids: Sequence[str] | None = None) -> list[Draft]:
-    """The writer's first draft of each rollout (of ``rollout_ids``, or all) with an SQL task, in enqueue order.
+def writer_drafts(rollouts: Sequence[RecordedRollout]) -> list[Draft]:
+    """The writer's first draft of each rollout with an SQL task, in the rollouts' order.
 
     Raises ValueError, one line, when none of them recorded a draft: nothing to mine."""
-    summaries = store.rollout_summaries(list(rollout_ids) if rollout_ids is not None else None)
     drafts = []
-    for summary in summaries:
-        task = summary.input
-        if summary.last_attempt_id is None or not (isinstance(task, dict) and {"db", "gold_sql"} <= task.keys()):
+    for rollout in rollouts:
+        task = rollout.task
+        if rollout.attempt_id is None or not (isinstance(task, dict) and {"db", "gold_sql"} <= task.keys()):
             continue
-        spans = sorted(store.iter_spans(attempt_ids=[summary.last_attempt_id]), key=lambda s: s.sequence_id or 0)
-        if (draft := _draft(summary.rollout_id, task, spans)) is not None:
+        if (draft := _draft(rollout.rollout_id, task, rollout.spans)) is not None:
             drafts.append(draft)
     if not drafts:
-        raise ValueError(f"no SQL rollouts to mine: none of the {len(summaries)} rollouts read has a task with db and "
+        raise ValueError(f"no SQL rollouts to mine: none of the {len(rollouts)} rollouts read has a task with db and "
                          "gold_sql and a writer draft (sql.exec span); record rollouts of the sql agent first")
     return drafts
 
@@ -194,7 +196,7 @@ def rewriter_demonstrations(drafts: Sequence[Draft]) -> list[RoleDemonstration]:
     return demos
 
 
-def mine_demonstrations(store: StoreAPI, rollout_ids: Sequence[str] | None = None) -> list[RoleDemonstration]:
+def mine_demonstrations(rollouts: Sequence[RecordedRollout]) -> list[RoleDemonstration]:
     """The checker's and the rewriter's demonstrations from the rollouts' recorded drafts (see the module doc)."""
-    drafts = read_drafts(store, rollout_ids)
+    drafts = writer_drafts(rollouts)
     return [*checker_demonstrations(drafts), *rewriter_demonstrations(drafts)]

@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from spanlab.adapters.grpo import Sample, iter_samples
+from spanlab.adapters.sample_reader import iter_samples
+from spanlab.adapters.samples import Sample
 from spanlab.adapters.trainable import Dropped
 from spanlab.algos.grpo.config import GRPOSection
 from spanlab.algos.grpo.step_parts import StepParts

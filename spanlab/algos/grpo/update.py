@@ -1,6 +1,6 @@
 """GRPO on stored spans: group-normalized advantages, DAPO clipped surrogate, optional k3 KL and TIS.
 
-One ``grpo_step`` is one batch of samples (already rolled out and rewarded, see ``spanlab.adapters.grpo``):
+One ``grpo_step`` is one batch of samples (already rolled out and rewarded, see ``spanlab.adapters.sample_reader``):
 advantages per group of samples of one task, then ``epochs_per_batch`` optimizer steps, each over all
 micro-batches with gradient accumulation so the loss is aggregated exactly over the whole batch. The
 engine's sampling logprobs correct the trainer/engine mismatch with truncated importance sampling
@@ -29,8 +29,8 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from spanlab.adapters.grpo import Batch, Sample, collate
 from spanlab.adapters.retokenize import drift_stats
+from spanlab.adapters.samples import Batch, Sample, collate
 from spanlab.algos.grpo.advantages import cancel_identical, group_advantages, sample_advantages, turn_advantages
 from spanlab.algos.grpo.config import Aggregation, GRPOConfig
 from spanlab.training.logprobs import token_logprobs

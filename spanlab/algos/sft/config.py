@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from spanlab.adapters.sft import FilterConfig
+from spanlab.adapters.filtered_dataset import FilterConfig
 from spanlab.training.settings import LoraConfig, SFTConfig
 
 

@@ -31,8 +31,8 @@ import pyarrow as pa
 import torch
 
 from spanlab.adapters.conversation import encode_conversation
-from spanlab.adapters.grpo import Sample
-from spanlab.adapters.sft import IGNORE_INDEX, build_sft_dataset, rows_from_table, write_dataset
+from spanlab.adapters.filtered_dataset import IGNORE_INDEX, build_sft_dataset, rows_from_table, write_dataset
+from spanlab.adapters.samples import Sample
 from spanlab.adapters.trainable import Dropped
 from spanlab.algos.sft.config import SFTRoundsConfig
 from spanlab.errors import ConfigError

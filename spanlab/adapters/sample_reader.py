@@ -1,4 +1,5 @@
-"""Spans -> GRPO samples -> padded tensors, streamed so memory stays bounded by one Arrow batch.
+"""Spans -> training samples, streamed so memory stays bounded by one Arrow batch: what GRPO, SFT and the
+per-role policies train on.
 
 One ``Sample`` per LLM call (a per-call triplet: prompt + response, loss on the response), or one per
 TITO session segment when the spans carry a session ``loss_mask`` over prompt + response: then each call
@@ -24,8 +25,8 @@ its first call), truncating over-long samples.
     for s in iter_samples(store, rollout_ids): ...
     for chunk in micro_batches(samples, max_tokens=4096): batch = collate(chunk, advantages, pad_id)
 
-``Sample``, ``Batch``, ``collate`` and ``micro_batches`` live in :mod:`spanlab.adapters.samples` (no store there);
-they are re-exported here.
+``Sample``, ``Batch``, ``collate`` and ``micro_batches`` live in :mod:`spanlab.adapters.samples` (no store there),
+and are imported from there only.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ import pyarrow as pa
 
 from spanlab.adapters.credit import CreditConfig, RewardTimeline, call_role
 from spanlab.adapters.retokenize import Retokenizer, TokenSource, retokenize_samples
-from spanlab.adapters.samples import Batch, Sample, collate, micro_batches
+from spanlab.adapters.samples import Sample
 from spanlab.adapters.trainable import (
     AttemptRewards,
     Dropped,
@@ -54,7 +55,7 @@ from spanlab.adapters.trainable import (
 )
 from spanlab.store.base import StoreAPI
 
-__all__ = ["Batch", "Sample", "collate", "iter_samples", "micro_batches"]
+__all__ = ["RewardMode", "iter_samples"]
 
 logger = logging.getLogger(__name__)
 

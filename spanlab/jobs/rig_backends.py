@@ -21,8 +21,8 @@ import httpx
 
 from spanlab.errors import ConfigError
 from spanlab.runner.config import GatewayListenConfig, RolloutRunnerConfig
-from spanlab.serving import ListenConfig
 from spanlab.store.base import StoreAPI
+from spanlab.threaded_server import ListenConfig
 
 if TYPE_CHECKING:
     from spanlab.gateway import GatewayServer
@@ -70,8 +70,8 @@ def open_store(stack: ExitStack, runner: RolloutRunnerConfig, db: Path) -> tuple
     store = stack.enter_context(SpanStore(db))
     if runner.backend != "ray":
         return store, None, None
-    from spanlab.serving import ThreadedServer
     from spanlab.store.server import create_store_app
+    from spanlab.threaded_server import ThreadedServer
 
     token = secrets.token_urlsafe(32)  # even on loopback: other users of this machine are not us
     listen = runner.store_server or ListenConfig()

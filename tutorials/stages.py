@@ -7,6 +7,9 @@ stage that finished is reused, so an interrupted experiment continues where it s
 half-way is continued with ``--resume`` where its algorithm can (GRPO saves its state after every step) and
 started over, its leftovers moved aside, where it cannot (SFT rounds, APO): a half-run store would otherwise
 add its rollouts to the next run's and hold two evaluations of one phase.
+
+Why under tutorials/ and not in the package: only the tutorial scripts run experiments of stages. They put the
+repo root on ``sys.path`` and import ``tutorials.stages``; the tests import it the same way.
 """
 
 from __future__ import annotations

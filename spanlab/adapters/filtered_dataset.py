@@ -1,4 +1,5 @@
-"""Spans -> a reward-filtered SFT dataset on the exact token IDs the engine read and sampled.
+"""Spans -> a reward-filtered dataset on the exact token IDs the engine read and sampled: what SFT rounds train
+on, and the filter the per-role warm start applies to mined demonstrations (:mod:`spanlab.adapters.role_demos`).
 
 Rejection-sampling fine-tuning: of the samples the sample rule allows (:mod:`spanlab.adapters.trainable`: ``ok``
 calls of finished attempts, each with its attempt's final reward; failed attempts are always dropped here), keep
@@ -32,7 +33,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from spanlab.adapters.grpo import Sample, iter_samples
+from spanlab.adapters.sample_reader import iter_samples
+from spanlab.adapters.samples import Sample
 from spanlab.adapters.trainable import Dropped
 from spanlab.store.base import StoreAPI
 
