@@ -7,7 +7,7 @@ Run from the repo root (each variant run: about the main job's GRPO phase, ~25 m
 
 Stages, each a plain ``spanlab train`` config written to ``OUT/configs/NAME.yaml`` (the main job,
 ``tutorials/calc/grpo.yaml``, deep-merged with ``tutorials/recipes/arms/ARM.yaml``), run in a subprocess with its
-own store ``OUT/NAME.duckdb`` (:mod:`spanlab.stages`):
+own store ``OUT/NAME.duckdb`` (`tutorials/stages.py`):
 
 1. ``start``: the main job's SFT warm start and its evaluation (phase ``warm_start``), no GRPO step; its
    ``OUT/start/final/`` is every variant's model. Seeded with ``rollouts.seed: 0``.
@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from spanlab.config import load_yaml  # noqa: E402
 from spanlab.errors import ConfigError  # noqa: E402
-from spanlab.stages import deep_merge, from_checkpoint, run_stage, start_train_tasks  # noqa: E402
+from tutorials.stages import deep_merge, from_checkpoint, run_stage, start_train_tasks  # noqa: E402
 
 logger = logging.getLogger("recipes")
 
