@@ -21,10 +21,10 @@ import pytest
 from spanlab.errors import ConfigError
 from spanlab.gateway import GatewayServer
 from spanlab.gateway.oversize import fit_span, json_bytes
-from spanlab.serving import ThreadedServer
 from spanlab.store import SpanStore, StoreAPI, StoreClient
 from spanlab.store.schema import MAX_JSON_BYTES
 from spanlab.store.server import create_store_app
+from spanlab.threaded_server import ThreadedServer
 from spanlab.types import LLMCall, Span
 from tests.gateway.helpers import Upstream
 from tests.stores import TOKEN
