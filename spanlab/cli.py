@@ -399,6 +399,24 @@ def train(
         raise typer.Exit(LEARNED_NOTHING_EXIT)
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)
+def compare(ctx: typer.Context) -> None:
+    """Arms of runs (one per seed) against a shared start: per split, each seed's gain, the mean gain with an
+    interval over seeds and questions, arm vs arm, the extra-operation share and a verdict.
+
+    spanlab compare --start RUN [--start-phase warm_start|base] --arm NAME RUN [RUN ...] [--arm NAME RUN ...]
+    [--reference NAME] [--splits a,b] [--out FILE.md] [--json FILE] (spanlab compare --help for more).
+    """
+    from spanlab.compare.command import run_command  # its own argparse: --arm takes a variable number of runs
+
+    try:
+        text = run_command(ctx.args)
+    except SpanlabError as exc:
+        _fail(exc)
+        return
+    sys.stdout.write(text)
+
+
 @app.command()
 def plot(
     db: DbOption = None,
