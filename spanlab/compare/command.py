@@ -31,9 +31,10 @@ START_PHASES = ("warm_start", "base")
 
 
 def compare(start: Evaluation, arms: Mapping[str, Sequence[Evaluation]], *, reference: str | None = None,
-            settings: Settings = Settings()) -> Comparison:
+            settings: Settings | None = None) -> Comparison:
     """Every arm's runs against ``start`` on the start's splits (every run must have evaluated them), and every
     other arm against ``reference`` (default: the first arm; none with one arm)."""
+    settings = settings or Settings()
     if reference is not None and reference not in arms:
         raise ConfigError(f"--reference {reference!r}: no arm of that name (arms: {', '.join(arms)})")
     if reference is None and len(arms) > 1:

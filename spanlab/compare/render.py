@@ -50,7 +50,7 @@ def describe_arm(arm: ArmSummary) -> str:
     seeds = [s for s in arm.seeds if s is not None]
     n = len(arm.runs)
     if not seeds:
-        what = (f"1 run without a seed" if n == 1 else
+        what = ("1 run without a seed" if n == 1 else
                 f"{n} runs without a seed: independent replicates, not paired by seed with other arms")
     elif len(seeds) < n:
         what = (f"{n} runs, {n - len(seeds)} without a seed: independent replicates, not paired by seed with other "
@@ -106,7 +106,8 @@ def split_section(split: SplitComparison, start: str | None) -> list[str]:
     for arm in split.arms:
         lines += _arm_rows(arm)
     if split.versus:
-        lines += ["", "| arm | vs | paired by | difference in gain, points [95% CI] | verdict |", "|---|---|---|---|---|"]
+        lines += ["", "| arm | vs | paired by | difference in gain, points [95% CI] | verdict |",
+                  "|---|---|---|---|---|"]
         lines += [f"| {d.arm} | {d.reference} | {_paired_by(d)} | {points(d.difference)} | {d.difference.verdict} |"
                   for d in split.versus]
     return [*lines, "", verdict_line(split), ""]

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from typer.testing import CliRunner
 
 from spanlab.cli import app
@@ -207,16 +206,16 @@ def test_bad_input_is_a_one_line_error(runs: dict[str, list[Path]], tmp_path: Pa
         record(other, {f"u{i}": 1.0 for i in range(40)}, phase="final", split=SPLIT)
     (tmp_path / "empty").mkdir()
     argv, message = {
-        "missing run": (_argv(runs, "main") + ["--arm", "x", str(tmp_path / "nope")],
+        "missing run": ([*_argv(runs, "main"), "--arm", "x", str(tmp_path / "nope")],
                         "nope: no such run folder or store (nope.duckdb)"),
-        "other questions": (_argv(runs, "main") + ["--arm", "other", str(other)],
+        "other questions": ([*_argv(runs, "main"), "--arm", "other", str(other)],
                             f"{SPLIT} questions differ from the other runs'"),
         "seed twice": (["--start", str(runs["start"][0]), "--arm", "main", str(runs["main"][0]), str(runs["boost"][1])],
                        "more than one run with seed 0"),
-        "no such reference": (_argv(runs, "main") + ["--reference", "lora"], "--reference 'lora': no arm"),
-        "folder without store": (_argv(runs, "main") + ["--arm", "x", str(tmp_path / "empty")],
+        "no such reference": ([*_argv(runs, "main"), "--reference", "lora"], "--reference 'lora': no arm"),
+        "folder without store": ([*_argv(runs, "main"), "--arm", "x", str(tmp_path / "empty")],
                                  "empty: a folder without its store"),
-        "arm without runs": (_argv(runs, "main") + ["--arm", "x"], "give each arm at least one run"),
+        "arm without runs": ([*_argv(runs, "main"), "--arm", "x"], "give each arm at least one run"),
     }[case]
     proc = _spanlab("compare", *argv)
     errors = [line for line in proc.stderr.splitlines() if line.strip()]
