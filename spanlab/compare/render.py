@@ -92,6 +92,14 @@ def verdict_line(split: SplitComparison) -> str:
     return f"Verdict on {split.split}: " + "; ".join(parts) + "."
 
 
+def summary_lines(split: SplitComparison) -> list[str]:
+    """The split in plain lines (for scripts that print tables of their own): each arm's mean gain over the start,
+    then the verdict line."""
+    lines = [f"{split.split}: {arm.arm} gained {points(arm.gain)} over the start ({_rests_on(arm.gain)}): "
+             f"{arm.gain.verdict}" for arm in split.arms]
+    return [*lines, verdict_line(split)]
+
+
 def _rests_on(e: Estimate) -> str:
     return f"{e.seeds} seed{'s' if e.seeds != 1 else ''} x {e.questions} questions"
 
