@@ -9,16 +9,17 @@ or ``--reference``) paired by seed and question, the extra-operation share, and 
 are read from their stores alone (:mod:`spanlab.compare.runs`). Left out: runs with different question sets (an
 error), and any correction for comparing many arms at once (each verdict is one 95% interval).
 
-The options are parsed here with argparse, since ``--arm NAME RUN [RUN ...]`` repeats with a variable number of
-values, which the ``spanlab`` command's own parser (typer) cannot express.
+``--arm NAME RUN [RUN ...]`` repeats with a variable number of values, which typer's options cannot express: the
+``spanlab compare`` command declares it (for its help and the docs) and reads the groups from its raw arguments
+(:func:`arm_groups`).
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Literal
 
 from spanlab.compare.gains import Run, Settings, check_arms, compare_split
 from spanlab.compare.render import ArmSummary, Comparison, markdown
@@ -27,7 +28,7 @@ from spanlab.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-START_PHASES = ("warm_start", "base")
+StartPhase = Literal["warm_start", "base"]
 
 
 def compare(start: Evaluation, arms: Mapping[str, Sequence[Evaluation]], *, reference: str | None = None,
@@ -49,43 +50,41 @@ def compare(start: Evaluation, arms: Mapping[str, Sequence[Evaluation]], *, refe
                       bootstrap_seed=settings.seed)
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="spanlab compare", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--start", type=Path, required=True, help="the shared start: a run folder or its .duckdb store")
-    p.add_argument("--start-phase", default="warm_start", choices=START_PHASES,
-                   help="the start's held-out evaluation (base: a run that evaluated its start model itself)")
-    p.add_argument("--arm", nargs="+", action="append", required=True, metavar=("NAME", "RUN"),
-                   help="an arm's name, then its runs (one per seed; run folders or stores); repeat per arm")
-    p.add_argument("--reference", default=None, help="the arm the others are compared with (default: the first)")
-    p.add_argument("--splits", default=None, help="comma-separated (default: every split the start evaluated)")
-    p.add_argument("--out", type=Path, default=None, help="also write the markdown here")
-    p.add_argument("--json", type=Path, default=None, help="write the comparison as JSON here")
-    return p
+def arm_groups(args: Sequence[str]) -> dict[str, list[Path]]:
+    """``--arm NAME RUN [RUN ...]``, repeated, read from the command's raw arguments: each ``--arm`` takes the
+    words up to the next option. An arm without runs, or an arm named twice, is an error."""
+    arms: dict[str, list[Path]] = {}
+    current: list[str] | None = None
+    for word in [*args, "--"]:
+        if word.startswith("-"):
+            if current is not None:
+                if len(current) < 2:
+                    raise ConfigError("--arm NAME RUN [RUN ...]: give each arm a name and at least one run")
+                if current[0] in arms:
+                    raise ConfigError(f"--arm {current[0]}: an arm of that name was given already")
+                arms[current[0]] = [Path(run) for run in current[1:]]
+            current = [] if word == "--arm" or word.startswith("--arm=") else None
+            if current is not None and "=" in word:
+                current.append(word.split("=", 1)[1])
+        elif current is not None:
+            current.append(word)
+    if not arms:
+        raise ConfigError("give at least one arm: --arm NAME RUN [RUN ...]")
+    return arms
 
 
-def run_command(argv: Sequence[str]) -> str:
-    """Parse ``argv``, compare, write ``--out``/``--json``; returns the markdown. Bad runs raise ConfigError; bad
-    options exit through argparse (status 2)."""
-    p = parser()
-    args = p.parse_args(list(argv))
-    if any(len(group) < 2 for group in args.arm):
-        p.error("--arm NAME RUN [RUN ...]: give each arm at least one run")
-    names = [group[0] for group in args.arm]
-    if len(set(names)) != len(names):
-        p.error(f"--arm: an arm name given twice ({', '.join(n for n in names if names.count(n) > 1)})")
-    splits = [s for s in args.splits.split(",") if s] if args.splits else None
-    start = load_evaluation(args.start, args.start_phase, splits)
-    arms = {group[0]: [load_evaluation(Path(run), "final", list(start.rewards)) for run in group[1:]]
-            for group in args.arm}
-    result = compare(start, arms, reference=args.reference)
+def run(start: Path, arms: Mapping[str, Sequence[Path]], *, start_phase: str = "warm_start",
+        reference: str | None = None, splits: Sequence[str] | None = None, out: Path | None = None,
+        json_path: Path | None = None) -> str:
+    """Load the runs, compare, write ``out`` (markdown) and ``json_path``; returns the markdown."""
+    first = load_evaluation(start, start_phase, splits)
+    loaded = {name: [load_evaluation(path, "final", list(first.rewards)) for path in paths]
+              for name, paths in arms.items()}
+    result = compare(first, loaded, reference=reference)
     text = markdown(result)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
-        logger.info("wrote %s", args.out)
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(result.model_dump_json(indent=2) + "\n")
-        logger.info("wrote %s", args.json)
+    for path, content in ((out, text), (json_path, result.model_dump_json(indent=2) + "\n")):
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(content)
+            logger.info("wrote %s", path)
     return text

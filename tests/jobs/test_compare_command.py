@@ -19,7 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from spanlab.cli import app
-from spanlab.compare import compare, load_evaluation, resolve_run, run_command
+from spanlab.compare import compare, load_evaluation, resolve_run
 from spanlab.compare.bootstrap import seeds_and_questions
 from spanlab.compare.runs import RunPaths
 from spanlab.errors import ConfigError
@@ -86,7 +86,8 @@ def _argv(runs: dict[str, list[Path]], *arms: str) -> list[str]:
 
 
 def _spanlab(*args: str) -> subprocess.CompletedProcess:
-    """The CLI's app in this process: exit code, stdout and stderr apart."""
+    """The CLI's app in this process (its entry point, as the console command runs it): exit code, stdout and
+    stderr apart."""
     result = CliRunner().invoke(app, list(args), env={"COLUMNS": "400"})  # one error line, not wrapped at 80
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception
@@ -175,6 +176,12 @@ def test_the_command_writes_markdown_and_json_end_to_end(runs: dict[str, list[Pa
     assert parsed["splits"][0]["versus"][0]["difference"]["verdict"] == "better"
 
 
+def run_command(argv: list[str]) -> str:
+    proc = _spanlab("compare", *argv)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
 def test_splits_one_seed_and_unseeded_runs_say_so(runs: dict[str, list[Path]], tmp_path: Path) -> None:
     text = run_command(["--start", str(runs["start"][0]), "--arm", "main", str(runs["main"][0]),
                         "--arm", "boost", str(runs["boost"][1])])
@@ -199,7 +206,7 @@ def test_splits_one_seed_and_unseeded_runs_say_so(runs: dict[str, list[Path]], t
 
 
 @pytest.mark.parametrize("case", ["missing run", "other questions", "seed twice", "no such reference",
-                                  "folder without store", "arm without runs"])
+                                  "folder without store", "arm without runs", "arm twice", "stray run"])
 def test_bad_input_is_a_one_line_error(runs: dict[str, list[Path]], tmp_path: Path, case: str) -> None:
     other = tmp_path / "other.duckdb"
     if case == "other questions":
@@ -215,12 +222,15 @@ def test_bad_input_is_a_one_line_error(runs: dict[str, list[Path]], tmp_path: Pa
         "no such reference": ([*_argv(runs, "main"), "--reference", "lora"], "--reference 'lora': no arm"),
         "folder without store": ([*_argv(runs, "main"), "--arm", "x", str(tmp_path / "empty")],
                                  "empty: a folder without its store"),
-        "arm without runs": ([*_argv(runs, "main"), "--arm", "x"], "give each arm at least one run"),
+        "arm without runs": ([*_argv(runs, "main"), "--arm", "x"], "give each arm a name and at least one run"),
+        "arm twice": ([*_argv(runs, "main"), "--arm", "main", str(runs["boost"][0])], "--arm main: an arm of that "
+                      "name was given already"),
+        "stray run": ([*_argv(runs, "main"), "--start-phase", "base", str(runs["boost"][0])],
+                      "unexpected arguments"),
     }[case]
     proc = _spanlab("compare", *argv)
     errors = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert proc.returncode == 2 and message in errors[-1], proc.stderr
-    assert len(errors) == 1 or errors[0].startswith("usage: spanlab compare"), proc.stderr  # argparse: usage first
+    assert proc.returncode == 2 and errors == [errors[0]] and message in errors[0], proc.stderr
 
 
 def test_a_run_is_its_folder_or_its_store(runs: dict[str, list[Path]]) -> None:
