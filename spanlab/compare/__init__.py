@@ -4,13 +4,13 @@ one-table view of single runs the compare tutorial prints (:mod:`spanlab.compare
 from spanlab.compare.command import arm_groups, compare, run
 from spanlab.compare.gains import Settings, paired_by_task, verdict
 from spanlab.compare.render import Comparison, markdown
-from spanlab.compare.runs import Evaluation, load_evaluation, resolve_run
+from spanlab.compare.runs import HeldOutScores, load_evaluation, resolve_run
 from spanlab.compare.table import Arm, Row, SplitResult, build_table, failed_held_out, held_out, load_winner, measure
 
 __all__ = [
            "Arm",
            "Comparison",
-           "Evaluation",
+           "HeldOutScores",
            "Row",
            "Settings",
            "SplitResult",

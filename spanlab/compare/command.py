@@ -23,7 +23,7 @@ from typing import Literal
 
 from spanlab.compare.gains import Run, Settings, check_arms, compare_split
 from spanlab.compare.render import ArmSummary, Comparison, markdown
-from spanlab.compare.runs import Evaluation, load_evaluation
+from spanlab.compare.runs import HeldOutScores, load_evaluation
 from spanlab.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 StartPhase = Literal["warm_start", "base"]
 
 
-def compare(start: Evaluation, arms: Mapping[str, Sequence[Evaluation]], *, reference: str | None = None,
+def compare(start: HeldOutScores, arms: Mapping[str, Sequence[HeldOutScores]], *, reference: str | None = None,
             settings: Settings | None = None) -> Comparison:
     """Every arm's runs against ``start`` on the start's splits (every run must have evaluated them), and every
     other arm against ``reference`` (default: the first arm; none with one arm)."""

@@ -28,8 +28,8 @@ def extra_ops_share(store: StoreAPI, phase: str, splits: Sequence[str]) -> dict[
         recorded = rollout_metrics(store, [r.rollout_id for r in rows])
         values = [recorded[r.rollout_id][EXTRA_OPS_METRIC] for r in rows
                   if EXTRA_OPS_METRIC in recorded.get(r.rollout_id, {})]
-        if not recorded:
-            values = [v for r in rows if isinstance(r.input, dict)
+        if not recorded:  # only calc's tasks name the expression an answer is measured against
+            values = [v for r in rows if isinstance(r.input, dict) and r.input.get("expression") is not None
                       and (v := _from_calls(store, r.rollout_id, r.input)) is not None]
         if values:
             shares[split] = sum(values) / len(values)

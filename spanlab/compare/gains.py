@@ -17,7 +17,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from spanlab.compare.bootstrap import seeds_and_questions
-from spanlab.compare.runs import Evaluation
+from spanlab.compare.runs import HeldOutScores
 from spanlab.errors import ConfigError
 from spanlab.stats import Interval
 
@@ -28,8 +28,8 @@ Verdict = Literal["better", "worse", "cannot tell"]
 class Run:
     """One run of an arm: its final evaluation and the evaluation it is paired with (usually the shared start)."""
 
-    final: Evaluation
-    start: Evaluation
+    final: HeldOutScores
+    start: HeldOutScores
 
 
 @dataclass(frozen=True)
@@ -122,10 +122,9 @@ def common_questions(arms: Mapping[str, Sequence[Run]], split: str) -> list[str]
     question list (a start on 60, the arms on 30) share the shorter list; any other difference is an error,
     since an unpaired comparison is not the one printed."""
     runs = [run for group in arms.values() for run in group]
-    sets = {run.final.label: set(run.final.rewards[split]) for run in runs}
-    starts = {run.start.label: set(run.start.rewards[split]) for run in runs}
-    smallest = min([*sets.values(), *starts.values()], key=len)
-    for label, ids in {**starts, **sets}.items():
+    sets = [(scores.label, set(scores.rewards[split])) for run in runs for scores in (run.start, run.final)]
+    smallest = min((ids for _, ids in sets), key=len)
+    for label, ids in sets:
         if not smallest <= ids:
             raise ConfigError(f"{label}: its {split} questions differ from the other runs' ({len(smallest - ids)} "
                               f"of {len(smallest)} missing); not a paired comparison")

@@ -35,7 +35,7 @@ class RunPaths:
 
 
 @dataclass(frozen=True)
-class Evaluation:
+class HeldOutScores:
     """One held-out evaluation (``phase``) of one run, per split: task_id -> reward, and the extra-operation
     share where the run recorded it."""
 
@@ -118,7 +118,7 @@ def _rewards(store: StoreAPI, phase: str, split: str) -> dict[str, float]:
 
 
 def load_evaluation(path: Path, phase: str, splits: Sequence[str] | None = None, *,
-                    label: str | None = None) -> Evaluation:
+                    label: str | None = None) -> HeldOutScores:
     """The held-out evaluation ``phase`` of the run at ``path`` on ``splits`` (None: every split it evaluated);
     a split it did not evaluate is an error naming the run."""
     run = resolve_run(path)
@@ -136,4 +136,4 @@ def load_evaluation(path: Path, phase: str, splits: Sequence[str] | None = None,
             seed = _seed_in_store(store, str(path))
         shares = extra_ops_share(store, phase, wanted)
     logger.debug("%s: %s, seed %s, splits %s", path, run.db, seed, ", ".join(wanted))
-    return Evaluation(name, run.db, phase, seed, rewards, shares)
+    return HeldOutScores(name, run.db, phase, seed, rewards, shares)
