@@ -10,13 +10,16 @@ import sys
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.markup import escape
 from rich.table import Table
+from typer.core import TyperCommand
 
 from spanlab import sql_text
+from spanlab.compare.command import StartPhase
 from spanlab.engine.config import Device as EngineDevice
 from spanlab.errors import ConfigError, SpanlabError
 from spanlab.store import file_query
@@ -401,6 +404,49 @@ def train(
         out.print(line, style=style or None, markup=False, highlight=False, soft_wrap=True)
     if learned_nothing(report):
         raise typer.Exit(LEARNED_NOTHING_EXIT)
+
+
+class _RawArgsCommand(TyperCommand):
+    """A command that also keeps its raw arguments (``ctx.meta["raw_args"]``): for an option whose values run up
+    to the next option (``spanlab compare --arm NAME RUN [RUN ...]``), which click cannot declare."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["raw_args"] = list(args)
+        return super().parse_args(ctx, args)
+
+
+@app.command(cls=_RawArgsCommand, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def compare(
+    ctx: typer.Context,
+    start: Annotated[Path, typer.Option("--start", help="the shared start: a run folder or its .duckdb store")],
+    arm: Annotated[list[str], typer.Option("--arm", metavar="NAME RUN [RUN ...]", help="an arm's name, then its "
+                                           "runs, one per seed (run folders or stores); repeat for each arm")],
+    start_phase: Annotated[StartPhase, typer.Option("--start-phase", help="the start's held-out evaluation (base: "
+                                                    "a run that evaluated its start model itself)")] = "warm_start",
+    reference: Annotated[str | None, typer.Option("--reference", help="the arm the others are compared with "
+                                                  "(default: the first)")] = None,
+    splits: Annotated[str | None, typer.Option("--splits", help="comma-separated (default: every split the start "
+                                               "evaluated)")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="also write the markdown here")] = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="write the comparison as JSON here")] = None,
+) -> None:
+    """Arms of runs (one per seed) against a shared start: per split, each seed's gain, the mean gain with an
+    interval over seeds and questions, arm vs arm paired by seed, the extra-operation share and a verdict.
+
+    `spanlab compare --start RUN --arm NAME RUN [RUN ...] [--arm NAME RUN ...]` (docs/compare.md).
+    """
+    from spanlab.compare.command import arm_groups, run
+
+    try:
+        arms = arm_groups(ctx.meta["raw_args"])
+        if list(arms) != arm or len(ctx.args) != sum(len(runs) for runs in arms.values()):
+            raise ConfigError(f"unexpected arguments {' '.join(ctx.args)}: give runs after --arm NAME")
+        text = run(start, arms, start_phase=start_phase, reference=reference, out=out, json_path=json_path,
+                   splits=[s for s in splits.split(",") if s] if splits else None)
+    except SpanlabError as exc:
+        _fail(exc)
+        return
+    sys.stdout.write(text)
 
 
 @app.command()

@@ -381,7 +381,7 @@ def run_job(config: TrainConfig, *, console: Console | None = None, resume: bool
     state = _load_resume_state(algorithm, config) if resume else None
     report = (TrainReport.model_validate(state.info["report"]) if state is not None else
               TrainReport(run_name=config.run_name, algorithm=config.algorithm, model=config.engine.model,
-                          db=str(config.db)))
+                          db=str(config.db), seed=config.rollouts.seed))
     earlier_s = report.seconds
     with interrupts_stop_the_job(), ExitStack() as stack:
         rig = open_rig(stack, config, console)

@@ -74,6 +74,7 @@ class TrainReport(BaseModel):
     algorithm: str
     model: str
     db: str
+    seed: int | None = None  # rollouts.seed: seeded runs of one config pair by it in spanlab compare (None: unseeded)
     evaluations: list[Evaluation] = Field(default_factory=list)
     warm_start: dict[str, float] | None = None
     steps: list[dict[str, float]] = Field(default_factory=list)

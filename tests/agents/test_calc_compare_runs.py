@@ -4,11 +4,15 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 from spanlab.store import SpanStore
 from spanlab.types import LLMCall, Rollout, Span, metric_span, reward_span
+from tests.jobs.run_stores import record
 from tests.scripts import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "tutorials" / "calc" / "compare_runs.py"
@@ -51,3 +55,18 @@ def test_the_extra_operation_share_from_metric_spans_and_from_recorded_calls(tmp
     with SpanStore(_store(tmp_path / "new.duckdb", ["5 * 7 + 5 * 7"] * 2 + ["5 * 7"] * 2, metric=True)) as store:
         assert script.extra_ops_share(store, "final") == {"test": 0.5}
         assert script.extra_ops_share(store, "warm_start") == {}
+
+
+def test_the_script_prints_spanlab_compare_s_tables_then_the_levels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    start, run = tmp_path / "ws.duckdb", tmp_path / "rl.duckdb"
+    record(start, {"t0": 0.0, "t1": 1.0, "t2": 0.0, "t3": 1.0}, phase="warm_start", split="test")
+    record(run, {"t0": 1.0, "t1": 1.0, "t2": 1.0, "t3": 1.0}, phase="final", split="test", seed=0)
+    monkeypatch.setattr(sys, "argv", ["compare_runs.py", "--start", str(start), str(run), "--splits", "test"])
+    _script().main()
+    out = capsys.readouterr().out.splitlines()
+    assert "## test: 4 questions" in out and "- arm **rl**: 1 seed (0); interval over questions only (rl)" in out
+    assert any(line.startswith("| rl | rl | 0 | 50.0% | 100.0% | +50.0 [") for line in out)
+    assert any(line.startswith("Verdict on test: rl vs start: ") for line in out)
+    assert any(line.startswith("  levels 1-3 pooled (test + family, n=4): 50.0% -> 100.0%, paired +50.0 [")
+               for line in out)

@@ -94,6 +94,9 @@ def test_one_figure_and_the_paired_gains_of_every_run(runs: dict[str, list[Path]
     assert [r[4] for r in rows] == ["0.000", "0.000", "1.000", "1.000"]  # drift samples, mean over steps
     assert [r[6] for r in rows] == ["0.0001", "0.0001", "0.4001", "0.5001"]  # |dlogp| in nats
     assert "step 2: 0.6000" in "\n".join(lines)
+    # each arm's mean gain over its runs and the verdict against the first arm (spanlab compare's)
+    assert any(line.startswith("test_l4: exact gained +41.7 [") for line in lines)
+    assert any(line.startswith("Verdict on test_l4: retokenized vs exact: ") for line in lines)
 
 
 def test_the_curve_starts_at_the_start_that_lives_in_another_store(runs: dict[str, list[Path]], tmp_path: Path,

@@ -6,10 +6,11 @@ false``), then:
 
     python tutorials/calc/compare_runs.py --start runs/calc-ws.duckdb runs/calc-rl.duckdb runs/calc-ptx.duckdb
 
-Prints, per variant: each split's accuracy at the start and the end, paired by task with a 95% bootstrap interval
-(:mod:`spanlab.compare`); the demonstrated levels' paired change level by level (test and family pooled); and,
-where the runs recorded it, the share of answers whose calculator expression used more operations than the
-problem needs (``calc.extra_ops``), at the start and the end.
+Prints ``spanlab compare``'s tables with each run as an arm of its own (the first is the reference): per split, each
+run's gain over the start paired by question with a 95% interval, each run against the first, the share of
+answers whose calculator expression used more operations than the problem needs (``calc.extra_ops``), and a
+verdict. Then what is calc's own: the demonstrated levels' paired change level by level (test and family pooled).
+Variants run with several seeds are compared with ``spanlab compare --arm NAME RUN...`` itself.
 """
 
 from __future__ import annotations
@@ -19,10 +20,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from spanlab.agents.calc.operations import EXTRA_OPS_METRIC, call_expression, extra_operations
-from spanlab.compare import Arm, build_table
-from spanlab.jobs.rollouts import rollout_metrics
-from spanlab.stats import paired_difference
+from spanlab.compare import compare, load_evaluation, markdown, paired_by_task
+from spanlab.compare.extra_ops import extra_ops_share as _extra_ops_share
+from spanlab.errors import ConfigError
 from spanlab.store import SpanStore, StoreAPI
 
 SPLITS = ("test", "family", "test_l4", "family_l4", "depth")
@@ -41,37 +41,29 @@ def by_task(store: StoreAPI, phase: str, splits: tuple[str, ...]) -> dict[tuple[
 
 
 def extra_ops_share(store: StoreAPI, phase: str) -> dict[str, float]:
-    """split -> share of the held-out rollouts of ``phase`` whose answer's expression has more operations than
-    the task needs: the runs' own ``calc.extra_ops`` metric spans, or, in a store recorded before that metric,
-    the same rule applied to the recorded calls' calculator arguments."""
-    shares: dict[str, float] = {}
-    for split in SPLITS:
-        rows = [r for r in store.rollout_summaries(metadata={"phase": phase, "split": split}) if r.mode == "test"]
-        if not rows:
+    """split -> extra-operation share of the held-out rollouts of ``phase`` (:mod:`spanlab.compare.extra_ops`)."""
+    return _extra_ops_share(store, phase, SPLITS)
+
+
+def levels(start: Path, start_phase: str, run: Path) -> list[str]:
+    """The demonstrated levels' paired change, pooled and level by level (test and family together)."""
+    with SpanStore(start) as store:
+        before = by_task(store, start_phase, DEMONSTRATED)
+    with SpanStore(run) as store:
+        after = by_task(store, "final", DEMONSTRATED)
+    common = sorted(set(before) & set(after))
+    lines = []
+    for level in [None, *sorted({before[k][0] for k in common})]:  # None: the demonstrated levels pooled
+        keys = [k for k in common if level is None or before[k][0] == level]
+        label = "levels 1-3 pooled" if level is None else f"level {level}"
+        diff = paired_by_task({str(k): after[k][1] for k in keys}, {str(k): before[k][1] for k in keys})
+        if diff is None:
             continue
-        recorded = rollout_metrics(store, [r.rollout_id for r in rows])
-        values = [recorded[r.rollout_id][EXTRA_OPS_METRIC] for r in rows
-                  if EXTRA_OPS_METRIC in recorded.get(r.rollout_id, {})]
-        if not recorded:
-            values = [v for r in rows if (v := _from_calls(store, r.rollout_id, r.input)) is not None]
-        if values:
-            shares[split] = sum(values) / len(values)
-    return shares
-
-
-def _from_calls(store: StoreAPI, rollout_id: str, task: dict) -> float | None:
-    expressions = []
-    for span in store.iter_spans(rollout_ids=[rollout_id], kinds=["llm_call"]):
-        message = (span.llm.response_message if span.llm else None) or {}
-        for call in message.get("tool_calls") or []:
-            expression = call_expression((call.get("function") or {}).get("arguments"))
-            if expression is not None:
-                expressions.append(expression)
-    return extra_operations(expressions, task)
-
-
-def _fmt(shares: dict[str, float]) -> str:
-    return ", ".join(f"{k} {100 * v:.1f}%" for k, v in shares.items()) or "(none recorded)"
+        lines.append(f"  {label} (test + family, n={len(keys)}): "
+                     f"{100 * sum(before[k][1] for k in keys) / len(keys):.1f}% -> "
+                     f"{100 * sum(after[k][1] for k in keys) / len(keys):.1f}%, paired "
+                     f"{100 * diff.mean:+.1f} [{100 * diff.low:+.1f}, {100 * diff.high:+.1f}]")
+    return lines
 
 
 def main() -> None:
@@ -82,29 +74,18 @@ def main() -> None:
     parser.add_argument("--start-phase", default="warm_start", help="the start's phase (base: a run that evaluated "
                         "its start itself, e.g. on other level-4 wordings)")
     args = parser.parse_args()
-    console = Console(width=200)
-    splits = tuple(args.splits.split(","))
-    start = Arm("start", "sft", args.start, args.start_phase, counts_rollouts=False)
-    arms = [Arm(db.stem, "grpo", db, "final") for db in args.runs]
-    console.print(build_table([start, *arms], start, splits))
-    with SpanStore(args.start) as store:
-        before = by_task(store, args.start_phase, DEMONSTRATED)
-        console.print(f"\nstart: extra-operation share {_fmt(extra_ops_share(store, args.start_phase))}")
-    for db in args.runs:
-        with SpanStore(db) as store:
-            after = by_task(store, "final", DEMONSTRATED)
-            share = extra_ops_share(store, "final")
-        console.print(f"\n{db.stem}: extra-operation share at the end {_fmt(share)}")
-        common = sorted(set(before) & set(after))
-        levels = sorted({before[k][0] for k in common})
-        for level in [None, *levels]:  # None: the demonstrated levels pooled
-            keys = [k for k in common if level is None or before[k][0] == level]
-            label = "levels 1-3 pooled" if level is None else f"level {level}"
-            diff = paired_difference([after[k][1] for k in keys], [before[k][1] for k in keys])
-            console.print(f"  {label} (test + family, n={len(keys)}): "
-                          f"{100 * sum(before[k][1] for k in keys) / len(keys):.1f}% -> "
-                          f"{100 * sum(after[k][1] for k in keys) / len(keys):.1f}%, paired "
-                          f"{100 * diff.mean:+.1f} [{100 * diff.low:+.1f}, {100 * diff.high:+.1f}]")
+    console = Console(soft_wrap=True)  # markdown tables: one row per line
+    splits = args.splits.split(",")
+    try:
+        start = load_evaluation(args.start, args.start_phase, splits)
+        arms = {db.name.removesuffix(".duckdb"): [load_evaluation(db, "final", splits)] for db in args.runs}
+        console.print(markdown(compare(start, arms)), markup=False, highlight=False)
+        for db, arm in zip(args.runs, arms.values(), strict=True):
+            console.print(f"{db.stem}: demonstrated levels, paired by question", markup=False, highlight=False)
+            for line in levels(start.db, args.start_phase, arm[0].db):
+                console.print(line, markup=False, highlight=False)
+    except ConfigError as exc:
+        parser.error(str(exc))
 
 
 if __name__ == "__main__":

@@ -6,8 +6,10 @@ six panels sharing the step axis, a color per arm and a line style per run: trai
 of ``--curve-split`` (test_l4: the skill RL trains), the per-step drift in nats (mean |logp_trainer -
 logp_engine| over aligned trained tokens), the share of trained tokens and of samples whose IDs differ from the
 sampled ones, the clipped-ratio fraction and the gradient norm. Prints a markdown table, one row per arm and
-run: each split's final accuracy paired by task with the start (:mod:`spanlab.compare`, the code
-``tutorials/calc/compare_runs.py`` pairs with) and the run's mean drift statistics.
+run: each split's final accuracy paired by task with the start and the run's mean drift statistics; then, per
+split, each arm's mean gain with an interval over its runs and questions and the verdict of each arm against the
+first. The gains are ``spanlab compare``'s (:mod:`spanlab.compare`), the code ``tutorials/calc/compare_runs.py``
+uses too.
 
 The start is each run's own start evaluation (``warm_start``, else ``base``, in its store), or, with
 ``--start``, one evaluation every run is paired with: a run folder or a store, and its phase
@@ -36,7 +38,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: tutorials/stages.py
 
-from spanlab.compare import Arm, held_out, measure
+from spanlab.compare import Arm, held_out, load_evaluation
+from spanlab.compare.gains import Run as Paired
+from spanlab.compare.gains import SplitComparison, check_arms, compare_split
+from spanlab.compare.render import points, summary_lines
 from spanlab.errors import ConfigError
 from spanlab.jobs.report import TrainReport
 from spanlab.store import SpanStore
@@ -172,22 +177,35 @@ def _mean(values: list[float]) -> float:
     return sum(finite) / len(finite) if finite else math.nan
 
 
-def table(runs: list[Run], splits: tuple[str, ...]) -> str:
+def gains(runs: list[Run], splits: tuple[str, ...]) -> list[SplitComparison]:
+    """Per split, each run's final evaluation paired by question with its start, the runs grouped by arm (the
+    first arm is the reference of the others)."""
+    starts, arms = {}, {}
+    for run in runs:
+        key = (run.start.db, run.start.phase)
+        if key not in starts:
+            starts[key] = load_evaluation(run.start.db, run.start.phase, splits, label="start")
+        final = load_evaluation(run.db, "final", splits, label=run.label)
+        arms.setdefault(run.arm, []).append(Paired(final, starts[key]))
+    check_arms(arms)
+    reference = next(iter(arms)) if len(arms) > 1 else None
+    return [compare_split(arms, split, reference) for split in splits]
+
+
+def table(runs: list[Run], splits: tuple[str, ...], compared: list[SplitComparison] | None = None) -> str:
     """One markdown row per arm and run: each split's start -> final accuracy and the paired gain with its 95%
     bootstrap interval (points), then the run's mean drift statistics over its steps."""
+    compared = compared if compared is not None else gains(runs, splits)
     head = ["arm", "run", *(f"{s}: start -> final, paired gain [95% CI]" for s in splits),
             *(label for _, label, _ in MEANS), "steps", "wall (min)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for run in runs:
-        start, row = measure([run.start, Arm(run.label, "grpo", run.db, "final")], run.start, splits)
+    for i, run in enumerate(runs):
+        index = [r.arm for r in runs[:i]].count(run.arm)  # the run's place in its arm
         cells = [run.arm, run.label]
-        for split in splits:
-            got, diff = row.splits[split], row.splits[split].diff
-            if diff is None:  # only the baseline's own row has none
-                raise ConfigError(f"{run.label}: paired with itself")
-            cells.append(f"{100 * start.splits[split].accuracy.mean:.1f}% -> {100 * got.accuracy.mean:.1f}%, "
-                         f"{100 * diff.mean:+.1f} [{100 * diff.low:+.1f}, {100 * diff.high:+.1f}] "
-                         f"(n={got.accuracy.n})")
+        for split in compared:
+            got = next(a for a in split.arms if a.arm == run.arm).runs[index]
+            cells.append(f"{100 * got.start_accuracy:.1f}% -> {100 * got.final_accuracy:.1f}%, {points(got.gain)} "
+                         f"(n={got.gain.questions})")
         cells += [f"{_mean(run.series(name)):.{digits}f}" for name, _, digits in MEANS]
         cells += [str(len(run.report.steps)), f"{run.report.seconds / 60:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
@@ -237,7 +255,9 @@ def main(argv: list[str] | None = None) -> None:
         runs = [load_run(group[0], Path(d), start) for group in args.arm for d in group[1:]]
         splits = tuple(args.splits.split(",")) if args.splits else final_splits(runs)
         logger.info("wrote %s", plot(runs, args.out, args.curve_split))
-        sys.stdout.write(table(runs, splits) + "\n" + per_step(runs) + "\n")
+        compared = gains(runs, splits)
+        summary = [line for split in compared for line in summary_lines(split)]
+        sys.stdout.write(table(runs, splits, compared) + "\n\n" + "\n".join(summary) + "\n" + per_step(runs) + "\n")
     except ConfigError as exc:
         raise SystemExit(f"error: {exc}") from None
 

@@ -18,14 +18,15 @@ with ``eval.base: false``), else its base evaluation:
 Everything is read back from the stores' held-out rollouts (``mode = 'test'``, ``metadata.phase`` and
 ``metadata.split = 'test'``): the final reward (accuracy) and the role metrics each rollout recorded
 (:mod:`spanlab.agents.sql.roles`). Per row and metric: the start and the end, each a mean with a 95% bootstrap
-interval, and end - start paired by task. Accuracy, the writer's draft accuracy and the checker's verdict rate and
-accuracy are recorded on every held-out rollout, so they pair by task; the rewriter's fix rate and the outcome
-rates (right drafts kept, wrong drafts fixed) are over the rollouts they are about, which differ between
-phases, so they are shown with their counts and not paired. Then per-role - shared at the end, paired by task,
-and per-role's gain - shared's gain (each arm's end - start per task: the fair comparison where the arms start
-apart, each from its own warm start); per arm and held-out phase (``eval.curve``'s ``step-K`` points, then
-``final``) the tasks gained and lost since its start, which shows the step at which GRPO begins to move greedy
-outcomes; and each arm's train reward per step and role (the ``role_summary`` view).
+interval, and end - start paired by task (``spanlab compare``'s pairing, :mod:`spanlab.compare`). Accuracy, the
+writer's draft accuracy and the checker's verdict rate and accuracy are recorded on every held-out rollout, so they
+pair by task; the rewriter's fix rate and the outcome rates (right drafts kept, wrong drafts fixed) are over the
+rollouts they are about, which differ between phases, so they are shown with their counts and not paired. Then
+per-role - shared at the end, paired by task, and per-role's gain - shared's gain (each arm's end - start per task:
+the fair comparison where the arms start apart, each from its own warm start); per arm and held-out phase
+(``eval.curve``'s ``step-K`` points, then ``final``) the tasks gained and lost since its start, which shows the
+step at which GRPO begins to move greedy outcomes; and each arm's train reward per step and role (the
+``role_summary`` view).
 """
 
 from __future__ import annotations
@@ -45,8 +46,9 @@ from spanlab.agents.sql.roles import (
     RIGHT_DRAFT_KEPT,
     WRONG_DRAFT_FIXED,
 )
+from spanlab.compare import paired_by_task
 from spanlab.jobs.rollouts import rollout_metrics
-from spanlab.stats import Interval, bootstrap, paired_difference
+from spanlab.stats import Interval, bootstrap
 from spanlab.store import SpanStore, StoreAPI
 
 SPLIT = "test"
@@ -155,9 +157,9 @@ def _pts(i: Interval) -> str:
 
 
 def paired(after: dict[str, float], before: dict[str, float]) -> Interval | None:
-    """mean(after - before) over the tasks both scored, with its 95% interval (None: no common task)."""
-    tasks = sorted(after.keys() & before.keys())
-    return paired_difference([after[t] for t in tasks], [before[t] for t in tasks]) if tasks else None
+    """mean(after - before) over the tasks both scored, with its 95% interval (None: no common task): the pairing
+    ``spanlab compare`` makes (:func:`spanlab.compare.paired_by_task`)."""
+    return paired_by_task(after, before)
 
 
 def gains(row: Row, metric: str) -> dict[str, float] | None:

@@ -1,4 +1,4 @@
-"""One table across runs: held-out accuracy per split with 95% intervals, paired against a common start.
+"""One table across single runs: held-out accuracy per split with 95% intervals, paired against a common start.
 
 Used by ``tutorials/compare/run.py``, which runs each algorithm from the same start into a store of its own.
 Everything here is read back from those stores (the framework's held-out rollouts carry
