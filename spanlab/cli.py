@@ -45,8 +45,14 @@ def _main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug l
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
+def _stderr() -> Console:
+    """stderr for one-line messages: never hard-wrapped (a terminal folds a long line itself; a log file or a pipe
+    gets it whole, where rich would break it at 80 columns mid-sentence)."""
+    return Console(stderr=True, soft_wrap=True)
+
+
 def _fail(exc: Exception) -> None:
-    Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", markup=True, highlight=False)
+    _stderr().print(f"[bold red]error:[/] {escape(str(exc))}", markup=True, highlight=False)
     raise typer.Exit(2)
 
 
@@ -191,7 +197,7 @@ def template_fix(
         text = template.read_text(encoding="utf-8")
         fixed, changes = fix_template(text)
         if not changes:
-            Console(stderr=True).print(f"no known fix applies to {template}", markup=False, highlight=False,
+            _stderr().print(f"no known fix applies to {template}", markup=False, highlight=False,
                                        soft_wrap=True)
             raise typer.Exit(1)
         tok = load_tokenizer(tokenizer) if tokenizer is not None else None
@@ -367,8 +373,8 @@ def train(
             _, _, splits = check_job(cfg)
             for level, line in warm_start_warnings(cfg, splits):
                 logging.getLogger(__name__).log(level, "%s", line)
-            typer.echo(yaml.safe_dump(cfg.resolved(), sort_keys=False), nl=False)
-            Console(stderr=True).print(f"{config}: ok ({cfg.algorithm}); nothing started")
+            typer.echo(yaml.safe_dump(cfg.shown(), sort_keys=False), nl=False)
+            _stderr().print(f"{config}: ok ({cfg.algorithm}); nothing started", markup=False, highlight=False)
             return
         if launch is not None and launch.rank > 0:  # a helper rank: no store, engine or gateway here
             from spanlab.training.data_parallel import serve_torchrun_rank
@@ -381,7 +387,7 @@ def train(
         _fail(exc)
         return
     except KeyboardInterrupt:
-        Console(stderr=True).print("[bold red]interrupted[/]: the engine and rollouts are stopped", markup=True)
+        _stderr().print("[bold red]interrupted[/]: the engine and rollouts are stopped", markup=True)
         raise typer.Exit(130) from None
     from spanlab.jobs.outcome import LEARNED_NOTHING_EXIT, end_lines, learned_nothing
 
