@@ -86,20 +86,20 @@ def sql(
             # One try: a query typed at a prompt fails at once with one line, where a worker would wait out a
             # restart (a refused port is not worth 5 s of retry warnings).
             with StoreClient(url, token=token, timeout_s=timeout_s, retry_for_s=0.0) as client:
-                table = client.query(query, limit if limit is not None else 1_000_000)
+                result = client.query_rows(query, limit if limit is not None else 1_000_000)
         else:
-            table = file_query.run_query(sql_text.resolve_db(db), query, max_rows=limit, timeout_s=timeout_s,
-                                         max_bytes=int(max_mb * 1024 * 1024))
+            result = sql_text.json_rows(file_query.run_query(sql_text.resolve_db(db), query, max_rows=limit,
+                                                             timeout_s=timeout_s, max_bytes=int(max_mb * 1024 * 1024)))
     except SpanlabError as exc:
         _fail(exc)
         return
     if format == "csv":
-        sys.stdout.write(sql_text.to_csv(table))
+        sys.stdout.write(sql_text.to_csv(result))
     elif format == "json":
-        sys.stdout.write(sql_text.to_json(table) + "\n")
+        sys.stdout.write(sql_text.to_json(result) + "\n")
     else:
         console = Console()
-        shown, footer = sql_text.table_view(table, max_rows, console.width)
+        shown, footer = sql_text.table_view(result, max_rows, console.width)
         for renderable in shown:
             console.print(renderable, markup=False, highlight=False)
         console.print(footer, style="dim", markup=False, highlight=False)
