@@ -13,6 +13,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from typer.testing import CliRunner
@@ -77,9 +78,9 @@ class _NotAStore(http.server.BaseHTTPRequestHandler):
     """Answers every POST with the class's ``body`` and ``headers``: what some other server might say."""
 
     body = b"[]"
-    headers_out: dict[str, str] = {}
+    headers_out: ClassVar[dict[str, str]] = {}
 
-    def do_POST(self) -> None:  # noqa: N802  (http.server's name)
+    def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("content-length") or 0))
         self.send_response(200)
         self.send_header("content-type", "application/json")
