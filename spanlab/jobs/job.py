@@ -309,8 +309,8 @@ def build_algorithm(config: TrainConfig) -> Algorithm:
 def check_job(config: TrainConfig) -> tuple[Algorithm, TaskSet, dict[str, Tasks]]:
     """Everything ``spanlab train`` can check before an engine starts: the model folder, the algorithm's checks,
     the task splits, the agent and its kwargs and roles, LoRA targets against the model, the store's folder and
-    file.
-    ``spanlab train --check`` runs this only; a run goes on with the algorithm, task set and splits it built."""
+    file. ``spanlab train --check`` runs this only; a run goes on with the algorithm, task set and splits it
+    built."""
     from spanlab.jobs.file_checks import check_store_file
     from spanlab.jobs.model_checks import check_lora_targets, check_model_folder, check_roles
     from spanlab.jobs.prompt import check_prompt
