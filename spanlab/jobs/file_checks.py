@@ -19,7 +19,7 @@ _WEIGHTS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.safetensors.index.json
 
 def check_store_file(db: Path) -> None:
     """``db``, if it exists, is a DuckDB file that holds a span store or nothing yet (read-only, so it is left as it
-    was). A file another process holds is left to the run's own open, which names the holder."""
+    was). A file a process holds (this one included) is left to the run's own open, which names the holder."""
     import duckdb
 
     from spanlab.store.schema import SCHEMA_VERSION
@@ -40,7 +40,8 @@ def check_store_file(db: Path) -> None:
     try:
         conn = duckdb.connect(str(db), read_only=True)
     except duckdb.Error as exc:
-        if "lock" in str(exc).lower():
+        # held: read-write by another process (a lock), or by this one (a connection of another configuration)
+        if isinstance(exc, duckdb.ConnectionException) or "lock" in str(exc).lower():
             return
         raise ConfigError(f"db: {db} cannot be opened as a DuckDB file: {one_line(exc, 200)}") from exc
     try:
