@@ -48,8 +48,14 @@ def _main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug l
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
+def _stderr() -> Console:
+    """stderr for one-line messages: never hard-wrapped (a terminal folds a long line itself; a log file or a pipe
+    gets it whole, where rich would break it at 80 columns mid-sentence)."""
+    return Console(stderr=True, soft_wrap=True)
+
+
 def _fail(exc: Exception) -> None:
-    Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", markup=True, highlight=False)
+    _stderr().print(f"[bold red]error:[/] {escape(str(exc))}", markup=True, highlight=False)
     raise typer.Exit(2)
 
 
@@ -83,20 +89,20 @@ def sql(
             # One try: a query typed at a prompt fails at once with one line, where a worker would wait out a
             # restart (a refused port is not worth 5 s of retry warnings).
             with StoreClient(url, token=token, timeout_s=timeout_s, retry_for_s=0.0) as client:
-                table = client.query(query, limit if limit is not None else 1_000_000)
+                result = client.query_rows(query, limit if limit is not None else 1_000_000)
         else:
-            table = file_query.run_query(sql_text.resolve_db(db), query, max_rows=limit, timeout_s=timeout_s,
-                                         max_bytes=int(max_mb * 1024 * 1024))
+            result = sql_text.json_rows(file_query.run_query(sql_text.resolve_db(db), query, max_rows=limit,
+                                                             timeout_s=timeout_s, max_bytes=int(max_mb * 1024 * 1024)))
     except SpanlabError as exc:
         _fail(exc)
         return
     if format == "csv":
-        sys.stdout.write(sql_text.to_csv(table))
+        sys.stdout.write(sql_text.to_csv(result))
     elif format == "json":
-        sys.stdout.write(sql_text.to_json(table) + "\n")
+        sys.stdout.write(sql_text.to_json(result) + "\n")
     else:
         console = Console()
-        shown, footer = sql_text.table_view(table, max_rows, console.width)
+        shown, footer = sql_text.table_view(result, max_rows, console.width)
         for renderable in shown:
             console.print(renderable, markup=False, highlight=False)
         console.print(footer, style="dim", markup=False, highlight=False)
@@ -194,7 +200,7 @@ def template_fix(
         text = template.read_text(encoding="utf-8")
         fixed, changes = fix_template(text)
         if not changes:
-            Console(stderr=True).print(f"no known fix applies to {template}", markup=False, highlight=False,
+            _stderr().print(f"no known fix applies to {template}", markup=False, highlight=False,
                                        soft_wrap=True)
             raise typer.Exit(1)
         tok = load_tokenizer(tokenizer) if tokenizer is not None else None
@@ -373,8 +379,8 @@ def train(
             _, _, splits = check_job(cfg)
             for level, line in warm_start_warnings(cfg, splits):
                 logging.getLogger(__name__).log(level, "%s", line)
-            typer.echo(yaml.safe_dump(cfg.resolved(), sort_keys=False), nl=False)
-            Console(stderr=True).print(f"{config}: ok ({cfg.algorithm}); nothing started")
+            typer.echo(yaml.safe_dump(cfg.shown(), sort_keys=False), nl=False)
+            _stderr().print(f"{config}: ok ({cfg.algorithm}); nothing started", markup=False, highlight=False)
             return
         if launch is not None and launch.rank > 0:  # a helper rank: no store, engine or gateway here
             from spanlab.training.data_parallel import serve_torchrun_rank
@@ -387,7 +393,7 @@ def train(
         _fail(exc)
         return
     except KeyboardInterrupt:
-        Console(stderr=True).print("[bold red]interrupted[/]: the engine and rollouts are stopped", markup=True)
+        _stderr().print("[bold red]interrupted[/]: the engine and rollouts are stopped", markup=True)
         raise typer.Exit(130) from None
     from spanlab.jobs.outcome import LEARNED_NOTHING_EXIT, end_lines, learned_nothing
 

@@ -10,11 +10,16 @@ import math
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from spanlab.config_errors import problem_line
+from spanlab.config_yaml import MAX_ALIAS_BYTES, MAX_ALIAS_VALUES, load_yaml
 from spanlab.errors import ConfigError
+from spanlab.sampling_checks import sampling_problem
 from spanlab.strict_scalars import scalar_problem
+
+__all__ = ["MAX_ALIAS_BYTES", "MAX_ALIAS_VALUES", "AgentConfig", "ConfigError", "GatewayConfig", "RunConfig",
+           "RunnerConfig", "StoreConfig", "load_config", "load_yaml", "number_out_of_range", "parse"]
 
 
 class _Config(BaseModel):
@@ -40,7 +45,16 @@ class AgentConfig(_Config):
     """Which agent runs each rollout: a registered name or ``package.module:ClassName``."""
 
     name: str = Field(description="a registered agent (calc, sql, rooms) or package.module:ClassName")
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the agent's class")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the agent's class; "
+                                   "sampling settings among them (temperature, top_p, max_tokens, ...) must be in "
+                                   "the engine's range")
+
+    @field_validator("kwargs")
+    @classmethod
+    def _sampling_in_range(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        if problem := sampling_problem(kwargs):
+            raise ValueError(problem)
+        return kwargs
 
 
 class RunnerConfig(_Config):
@@ -72,100 +86,11 @@ class RunConfig(_Config):
                                    "call")
 
 
-MAX_ALIAS_VALUES = 100_000  # values a config's aliases may add once expanded: far above any real one's
-_COUNT_CAP = 10**18  # expanded sizes are counted up to here (a bomb's true size has hundreds of digits)
 MAX_PROBLEMS = 10  # problems listed in one error; the rest are counted
 # No number of a config is infinite or past 2**31-1 (tokens, steps, epochs, seeds alike): 1e20 micro-batch tokens
 # or 1e9 epochs is a typo that would only fail, or never end, once the run is under way. Checked over the raw
 # mapping (number_out_of_range), so every section, an algorithm plugin's own included, follows it.
 MAX_CONFIG_NUMBER = 2**31 - 1
-
-
-class _StrictLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
-    """A YAML loader that refuses a key given twice in one mapping (PyYAML keeps the last silently). It parses with
-    libyaml where PyYAML was built with it: the pure-Python parser takes seconds per MB of config."""
-
-
-def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
-        if key in seen:
-            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
-
-
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    """A config file's mapping: UTF-8, valid YAML, no key twice; every problem a one-line ConfigError."""
-    p = Path(path)
-    if p.is_dir():
-        raise ConfigError(f"config file {p} is a folder, not a file")
-    if not p.is_file():
-        raise ConfigError(f"config file {p} does not exist")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{p} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from exc
-    except OSError as exc:
-        raise ConfigError(f"cannot read config {p}: {exc.strerror or exc}") from exc
-    try:
-        data = _load(text)
-    except RecursionError:
-        raise ConfigError(f"{p} is nested too deep to be a config") from None
-    except ConfigError as exc:
-        raise ConfigError(f"{p} {exc}") from None
-    except yaml.MarkedYAMLError as exc:
-        where = f" (line {exc.problem_mark.line + 1})" if exc.problem_mark else ""
-        raise ConfigError(f"{p} is not valid YAML: {exc.problem or exc.context}{where}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{p} is not valid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"{p} must hold a mapping of sections, not {type(data).__name__}")
-    return data
-
-
-def _load(text: str) -> Any:
-    """Compose the document, refuse it if its aliases add more than :data:`MAX_ALIAS_VALUES` values once
-    expanded, then build it. Only what aliases add counts: a long config of plain keys is no bomb."""
-    loader = _StrictLoader(text)
-    try:
-        node = loader.get_single_node()
-        if node is not None and "*" in text and (added := _alias_growth(node)) > MAX_ALIAS_VALUES:
-            raise ConfigError(f"holds {'far ' if added >= _COUNT_CAP // 2 else ''}more than {MAX_ALIAS_VALUES} "
-                              "values beyond its own text once its aliases are expanded (a config's aliases add "
-                              "far fewer: an alias bomb?)")
-        return None if node is None else loader.construct_document(node)
-    finally:
-        loader.dispose()  # type: ignore[no-untyped-call]
-
-
-def _alias_growth(root: yaml.Node) -> int:
-    """How many nodes aliases add to ``root`` once each is copied out (a "billion laughs" document: 10^9 from a
-    few lines): its expanded size less its nodes as written, counted over the composed graph (shared nodes once
-    each), so counting costs what the text does."""
-    sizes: dict[int, int] = {}
-    open_: set[int] = set()
-    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
-    while stack:
-        node, children_done = stack.pop()
-        if id(node) in sizes:
-            continue
-        children = ([n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode)
-                    else list(node.value) if isinstance(node, yaml.SequenceNode) else [])
-        if children_done:
-            sizes[id(node)] = min(_COUNT_CAP, 1 + sum(sizes[id(c)] for c in children))
-            open_.discard(id(node))
-            continue
-        if id(node) in open_:
-            raise ConfigError("holds an alias that contains itself (a recursive structure)")
-        open_.add(id(node))
-        stack.append((node, True))
-        stack.extend((c, False) for c in children if id(c) not in sizes)
-    return sizes[id(root)] - len(sizes)
 
 
 def number_out_of_range(data: Any) -> str | None:
@@ -180,7 +105,8 @@ def number_out_of_range(data: Any) -> str | None:
         elif isinstance(value, float) and not math.isfinite(value):
             return f"{where}: {value} is not a finite number"
         elif isinstance(value, int | float) and not isinstance(value, bool) and abs(value) > MAX_CONFIG_NUMBER:
-            return f"{where}: {str(value)[:40]} is out of range (at most {MAX_CONFIG_NUMBER:,} in a config)"
+            shown = str(value)[:40] if abs(value) < 10**100 else "a number of over 100 digits"
+            return f"{where}: {shown} is out of range (at most {MAX_CONFIG_NUMBER:,} in a config)"
     return None
 
 
@@ -196,8 +122,7 @@ def parse(model: type[BaseModel], data: dict[str, Any], source: str = "config") 
         problems = []
         errors = exc.errors()
         for err in errors[:MAX_PROBLEMS]:
-            where = ".".join(str(part) for part in err["loc"]) or "(top level)"
-            problems.append(f"  {_short(where)}: {_short(err['msg'])}")
+            problems.append(f"  {problem_line(model, err)}")
         if len(errors) > MAX_PROBLEMS:
             problems.append(f"  ... and {len(errors) - MAX_PROBLEMS} more")
         if len(problems) == 1:  # the usual case: one line

@@ -1,8 +1,10 @@
 """How ``spanlab sql`` prints a result and finds its file: a table (one block per record when too wide), CSV,
 JSON, the ``--db`` default.
 
-Terminal output of the CLI, not the store's: the store answers queries as Arrow (:mod:`spanlab.store.sql`),
-and these turn its JSON-safe rows (:func:`~spanlab.sql_surface.rows`) into text. A result wider than the
+Terminal output of the CLI, not the store's: a file's query answers as Arrow (:mod:`spanlab.store.sql`), a store
+server as JSON rows (:mod:`spanlab.store.sql_answer`); both print from the JSON values (:class:`SqlRows`,
+:func:`json_rows` over :func:`~spanlab.sql_surface.rows`), so a file and its server print the same text, NaN and
+-Infinity included. A result wider than the
 terminal (``SELECT * FROM rollout_summary``: 19 columns) would be squeezed into cells of "…"; it is printed one
 record per block instead, each value on its own line, as psql's expanded mode does.
 """
@@ -11,7 +13,6 @@ from __future__ import annotations
 
 import csv
 import io
-import itertools
 import json
 import os
 from pathlib import Path
@@ -24,6 +25,7 @@ from rich.table import Table
 from rich.text import Text
 
 from spanlab.sql_surface import rows
+from spanlab.store.sql_answer import SqlRows
 
 DEFAULT_DB = "spanlab.duckdb"
 OutputFormat = Literal["table", "csv", "json"]
@@ -34,17 +36,23 @@ def resolve_db(db: str | Path | None) -> Path:
     return Path(db or os.environ.get("SPANLAB_DB") or DEFAULT_DB)
 
 
-def to_csv(table: pa.Table) -> str:
+def json_rows(table: pa.Table) -> SqlRows:
+    """A file's result as the JSON values a store server would send for it, so both print the same text."""
+    return SqlRows(table.column_names, [list(row.values()) for row in rows(table)])
+
+
+def to_csv(result: SqlRows) -> str:
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(table.column_names)
-    for row in rows(table):
-        writer.writerow(json.dumps(v) if isinstance(v, (list, dict)) else v for v in row.values())
+    writer.writerow(result.columns)
+    for row in result.rows:
+        writer.writerow(json.dumps(v) if isinstance(v, (list, dict)) else v for v in row)
     return buf.getvalue()
 
 
-def to_json(table: pa.Table) -> str:
-    return json.dumps(list(rows(table)), ensure_ascii=False, indent=1)
+def to_json(result: SqlRows) -> str:
+    return json.dumps([dict(zip(result.columns, row, strict=True)) for row in result.rows], ensure_ascii=False,
+                      indent=1)
 
 
 def cell_text(value: Any, width: int = 60) -> str:
@@ -55,12 +63,12 @@ def cell_text(value: Any, width: int = 60) -> str:
 CELL_WIDTH = 60  # a grid cell's longest text; longer values end in "…" (-f csv / -f json print them whole)
 
 
-def table_view(table: pa.Table, max_rows: int, width: int) -> tuple[list[RenderableType], str]:
-    """What ``spanlab sql`` prints for ``table`` on a terminal ``width`` columns wide: a grid when its columns fit,
-    else one block per record; and the line that ends it (row count, and how to see more)."""
-    names = table.column_names
-    values = [list(row.values()) for row in itertools.islice(rows(table), max_rows)]
-    more = " (more rows: raise --max-rows or use --format csv)" if table.num_rows > max_rows else ""
+def table_view(result: SqlRows, max_rows: int, width: int) -> tuple[list[RenderableType], str]:
+    """What ``spanlab sql`` prints for ``result`` on a terminal ``width`` columns wide: a grid when its columns
+    fit, else one block per record; and the line that ends it (row count, and how to see more)."""
+    names = result.columns
+    values = result.rows[:max_rows]
+    more = " (more rows: raise --max-rows or use --format csv)" if len(result.rows) > max_rows else ""
     if not values:  # the same line for a file's and a server's empty result, however wide
         return [], f"0 rows (columns: {', '.join(names)})" if names else "0 rows"
     cells = [[cell_text(v, CELL_WIDTH) for v in row] for row in values]

@@ -243,6 +243,12 @@ class Span(StrictModel):
         return self
 
 
+# A reward span that reached the store after its attempt had ended (a timed-out attempt whose agent finished late)
+# is kept with ``attributes["late"] = true``, set by the store; it is never the attempt's final reward
+# (:mod:`spanlab.adapters.trainable`, rule 3), in training or in any view.
+LATE_ATTRIBUTE = "late"
+
+
 def reward_span(rollout_id: str, attempt_id: str, value: float, *, name: str = "reward",
                 call_span_id: str | None = None, final: bool | None = None) -> Span:
     """A reward span for an attempt; ``call_span_id`` ties it to one call. ``final`` marks it the attempt's outcome

@@ -48,7 +48,14 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from spanlab.adapters.trainable import attempt_verdict, final_index, final_mark, final_rewards, trainable_call
+from spanlab.adapters.trainable import (
+    attempt_verdict,
+    final_index,
+    final_mark,
+    final_rewards,
+    is_late,
+    trainable_call,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -117,6 +124,8 @@ class RewardTimeline:
         tied: dict[str, list[str | None]] = defaultdict(list)
         marks: dict[str, list[bool | None]] = defaultdict(list)
         for aid, seq, value, call_id, attrs in zip(*(tbl[c].to_pylist() for c in names), strict=True):  # in order
+            if is_late(attrs):  # arrived after its attempt ended: kept for the record, never credit
+                continue
             positions[aid].append(int(seq))
             values[aid].append(float(value))
             tied[aid].append(call_id)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from spanlab.adapters.trainable import final_index, final_mark, trainable_call
+from spanlab.adapters.trainable import final_index, final_mark, is_late, trainable_call
 from spanlab.store.base import StoreAPI
 
 _COLUMNS = ["rollout_id", "attempt_id", "sequence_id", "name", "kind", "status", "attributes",
@@ -46,7 +46,7 @@ def conversations(store: StoreAPI, rollout_ids: Sequence[str]) -> dict[str, Conv
             conv.messages = list(_json(row["request_messages"]) or []) + ([response] if response else [])
         elif row["kind"] == "custom":
             conv.notes[row["name"]] = _json(row["attributes"]) or {}
-        elif row["kind"] == "reward":
+        elif row["kind"] == "reward" and not is_late(row["attributes"]):  # a late reward is never the outcome
             rewards.setdefault(row["rollout_id"], []).append(row)
     for rollout_id, rows_R in rewards.items():
         i = final_index([final_mark(r["attributes"]) for r in rows_R], [r["reward_call_span_id"] for r in rows_R])

@@ -14,8 +14,11 @@ must be left out in one place, the same way for every algorithm. The rule:
    reward the agent returns; ``ctx.add_reward`` marks its intermediate rewards ``final: false``). A reward span
    without the marker (a store written before it, or a span a program wrote itself) is read as before: the
    attempt's last unmarked reward tied to no call (``call_span_id``) is its final reward when no reward of the
-   attempt is marked final. A reward marked ``false`` is never final. ``rollout_summary.final_reward`` and
-   ``role_summary`` read the same rule (:data:`spanlab.store.schema.FINAL_REWARD_SQL`).
+   attempt is marked final. A reward marked ``false`` is never final. A reward that reached the store after its
+   attempt had ended (a timed-out attempt whose agent finished late: marked ``attributes.late: true`` by the
+   store) is kept for the record and is never read at all: not final, not a per-call reward.
+   ``rollout_summary.final_reward``, ``role_summary``, APO's rollout rewards and the UI read the same rule
+   (:data:`spanlab.store.schema.FINAL_REWARD_SQL`).
 
 Every drop is counted (:class:`Dropped`, each step's ``dropped_*`` metrics) and a group that lost most of its
 rollouts says so in the log.
@@ -34,12 +37,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from spanlab.types import LATE_ATTRIBUTE
+
 if TYPE_CHECKING:
     from spanlab.store.base import StoreAPI
 
 __all__ = ["FINAL_ATTRIBUTE", "AttemptRewards", "AttemptVerdict", "Dropped", "FailedAttempts", "GroupLosses",
            "KeepFailed", "Selection", "attempt_verdict", "final_index", "final_mark", "final_rewards",
-           "select_attempts", "trainable_call", "trainable_rollouts"]
+           "is_late", "select_attempts", "trainable_call", "trainable_rollouts"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +87,12 @@ def final_mark(attributes: str | Mapping[str, Any] | None) -> bool | None:
     return mark if isinstance(mark, bool) else None
 
 
+def is_late(attributes: str | Mapping[str, Any] | None) -> bool:
+    """Whether a reward span reached the store after its attempt had ended (:data:`~spanlab.types.LATE_ATTRIBUTE`)."""
+    attrs = json.loads(attributes) if isinstance(attributes, str) else attributes
+    return isinstance(attrs, Mapping) and attrs.get(LATE_ATTRIBUTE) is True
+
+
 def final_index(marks: Sequence[bool | None], tied: Sequence[str | None]) -> int | None:
     """Rule 3: the position of an attempt's final reward among its reward spans (in sequence order), if any."""
     marked = [i for i, m in enumerate(marks) if m is True]
@@ -110,6 +121,8 @@ class AttemptRewards:
         tbl = store.spans_table(attempt_ids=list(attempt_ids), kinds=["reward"], columns=list(cols))  # in order
         by_attempt: dict[str, list[tuple[str | None, float, bool | None]]] = defaultdict(list)
         for aid, call_id, value, attrs in zip(*(tbl[c].to_pylist() for c in cols), strict=True):
+            if is_late(attrs):
+                continue
             by_attempt[aid].append((call_id, float(value), final_mark(attrs)))
             if call_id is not None:
                 rewards.per_call[call_id] = float(value)

@@ -22,6 +22,7 @@ from spanlab.engine.config import EngineConfig
 from spanlab.errors import ConfigError
 from spanlab.jobs.algorithm import Algorithm, AlgorithmConfig
 from spanlab.jobs.checkpoints import CheckpointsConfig
+from spanlab.jobs.file_checks import chat_template_problem
 from spanlab.jobs.registry import available, load_algorithm
 from spanlab.jobs.tracking import TrackingConfig
 from spanlab.policies.config import PoliciesConfig, engine_lora_settings
@@ -40,6 +41,7 @@ MIGRATIONS: dict[str, str] = {
     "apo.test_tasks": "apo.test_tasks: moved to eval.tasks (the framework's held-out evaluation)",
 }
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+MASKED = "**********"  # how pydantic prints a SecretStr; --check prints every secret so
 COLOCATED_ENGINE_SHARE = 0.3  # of the GPU, for the engines a job starts beside a GPU trainer (as TRL colocates)
 
 
@@ -330,6 +332,8 @@ class TrainConfig(_Section):
                 raise ValueError("retokenize_template is only used with token_source: retokenized")
             if not self.retokenize_template.is_file():
                 raise ValueError(f"retokenize_template {str(self.retokenize_template)!r} is not a file")
+            if problem := chat_template_problem(self.retokenize_template):
+                raise ValueError(f"retokenize_template: {problem}")
         # The engines the job starts on the GPU share it with a GPU trainer (rank 0 is on the first GPU, as they
         # are), and vLLM would take 90% of it: unless the config says, they get 30% of it in all.
         if (self.trainer.device == "gpu" and self.engine.device == "gpu" and running is None
@@ -359,9 +363,17 @@ class TrainConfig(_Section):
         return self.out_dir / self.run_name
 
     def resolved(self) -> dict[str, Any]:
-        """Every setting as the run will use it, the algorithm's section under its own name (``--check``)."""
+        """Every setting as the run will use it, the algorithm's section under its own name (a resume compares
+        these). The tokens (``SecretStr``) are masked; :meth:`shown` masks ``engine.extra_env`` too."""
         data = self.model_dump(mode="json", exclude={"section"})
         data[self.algorithm] = self.section.model_dump(mode="json")
+        return data
+
+    def shown(self) -> dict[str, Any]:
+        """:meth:`resolved` as ``--check`` prints it and trackers log it: every value of ``engine.extra_env``
+        masked as the tokens are, since that is where an engine's keys (HF_TOKEN, ...) are given."""
+        data = self.resolved()
+        data["engine"]["extra_env"] = dict.fromkeys(data["engine"]["extra_env"], MASKED)
         return data
 
 

@@ -308,16 +308,19 @@ def build_algorithm(config: TrainConfig) -> Algorithm:
 
 
 def check_job(config: TrainConfig) -> tuple[Algorithm, TaskSet, dict[str, Tasks]]:
-    """Everything ``spanlab train`` can check before an engine starts: the algorithm's checks, the task
-    splits, the agent and its kwargs and roles, LoRA targets against the model, the store's folder.
-    ``spanlab train --check`` runs this only; a run goes on with the algorithm, task set and splits it built."""
-    from spanlab.jobs.model_checks import check_lora_targets, check_roles
+    """Everything ``spanlab train`` can check before an engine starts: the model folder, the algorithm's checks,
+    the task splits, the agent and its kwargs and roles, LoRA targets against the model, the store's folder and
+    file. ``spanlab train --check`` runs this only; a run goes on with the algorithm, task set and splits it
+    built."""
+    from spanlab.jobs.file_checks import check_store_file
+    from spanlab.jobs.model_checks import check_lora_targets, check_model_folder, check_roles
     from spanlab.jobs.prompt import check_prompt
     from spanlab.jobs.rig import check_writable
     from spanlab.jobs.rig_backends import check_runner
     from spanlab.jobs.role_warm_start import check_role_demos
     from spanlab.runner.agent import load_agent
 
+    check_model_folder(config)
     algorithm = build_algorithm(config)
     task_set = load_task_set(config.dataset.name)
     check_role_demos(config, task_set)
@@ -329,6 +332,7 @@ def check_job(config: TrainConfig) -> tuple[Algorithm, TaskSet, dict[str, Tasks]
     check_lora_targets(config, algorithm)
     check_prompt(config)
     check_writable(config.db, config.run_dir)
+    check_store_file(config.db)
     check_runner(config.runner)
     from spanlab.jobs.tracking import check_tracking
 
@@ -394,7 +398,7 @@ def run_job(config: TrainConfig, *, console: Console | None = None, resume: bool
         job.tracker = open_trackers(config.tracking, run_id=report.run_id, run_name=config.run_name,
                                     run_dir=config.run_dir, resume=state is not None)
         stack.push(lambda kind, *_: job.tracker.close(ok=kind is None))
-        job.tracker.log_params(config.resolved())
+        job.tracker.log_params(config.shown())
         if algorithm.trains_weights:
             from spanlab.jobs.groups import policy_recorder
             from spanlab.training.policy import open_policy

@@ -46,6 +46,15 @@ def check_lora_targets(config: TrainConfig, algorithm: Algorithm) -> None:
             raise ConfigError(f"{key}.target_modules: {problem}")
 
 
+def check_model_folder(config: TrainConfig) -> None:
+    """``engine.model``, when it is a folder, holds a model (:func:`~spanlab.jobs.file_checks.model_folder_problem`):
+    an empty or wrong folder fails here, not a minute into the engine's start or the trainer's load."""
+    from spanlab.jobs.file_checks import model_folder_problem
+
+    if problem := model_folder_problem(config.engine.model):
+        raise ConfigError(f"engine.model: {problem}")
+
+
 def _model_folder(model: str) -> str | Path:
     """Where ``engine.model``'s config is: spanlab's default name -> its converted folder (not converted here:
     that is the run's first minute); a folder or hub name as given."""

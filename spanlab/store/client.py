@@ -24,6 +24,7 @@ from spanlab.errors import InvalidSpanError, NotFoundError, QueryError, StoreErr
 from spanlab.store.base import Metric, RolloutSummary, StoreAPI
 from spanlab.store.schema import MAX_JSON_BYTES
 from spanlab.store.spans import spans_to_arrow
+from spanlab.store.sql_answer import SqlRows, read_answer
 from spanlab.store.wire import ARROW_STREAM, SQL_COLUMNS_HEADER, table_to_bytes
 from spanlab.types import Attempt, FinishedAttemptStatus, Resource, ResourceKind, Rollout, Span
 
@@ -36,13 +37,20 @@ class StoreClient(StoreAPI):
     def __init__(self, url: str, *, token: str | None = None, timeout_s: float = 60.0,
                  retry_for_s: float = 30.0) -> None:
         self.url = url.rstrip("/")
-        parts = urlsplit(self.url)
+        try:
+            parts = urlsplit(self.url)
+            _ = parts.port  # raises on a port past 65535 or not a number
+        except ValueError as exc:
+            raise StoreError(f"store URL {url!r} is not http(s)://host[:port]: {exc}") from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise StoreError(f"store URL {url!r} is not http(s)://host[:port]")
         self._prefix = parts.path
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = urllib3.connection_from_url(self.url, maxsize=8, block=False, retries=False,
-                                                 timeout=urllib3.Timeout(connect=min(timeout_s, 10.0), read=timeout_s))
+        try:
+            self._http = urllib3.connection_from_url(self.url, maxsize=8, block=False, retries=False, timeout=
+                                                     urllib3.Timeout(connect=min(timeout_s, 10.0), read=timeout_s))
+        except (ValueError, urllib3.exceptions.LocationParseError) as exc:
+            raise StoreError(f"store URL {url!r} is not http(s)://host[:port]: {exc}") from None
         self.retry_for_s = retry_for_s
         self._max_json_bytes: int | None = None
 
@@ -203,24 +211,18 @@ class StoreClient(StoreAPI):
     def query(self, sql: str, max_rows: int | None = None) -> pa.Table:
         """Rows of one read-only query; an empty result keeps its columns (from the server's header), as a file's
         query does; a server with no ``/sql`` of the store server's shape is named as such."""
+        return self.query_rows(sql, max_rows).to_arrow()
+
+    def query_rows(self, sql: str, max_rows: int | None = None) -> SqlRows:
+        """:meth:`query`'s answer as the JSON the server sent (what ``spanlab sql --url`` prints), checked to be a
+        store's (:func:`~spanlab.store.sql_answer.read_answer`)."""
         body: dict[str, Any] = {"query": sql} | ({} if max_rows is None else {"max_rows": max_rows})
         try:
             resp = self._call("POST", "/sql", idempotent=True, body=json.dumps(body).encode(),
                               headers={"Content-Type": "application/json"})
         except NotFoundError:
             raise StoreError(f"{self.url} has no /sql route (404): is it a spanlab store server?") from None
-        try:
-            rows = json.loads(resp.data)
-        except ValueError:
-            raise StoreError(f"{self.url} answered /sql with a body that is not JSON ({_one_line(resp.data[:80])}): "
-                             "is it a spanlab store server?") from None
-        if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
-            raise StoreError(f"{self.url} answered /sql with {_one_line(json.dumps(rows)[:80])}, not rows: is it a "
-                             "spanlab store server?")
-        if rows:
-            return pa.Table.from_pylist(rows)
-        columns = json.loads(resp.headers.get(SQL_COLUMNS_HEADER) or "[]")  # a server without it: no columns
-        return pa.Table.from_arrays([pa.nulls(0) for _ in columns], names=columns)
+        return read_answer(self.url, resp.data, resp.headers.get(SQL_COLUMNS_HEADER))
 
 
 def _text(resp: urllib3.BaseHTTPResponse) -> str:

@@ -172,10 +172,11 @@ class SpanStore(StoreAPI):
                                    f"{sorted(map(str, foreign))[0]!r}; nothing stored, the attempt is still open")
 
         def write(cur: sqlite3.Connection) -> Rollout:
-            rollout = queue.finish(cur, attempt_id, status, time.time())
+            # the spans first, while the attempt is still open: a reward is late only if the attempt had ended
+            # before this call (timed out by the store), and then it is kept for the record, marked late
             if tbl.num_rows:
-                spans_sql.insert(cur, tbl)  # a late reward of an attempt already ended still counts for the record
-            return rollout
+                spans_sql.insert(cur, tbl)
+            return queue.finish(cur, attempt_id, status, time.time())
         return self._write(write)
 
     def expire_stale_attempts(self) -> list[Attempt]:

@@ -177,11 +177,14 @@ def init(cur: duckdb.DuckDBPyConnection, path: str) -> None:
 
 # An attempt's final reward (spanlab.adapters.trainable, rule 3), an aggregate over its reward spans: the last one
 # marked final (attributes.final true), else, in a store written before the marker, the last unmarked one tied to
-# no call. ``{where}`` narrows the rows it reads (the UI's query reads spans of every kind).
+# no call; never one that arrived after the attempt ended (attributes.late true, set by the store). ``{where}``
+# narrows the rows it reads (the UI's query reads spans of every kind).
 _MARK = "(attributes->'$.final')::VARCHAR"
-FINAL_REWARD_SQL = ("coalesce(arg_max({value}, sequence_id) FILTER (WHERE {where} AND " + _MARK + " = 'true'), "
-                    "arg_max({value}, sequence_id) FILTER (WHERE {where} AND reward_call_span_id IS NULL AND "
-                    + _MARK + " IS DISTINCT FROM 'true' AND " + _MARK + " IS DISTINCT FROM 'false'))")
+ON_TIME = "(attributes->'$.late')::VARCHAR IS DISTINCT FROM 'true'"  # a reward that is not late
+FINAL_REWARD_SQL = ("coalesce(arg_max({value}, sequence_id) FILTER (WHERE {where} AND " + ON_TIME + " AND " + _MARK
+                    + " = 'true'), arg_max({value}, sequence_id) FILTER (WHERE {where} AND " + ON_TIME + " AND "
+                    "reward_call_span_id IS NULL AND " + _MARK + " IS DISTINCT FROM 'true' AND " + _MARK
+                    + " IS DISTINCT FROM 'false'))")
 
 
 def final_reward_sql(value: str = "reward_value", where: str = "TRUE") -> str:
@@ -216,6 +219,7 @@ CREATE OR REPLACE VIEW rewards AS
 SELECT
     rollout_id, attempt_id, sequence_id, span_id, reward_name AS name, reward_value AS value,
     reward_call_span_id AS call_span_id, TRY_CAST(attributes->'$.final' AS BOOLEAN) AS final,
+    coalesce(TRY_CAST(attributes->'$.late' AS BOOLEAN), false) AS late,
     start_time, to_timestamp(start_time) AS recorded_at
 FROM spans
 WHERE kind = 'reward';
@@ -230,7 +234,7 @@ WITH last_attempt AS (
            sum(len(prompt_token_ids))::BIGINT AS prompt_tokens, sum(len(response_token_ids))::BIGINT AS response_tokens
     FROM spans WHERE kind = 'llm_call' GROUP BY attempt_id
 ), rw AS (
-    SELECT attempt_id, sum(reward_value) AS total_reward, {final_reward} AS final_reward
+    SELECT attempt_id, sum(reward_value) FILTER (WHERE {on_time}) AS total_reward, {final_reward} AS final_reward
     FROM spans WHERE kind = 'reward' GROUP BY attempt_id
 )
 SELECT
@@ -288,7 +292,7 @@ WITH last_attempt AS (
 ), rw AS (
     SELECT s.attempt_id, s.span_id, s.sequence_id, s.reward_value, s.reward_call_span_id, s.attributes
     FROM spans s JOIN last_attempt la USING (attempt_id)
-    WHERE s.kind = 'reward'
+    WHERE s.kind = 'reward' AND {on_time}
 ), finals AS (
     SELECT attempt_id, {final_reward} AS final_reward, {final_span} AS span_id
     FROM rw GROUP BY attempt_id HAVING span_id IS NOT NULL
@@ -323,4 +327,4 @@ FROM per_attempt p
 JOIN rollouts r USING (rollout_id)
 LEFT JOIN finals f USING (attempt_id)
 GROUP BY ALL;
-""".format(final_reward=final_reward_sql(), final_span=final_reward_sql("span_id"))
+""".format(final_reward=final_reward_sql(), final_span=final_reward_sql("span_id"), on_time=ON_TIME)

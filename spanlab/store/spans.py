@@ -25,7 +25,7 @@ from spanlab.errors import InvalidSpanError
 from spanlab.store.hot import IN_JSON
 from spanlab.store.schema import JSON_SPAN_COLUMNS, REQUIRED_SPAN_COLUMNS, SPAN_ARROW_SCHEMA, dumps, loads
 from spanlab.store.wire import table_to_bytes
-from spanlab.types import Span
+from spanlab.types import ACTIVE_ATTEMPT_STATUSES, LATE_ATTRIBUTE, Span
 from spanlab.vectors import list_column, list_rows
 
 _LIST_TYPES: dict[str, type] = {"prompt_token_ids": np.int32, "response_token_ids": np.int32,
@@ -156,19 +156,36 @@ def check_limits(tbl: pa.Table, max_tokens_per_span: int, max_json_bytes: int) -
                                    f"over max_json_bytes={max_json_bytes}; nothing of this batch was stored")
 
 
+def _mark_late(tbl: pa.Table, ended: set[str]) -> pa.Table:
+    """``tbl`` with each reward span of an attempt in ``ended`` marked ``attributes.late = true``: kept for the
+    record, never an attempt's final reward (:data:`~spanlab.types.LATE_ATTRIBUTE`)."""
+    kinds, attempts = tbl["kind"].to_pylist(), tbl["attempt_id"].to_pylist()
+    late = [i for i, (kind, aid) in enumerate(zip(kinds, attempts, strict=True)) if kind == "reward" and aid in ended]
+    if not late:
+        return tbl
+    attributes = tbl["attributes"].to_pylist()
+    for i in late:
+        attributes[i] = dumps({**(loads(attributes[i]) or {}), LATE_ATTRIBUTE: True})
+    return tbl.set_column(tbl.schema.get_field_index("attributes"), "attributes", pa.array(attributes, pa.string()))
+
+
 def insert(cur: sqlite3.Connection, tbl: pa.Table) -> list[str]:
-    """Store the spans of ``tbl`` not stored yet (in the writer's transaction); returns their span_ids."""
+    """Store the spans of ``tbl`` not stored yet (in the writer's transaction); returns their span_ids. A reward
+    span of an attempt that has ended is stored marked late (:func:`_mark_late`)."""
     span_ids, attempt_ids, rollout_ids = (tbl[c].to_pylist() for c in ("span_id", "attempt_id", "rollout_id"))
     named = sorted({a for a in attempt_ids if a is not None})
     owners: dict[str | None, str] = {}
+    ended: set[str] = set()  # attempts that ended before this write: its rewards are late
     stored: set[tuple[str, str | None]] = set()
     last: dict[str | None, int] = {}
-    # one statement for the attempts' rollouts, their stored span IDs and last sequence numbers
-    for attempt_id, rollout_id, span_id, seq in cur.execute(
-        f"SELECT a.attempt_id, a.rollout_id, s.span_id, s.sequence_id FROM attempts a "
+    # one statement for the attempts' rollouts and statuses, their stored span IDs and last sequence numbers
+    for attempt_id, rollout_id, status, span_id, seq in cur.execute(
+        f"SELECT a.attempt_id, a.rollout_id, a.status, s.span_id, s.sequence_id FROM attempts a "
         f"LEFT JOIN span_keys s ON s.attempt_id = a.attempt_id WHERE a.attempt_id {IN_JSON}", [dumps(named)]
     ).fetchall() if named else ():
         owners[attempt_id] = rollout_id
+        if status not in ACTIVE_ATTEMPT_STATUSES:
+            ended.add(attempt_id)
         if span_id is not None:
             stored.add((span_id, attempt_id))
             last[attempt_id] = max(last.get(attempt_id, seq), seq)
@@ -201,6 +218,8 @@ def insert(cur: sqlite3.Connection, tbl: pa.Table) -> list[str]:
     if len(keep) != tbl.num_rows:
         tbl = tbl.take(pa.array(keep, pa.int64()))
     tbl = tbl.set_column(tbl.schema.get_field_index("sequence_id"), "sequence_id", pa.array(seqs, pa.int32()))
+    if ended:
+        tbl = _mark_late(tbl, ended)
     cur.executemany("INSERT INTO span_keys VALUES (?, ?, ?)",
                     [(span_ids[i], attempt_ids[i], seq) for i, seq in zip(keep, seqs, strict=True)])
     cur.execute("INSERT INTO span_batches VALUES (stamp(), ?)", [table_to_bytes(tbl)])  # DuckDB's copy: hot.py

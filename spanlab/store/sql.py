@@ -142,13 +142,18 @@ def _read_limited(cur: duckdb.DuckDBPyConnection, text: str, max_rows: int | Non
         rel = rel.limit(max_rows)
     reader = rel.to_arrow_reader(_BATCH_ROWS)
     batches, size = [], 0
-    for batch in reader:
-        size += batch.nbytes
-        if max_bytes is not None and size > max_bytes:
-            reader.close()
-            raise QueryError(
-                f"result over the {max_bytes // (1024 * 1024)} MB limit after {sum(b.num_rows for b in batches)} "
-                "rows: select fewer rows or columns (token lists are large), or aggregate"
-            )
-        batches.append(batch)
+    try:
+        for batch in reader:
+            size += batch.nbytes
+            if max_bytes is not None and size > max_bytes:
+                reader.close()
+                raise QueryError(
+                    f"result over the {max_bytes // (1024 * 1024)} MB limit after {sum(b.num_rows for b in batches)} "
+                    "rows: select fewer rows or columns (token lists are large), or aggregate"
+                )
+            batches.append(batch)
+    except (OSError, pa.ArrowException) as exc:  # DuckDB's errors arrive through the Arrow reader as these
+        if "INTERRUPT" in str(exc):  # the watchdog stopped it mid-read: the same answer as before the first row
+            raise duckdb.InterruptException(str(exc)) from exc
+        raise QueryError(f"cannot read the result: {' '.join(str(exc).split())[:200]}") from exc
     return pa.Table.from_batches(batches, schema=reader.schema)

@@ -20,7 +20,7 @@ from typing import Any, Literal
 import duckdb
 
 from spanlab.errors import NotFoundError
-from spanlab.store.schema import final_reward_sql
+from spanlab.store.schema import ON_TIME, final_reward_sql
 from spanlab.ui.db import fetch, fetch_arrow, objects
 
 RolloutSort = Literal["newest", "oldest"]
@@ -85,7 +85,7 @@ def _attempt_summaries(conn: duckdb.DuckDBPyConnection, attempt_ids: list[str]) 
         SELECT attempt_id, count(*) FILTER (WHERE kind = 'llm_call') AS llm_calls,
                coalesce(sum(len(prompt_token_ids)) FILTER (WHERE kind = 'llm_call'), 0)::BIGINT AS prompt_tokens,
                coalesce(sum(len(response_token_ids)) FILTER (WHERE kind = 'llm_call'), 0)::BIGINT AS response_tokens,
-               sum(reward_value) FILTER (WHERE kind = 'reward') AS total_reward,
+               sum(reward_value) FILTER (WHERE kind = 'reward' AND {ON_TIME}) AS total_reward,
                {final_reward_sql(where="kind = 'reward'")} AS final_reward
         FROM spans WHERE {rows} GROUP BY attempt_id""")
     return {r.pop("attempt_id"): r for r in found}

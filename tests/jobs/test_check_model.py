@@ -3,7 +3,7 @@ would fail later or train something else (issue 53, item 4): LoRA target modules
 roles the agent never calls with, and booleans or strings where an integer or a boolean belongs.
 
 The real CLI in-process; the model is a tiny Llama ``config.json`` in a temporary folder (its module names come
-from a meta-device model built from it, so no weights are needed).
+from a meta-device model built from it, so its weights file is an empty placeholder).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ def model(tmp_path: Path) -> Path:
     folder = tmp_path / "tiny-llama"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(TINY_LLAMA))
+    (folder / "model.safetensors").write_bytes(b"")  # a folder with no weights is refused (engine.model)
     return folder
 
 

@@ -71,10 +71,10 @@ def test_a_store_url_without_the_token_its_server_needs_names_runner_store_token
 
 
 @pytest.mark.parametrize(("runner", "message"), [
-    ({"backend": "local", "address": "127.0.0.1:6379"}, "runner: Value error, address: only used with backend: ray"),
-    ({"backend": "ray", "address": "head-node"}, "runner.address: Value error, 'head-node' is not a Ray address"),
-    ({"backend": "ray", "store_url": "ftp://x"}, "runner.store_url: Value error, 'ftp://x' is not an http(s) URL"),
-    ({"backend": "ray", "resources": {"CPU": -1}}, "runner.resources: Value error, resource amounts must be >= 0"),
+    ({"backend": "local", "address": "127.0.0.1:6379"}, "runner: address: only used with backend: ray"),
+    ({"backend": "ray", "address": "head-node"}, "runner.address: 'head-node' is not a Ray address"),
+    ({"backend": "ray", "store_url": "ftp://x"}, "runner.store_url: 'ftp://x' is not an http(s) URL"),
+    ({"backend": "ray", "resources": {"CPU": -1}}, "runner.resources: resource amounts must be >= 0"),
     ({"backend": "ray", "workers": 0}, "runner.workers: Input should be greater than or equal to 1"),
     ({"backend": "spark"}, "runner.backend: Input should be 'local' or 'ray'"),
 ], ids=["address-without-ray", "address-without-port", "store-url", "resources", "workers", "backend"])
@@ -88,23 +88,23 @@ ADVERTISED = "http://10.0.0.5:8701"
 
 @pytest.mark.parametrize(("runner", "sections", "message"), [
     ({"backend": "ray"}, {"gateway": {"host": "0.0.0.0", "port": 8701}},
-     "(top level): Value error, gateway.advertise_url: gateway.host 0.0.0.0 is where the gateway listens, not an "
+     "gateway.advertise_url: gateway.host 0.0.0.0 is where the gateway listens, not an "
      "address Ray workers can call; set gateway.advertise_url"),
     ({"backend": "ray", "store_server": {"host": "0.0.0.0", "port": 8702}}, {},
-     "runner: Value error, store_server.advertise_url: store_server.host 0.0.0.0 is where the job's store server "
+     "runner: store_server.advertise_url: store_server.host 0.0.0.0 is where the job's store server "
      "listens, not an address Ray workers can call"),
     ({"backend": "ray"}, {"gateway": {"host": "0.0.0.0", "advertise_url": ADVERTISED}},
-     "gateway: Value error, port: 0 picks a free port at start, which advertise_url cannot name; set port"),
+     "gateway: port: 0 picks a free port at start, which advertise_url cannot name; set port"),
     ({"backend": "ray"}, {"gateway": {"host": "0.0.0.0", "port": 8701, "advertise_url": "http://0.0.0.0:8701"}},
-     "gateway.advertise_url: Value error, advertise_url 'http://0.0.0.0:8701' names 0.0.0.0, which no worker can call"),
+     "gateway.advertise_url: advertise_url 'http://0.0.0.0:8701' names 0.0.0.0, which no worker can call"),
     ({"backend": "ray"}, {"gateway": {"host": "http://10.0.0.5"}},
-     "gateway.host: Value error, 'http://10.0.0.5' is not a host to bind"),
+     "gateway.host: 'http://10.0.0.5' is not a host to bind"),
     ({"backend": "ray"}, {"gateway": {"port": 70000}}, "gateway.port: Input should be less than or equal to 65535"),
-    ({"backend": "ray"}, {"gateway": {"token": " "}}, "gateway.token: Value error, token is empty"),
+    ({"backend": "ray"}, {"gateway": {"token": " "}}, "gateway.token: token is empty"),
     ({"backend": "local", "store_server": {"host": "127.0.0.1"}}, {},
-     "runner: Value error, store_server: only used with backend: ray"),
+     "runner: store_server: only used with backend: ray"),
     ({"backend": "ray", "store_url": "http://10.0.0.9:8700", "store_server": {"host": "127.0.0.1"}}, {},
-     "runner: Value error, store_server: only used without store_url"),
+     "runner: store_server: only used without store_url"),
 ], ids=["gateway-wildcard", "store-wildcard", "advertised-random-port", "advertised-wildcard", "host-url", "port",
         "empty-token", "store-server-without-ray", "store-server-and-url"])
 def test_gateway_and_store_server_listen_settings_name_the_key(tmp_path: Path, runner: dict, sections: dict,

@@ -99,6 +99,8 @@ def test_a_replica_that_never_becomes_ready_fails_the_run_and_the_store_file_is_
                       f'exec {sys.executable} {tmp_path / "engine.py"} "$@"\n')
     python.chmod(python.stat().st_mode | stat.S_IXUSR)
     (tmp_path / "pids").mkdir()
+    (tmp_path / "config.json").write_text("{}")  # the stand-in loads nothing, but --check wants a model folder
+    (tmp_path / "model.safetensors").write_bytes(b"")
     port = _two_free_ports()
     monkeypatch.setattr(sys, "executable", str(python))  # what the engine servers start; read when they are built
     code, output = _train(tmp_path, engine={

@@ -73,7 +73,7 @@ def test_train_and_serve_give_the_engine_the_same_lora_settings(tmp_path: Path) 
     ({"roles": {"writer": "base"}}, "'base' names the base model in spans"),
     ({"roles": {"writer": "a"}, "lora_per_policy": {"b": {"rank": 4}}}, "lora_per_policy: 'b' is not a policy"),
     ({"roles": {"writer": "a"}, "lora": {"rank": 1024}}, "LoRA rank 1024 is above the largest vLLM serves"),
-    ({"roles": {"writer": "a"}, "lora": {"rnak": 4}}, "policies.lora.rnak: Extra inputs are not permitted"),
+    ({"roles": {"writer": "a"}, "lora": {"rnak": 4}}, "policies.lora.rnak: unknown key; did you mean rank?"),
 ])
 def test_bad_policies_are_one_line_naming_the_problem(policies: dict, expected: str) -> None:
     with pytest.raises(ConfigError) as err:
