@@ -16,9 +16,9 @@ import pytest
 
 from spanlab.adapters.messages import conversations
 from spanlab.adapters.trainable import final_rewards, trainable_rollouts
-from spanlab.serving import ThreadedServer
 from spanlab.store import SpanStore, StoreAPI, StoreClient
 from spanlab.store.server import create_store_app
+from spanlab.threaded_server import ThreadedServer
 from spanlab.types import RolloutConfig, reward_span
 from spanlab.ui.db import ReadOnlyStore
 from spanlab.ui.queries import RolloutFilter, rollouts_page

@@ -19,10 +19,10 @@ import pytest
 from typer.testing import CliRunner
 
 from spanlab.cli import app
-from spanlab.serving import ThreadedServer
 from spanlab.store import SpanStore, StoreClient
 from spanlab.store.server import create_store_app
 from spanlab.store.wire import SQL_COLUMNS_HEADER
+from spanlab.threaded_server import ThreadedServer
 from spanlab.types import LLMCall, Span
 from tests.stores import TOKEN
 
