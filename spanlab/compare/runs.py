@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spanlab.compare.extra_ops import extra_ops_share
+from spanlab.compare.table import held_out
 from spanlab.errors import ConfigError
 from spanlab.store import SpanStore, StoreAPI
 
@@ -108,15 +109,6 @@ def evaluated_splits(store: StoreAPI, phase: str) -> list[str]:
     return list(dict.fromkeys(splits))
 
 
-def _rewards(store: StoreAPI, phase: str, split: str) -> dict[str, float]:
-    """task_id -> reward of ``phase``'s held-out rollouts on ``split`` (an evaluation run again: its last)."""
-    rewards: dict[str, float] = {}
-    for row in store.rollout_summaries(metadata={"phase": phase, "split": split}):
-        if row.mode == "test" and isinstance(row.input, dict):
-            rewards[str(row.input["task_id"])] = float(row.final_reward or 0.0)
-    return rewards
-
-
 def load_evaluation(path: Path, phase: str, splits: Sequence[str] | None = None, *,
                     label: str | None = None) -> HeldOutScores:
     """The held-out evaluation ``phase`` of the run at ``path`` on ``splits`` (None: every split it evaluated);
@@ -127,7 +119,7 @@ def load_evaluation(path: Path, phase: str, splits: Sequence[str] | None = None,
         wanted = list(splits) if splits is not None else evaluated_splits(store, phase)
         if not wanted:
             raise ConfigError(f"{path}: no held-out evaluation of phase {phase!r}")
-        rewards = {split: _rewards(store, phase, split) for split in wanted}
+        rewards = {split: held_out(store, phase, split) for split in wanted}
         for split, by_task in rewards.items():
             if not by_task:
                 raise ConfigError(f"{path}: no held-out rollouts of phase {phase!r} on split {split!r}")
