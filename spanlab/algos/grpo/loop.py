@@ -141,15 +141,13 @@ def _demonstration_draws(job: Job, settings: GRPOSection) -> Callable[[], list[S
     term = settings.demonstrations
     if term is None:
         return lambda: None
-    from spanlab.jobs.demos import stored_demonstrations, warm_start_demonstrations
-
     data = job.config.dataset
     if job.config.warm_start is not None:  # the warm start recorded its demonstrations: the term replays those
-        pool = warm_start_demonstrations(job)
+        pool = job.demonstrations.warm_start()
     else:
         levels = set(term.levels or data.levels)
         tasks = [t for t in job.splits["train"] if t.get("level") in levels or "level" not in t][: term.demos]
-        pool = stored_demonstrations(job, tasks, "grpo.demonstrations", key="grpo.demonstrations")
+        pool = job.demonstrations.stored(tasks, "grpo.demonstrations", key="grpo.demonstrations")
     logger.info("grpo.demonstrations: %d stored demonstrations, %d per update, coef %g", len(pool), term.per_step,
                 term.coef)
 

@@ -25,7 +25,6 @@ from spanlab.algos.grpo.config import GRPOSection
 from spanlab.algos.grpo.step_parts import StepParts
 from spanlab.algos.grpo.update import grpo_step
 from spanlab.jobs.job import Job
-from spanlab.jobs.policies import open_job_policies
 from spanlab.policies.training import policy_optimizers, samples_by_policy, step_each_policy
 
 logger = logging.getLogger(__name__)
@@ -35,7 +34,7 @@ def policy_step_parts(job: Job, settings: GRPOSection) -> StepParts:
     """Serve each policy's first version, then the update and push of a step with a policy per role."""
     assert job.policy is not None and job.config.policies is not None
     config, policy, policies = job.config, job.policy, job.config.policies
-    adapters = open_job_policies(job)
+    adapters = job.open_policies()
     model = policy.model
     optimizers = policy_optimizers(model, policies.names, partial(torch.optim.AdamW, lr=settings.lr,
                                                                   weight_decay=settings.weight_decay))
