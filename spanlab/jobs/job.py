@@ -43,8 +43,7 @@ from spanlab.progress import Phase, PhaseProgress, log_console, running_mean
 if TYPE_CHECKING:
     import torch
 
-    from spanlab.jobs.demos import Demonstrations
-    from spanlab.jobs.parts import Collector, StepLog, TaskStream
+    from spanlab.jobs.parts import Collector, Demonstrations, StepLog, TaskStream
     from spanlab.policies.serving import PolicyAdapters
     from spanlab.training.policy import Policy
     from spanlab.training.resume import TrainState
@@ -341,7 +340,7 @@ class Job:
     @cached_property
     def demonstrations(self) -> Demonstrations:
         """The run's demonstrations (built once): what the warm start and GRPO's demonstration term train on."""
-        from spanlab.jobs.demos import Demonstrations
+        from spanlab.jobs.parts import Demonstrations
 
         assert self.policy is not None, "demonstrations train weights: the framework loads the policy"
         return Demonstrations(self.rig.store, self.report.run_id, self.task_set, self.policy.tokenizer,
@@ -488,6 +487,7 @@ def run_job(config: TrainConfig, *, console: Console | None = None, resume: bool
         if job.evaluator is None:
             job.evaluator = algorithm.evaluator()
         if state is not None:
+            job.resume_state = state  # the optimizer's moments and the finished rollouts of the interrupted step
             resuming.resume(job, state)
         else:
             if config.eval.base:

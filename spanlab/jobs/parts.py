@@ -1,10 +1,14 @@
 """The named parts the framework builds once per job and hands to an algorithm, beside the ``Job`` door.
 
 ``Algorithm.run(job)`` stays the door plugins use (docs/algorithms.md). The built-in algorithms unpack it on their
-first lines into these parts (and the trainer, ``Job.trainer``, and the demonstrations, ``Job.demonstrations``), so
-nothing below ``run`` takes the whole job: a loop sees what it collects with, which tasks it draws, where its steps
-go, and nothing else. Each part is a few bound callables of the job, so using a part does exactly what the job's
-own method does.
+first lines into these parts (and the trainer, ``Job.trainer``), so nothing below ``run`` takes the whole job: a
+loop sees what it collects with, which tasks it draws, where its steps go, and nothing else. The collector, task
+stream and step log are bound callables of the job, so using a part does exactly what the job's own method does.
+
+The demonstrations: the warm start and GRPO's demonstration term train on what :meth:`Demonstrations.stored`
+returns, which is what the store holds (``demonstration`` spans, :mod:`spanlab.adapters.demonstrations`), not on
+the generated conversations directly: every token a run trained on is then in its store, and a resumed run finds
+the same demonstrations there instead of generating them again.
 """
 
 from __future__ import annotations
@@ -13,10 +17,18 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from spanlab.adapters.conversation import encode_conversation
+from spanlab.adapters.demonstrations import read_demonstrations, record_demonstrations
+from spanlab.errors import ConfigError
+
 if TYPE_CHECKING:
+    from spanlab.adapters.samples import Sample
     from spanlab.jobs.background import BackgroundRollouts
+    from spanlab.jobs.config import WarmStartConfig
     from spanlab.jobs.report import Evaluation
     from spanlab.jobs.rollouts import RolloutBatch, RolloutCollector
+    from spanlab.jobs.tasks import TaskSet
+    from spanlab.store.base import StoreAPI
 
 Tasks = list[dict[str, Any]]
 
@@ -60,3 +72,43 @@ class StepLog:
     record: Callable[[dict[str, float]], None]  # metrics at the current step that are no step (train_metrics only)
     held_out: Callable[[str], Evaluation]  # (phase) -> the headline split's evaluation (Job.held_out)
 
+
+@dataclass(frozen=True)
+class Demonstrations:
+    """The run's demonstrations in its store: where they are recorded, how they are made, which tasks they show.
+
+    ``train``: the run's train tasks (a demonstration term picks its own from them); ``demo_tasks``: those of
+    ``warm_start.levels``, the first ``warm_start.demos`` of which the warm start demonstrates."""
+
+    store: StoreAPI
+    run_id: str
+    task_set: TaskSet
+    tokenizer: Any
+    model: str  # the model name recorded with each demonstration (``engine.model``)
+    train: Tasks
+    demo_tasks: Tasks
+    warm_start_config: WarmStartConfig | None  # ``warm_start:``; None: the run has no warm start
+
+    def stored(self, tasks: Tasks, source: str, *, key: str) -> list[Sample]:
+        """The run's demonstrations of ``source``: read from the store when a run (this one, before --resume)
+        recorded them, else generated for ``tasks``, recorded and read back. ``key``: the config key named in
+        errors."""
+        if found := read_demonstrations(self.store, run_id=self.run_id, sources=[source]):
+            return found
+        demonstration = self.task_set.demonstration
+        if demonstration is None:
+            raise ConfigError(f"{key}: task set {self.task_set.name!r} has no demonstrations; remove {key}")
+        if not tasks:
+            raise ConfigError(f"{key}: no train task to demonstrate (check its levels against dataset.levels)")
+        conversations = [demonstration(t) for t in tasks]
+        samples = [encode_conversation(self.tokenizer, d["messages"], d.get("tools")) for d in conversations]
+        record_demonstrations(self.store, samples, tasks, model=self.model, source=source, run_id=self.run_id,
+                              conversations=[d["messages"] for d in conversations])
+        return read_demonstrations(self.store, run_id=self.run_id, sources=[source])
+
+    def warm_start(self) -> list[Sample]:
+        """The warm start's demonstrations (its first ``warm_start.demos`` demo tasks): what it trains on, and what
+        GRPO's demonstration term replays in a run that has one."""
+        ws = self.warm_start_config
+        assert ws is not None, "only a run with a warm start has its demonstrations"
+        return self.stored(self.demo_tasks[: ws.demos], "warm_start", key="warm_start")

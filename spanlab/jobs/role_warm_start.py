@@ -2,7 +2,7 @@
 
 Three stages, each through the parts a run already has:
 
-1. the task set's generated demonstrations (:meth:`~spanlab.jobs.demos.Demonstrations.warm_start`, e.g. the SQL
+1. the task set's generated demonstrations (:meth:`~spanlab.jobs.parts.Demonstrations.warm_start`, e.g. the SQL
    writer's) train the role they answer, so the next stage's drafts are worth mining: the full model, or with
    ``policies`` only the adapter of the policy answering that role;
 2. the job runs ``warm_start.mine_tasks`` train tasks once each, recorded like any rollout, and the task set

@@ -29,8 +29,7 @@ from spanlab.algos.grpo.config import GRPOSection
 from spanlab.algos.grpo.step_parts import StepParts
 from spanlab.algos.grpo.update import grpo_step
 from spanlab.jobs.config import TrainConfig
-from spanlab.jobs.demos import Demonstrations
-from spanlab.jobs.parts import Collector, StepLog, TaskStream
+from spanlab.jobs.parts import Collector, Demonstrations, StepLog, TaskStream
 from spanlab.jobs.rollouts import RolloutBatch
 from spanlab.store.base import StoreAPI
 from spanlab.training.policy import Policy
