@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:  # config and job import this module at run time; these types only point back
     from spanlab.jobs.config import TrainConfig
-    from spanlab.jobs.job import Job
+    from spanlab.jobs.job import Evaluator, Job
     from spanlab.training.settings import LoraConfig
 
 
@@ -66,6 +66,11 @@ class Algorithm(ABC, Generic[SettingsT]):
 
     def prepare(self, job: Job) -> None:
         """Before the base evaluation, e.g. store the starting prompt the base evaluation must use."""
+
+    def evaluator(self) -> Evaluator | None:
+        """How the held-out policy runs, asked once after ``prepare`` (None: the served model through the
+        collector). APO pins the prompt versions it found here; ``prepare`` may also set ``job.evaluator``."""
+        return None
 
     @abstractmethod
     def run(self, job: Job) -> None:

@@ -49,7 +49,7 @@ def write_checkpoint(job: Job, tag: str) -> Path | None:
     if job.policy_adapters is not None:  # a policy per role: the base as trained, and each policy's adapter
         from spanlab.jobs.policies import write_policies_servable
 
-        path = write_policies_servable(job, tag, info)
+        path = write_policies_servable(job.policy, job.policy_adapters, config, tag, info)
         job.rig.store.add_resource(RESOURCE, {**info, "path": str(path.resolve())}, kind="model_checkpoint")
         return path
     path = write_servable(job.policy.model, resolve_model(config.engine.model), config.run_dir / tag,

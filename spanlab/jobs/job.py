@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -42,9 +43,12 @@ from spanlab.progress import Phase, PhaseProgress, log_console, running_mean
 if TYPE_CHECKING:
     import torch
 
+    from spanlab.jobs.parts import Collector, Demonstrations, StepLog, TaskStream
     from spanlab.policies.serving import PolicyAdapters
     from spanlab.training.policy import Policy
     from spanlab.training.resume import TrainState
+    from spanlab.training.settings import LoraConfig
+    from spanlab.training.trainers import MakeOptimizer, Trainer, TrainStep
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +115,7 @@ class Job:
     optimizer: torch.optim.Optimizer | None = None
     resume_state: TrainState | None = None  # what --resume loaded (the optimizer's moments wait here)
     planned_steps: int | None = None  # the algorithm's step count (the last step's curve point is the final evaluation)
-    policy_adapters: PolicyAdapters | None = None  # with policies: each policy's served adapter (jobs.policies)
+    policy_adapters: PolicyAdapters | None = None  # with policies: each policy's served adapter (open_policies)
     _steps_bar: Phase | None = None  # the open step loop's bar: a step's collection tells it the update follows
 
     @property
@@ -178,6 +182,55 @@ class Job:
         bar = self._steps_bar
         if bar is not None:
             bar.note(f"step {bar.done + 1}/{bar.total}: {what}")
+
+    @cached_property
+    def collector(self) -> Collector:
+        """The collector part (:mod:`spanlab.jobs.parts`): :meth:`collect`, and the rig's workers for a queue."""
+        from spanlab.jobs.parts import Collector
+
+        temperature = self.config.rollouts.temperature
+        return Collector(self.collect, self.rig.collector, self.rig.gateway.flush, self.report.run_id,
+                         lambda: self.served_name, {} if temperature is None else {"temperature": temperature})
+
+    @cached_property
+    def task_stream(self) -> TaskStream:
+        """The task stream part: :meth:`steps`, :meth:`task_draws`, :meth:`draw`, :meth:`step_note`."""
+        from spanlab.jobs.parts import TaskStream
+
+        return TaskStream(self.steps, self.task_draws, self.draw, self.step_note, len(self.splits["rl"]))
+
+    @cached_property
+    def step_log(self) -> StepLog:
+        """The step log part: :meth:`log_step`, the steps logged, :meth:`record_metrics`, :meth:`held_out`."""
+        from spanlab.jobs.parts import StepLog
+
+        return StepLog(self.log_step, lambda: len(self.report.steps), self.record_metrics, self.held_out)
+
+    def trainer(self, step: TrainStep, make_optimizer: MakeOptimizer, *, lora: LoraConfig | None = None) -> Trainer:
+        """The trainer of the job's policy around the algorithm's ``step`` function and optimizer, built from
+        ``trainer:``, ``policies:`` (their adapters opened and served first) and ``--resume`` (the optimizer gets its
+        saved moments back, and is saved with each step). Build it once, in ``run``."""
+        from spanlab.jobs.trainer import build_trainer
+
+        assert self.policy is not None, "a trainer trains weights: the framework loads the policy"
+        adapters = self.open_policies() if self.config.policies is not None else None
+        trainer = build_trainer(self.policy, self.config, self.stack, step, make_optimizer, lora=lora,
+                                adapters=adapters)
+        if trainer.optimizer is not None:  # one process: its state is saved for --resume
+            self.attach_optimizer(trainer.optimizer)
+        return trainer
+
+    def train_policy(self, train: Callable[[torch.nn.Module], tuple[torch.nn.Module, dict[str, float]]]
+                     ) -> dict[str, float]:
+        """Run ``train`` on the policy's model and keep the model it returns (a round may wrap the model in LoRA
+        or merge its adapter back in); its metrics. Pushes, checkpoints and the resume state then see that model."""
+        assert self.policy is not None, "training needs the policy: the framework loads it"
+        self.policy.model, metrics = train(self.policy.model)
+        return metrics
+
+    def record_metrics(self, metrics: dict[str, float]) -> None:
+        """Metrics at the current step that are no step of their own: into ``train_metrics`` only."""
+        self.rig.store.add_metrics(self.report.run_id, self.config.algorithm, len(self.report.steps), metrics)
 
     def attach_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """The algorithm's optimizer, saved with each step's state (and given its saved moments on --resume)."""
@@ -274,7 +327,6 @@ class Job:
         ws = self.config.warm_start
         if ws is None or self.policy is None:
             return
-        from spanlab.jobs.demos import warm_start_demonstrations
         from spanlab.jobs.role_warm_start import role_warm_start
         from spanlab.training.policy import warm_start
 
@@ -282,9 +334,33 @@ class Job:
         if ws.role_demos == "mined":  # every role on its own job's demonstrations (docs/multi_policy.md)
             metrics = role_warm_start(self)
         else:
-            metrics = warm_start(self.policy, warm_start_demonstrations(self), ws, progress=self.progress)
+            metrics = warm_start(self.policy, self.demonstrations.warm_start(), ws, progress=self.progress)
         self.report.warm_start = {**metrics, "seconds": time.monotonic() - started}  # the report's time table
         self.held_out("warm_start")
+
+    @cached_property
+    def demonstrations(self) -> Demonstrations:
+        """The run's demonstrations (built once): what the warm start and GRPO's demonstration term train on."""
+        from spanlab.jobs.parts import Demonstrations
+
+        assert self.policy is not None, "demonstrations train weights: the framework loads the policy"
+        return Demonstrations(self.rig.store, self.report.run_id, self.task_set, self.policy.tokenizer,
+                              self.config.engine.model, self.splits["train"], self.splits["demos"],
+                              self.config.warm_start)
+
+    def open_policies(self) -> PolicyAdapters:
+        """With ``policies:``: the policy's model gets an adapter per policy, each served as its first version
+        (:mod:`spanlab.jobs.policies`). Once per job: a per-role warm start opens them before the algorithm's
+        trainer does, which then gets the same adapters."""
+        if self.policy_adapters is None:
+            from spanlab.jobs.policies import open_policy_adapters
+
+            policy, policies = self.policy, self.config.policies
+            assert policy is not None and policies is not None, "policies need a weight-training job with policies:"
+            policy.model, self.policy_adapters = open_policy_adapters(
+                policy.model, policy.sync.client, self.rig.store, policies, engine_model=self.config.engine.model,
+                run_dir=self.config.run_dir, on_served=self.rig.gateway.set_policy_version)
+        return self.policy_adapters
 
 
 def build_algorithm(config: TrainConfig) -> Algorithm:
@@ -413,7 +489,10 @@ def run_job(config: TrainConfig, *, console: Console | None = None, resume: bool
         if (template := check_prompt(config)) is not None:
             store_prompt(rig.store, template, file=str(config.prompt), run_id=report.run_id)
         algorithm.prepare(job)
+        if job.evaluator is None:
+            job.evaluator = algorithm.evaluator()
         if state is not None:
+            job.resume_state = state  # the optimizer's moments and the finished rollouts of the interrupted step
             resuming.resume(job, state)
         else:
             if config.eval.base:

@@ -2,7 +2,7 @@
 
 The framework loads the base model as for any weight-training job, evaluates it and warm-starts it (the full
 weights: the gateway routes every role to the base model until its policy is first served). Then
-:func:`open_job_policies` adds one LoRA adapter per policy (:func:`~spanlab.policies.adapters.multi_adapter_model`)
+:func:`open_policy_adapters` adds one LoRA adapter per policy (:func:`~spanlab.policies.adapters.multi_adapter_model`)
 and pushes each one's first version, before the first training rollout. A run's ``final/`` (and ``step-K/``) is
 then the base model as trained (warm start included) with each policy's adapter in ``<folder>/<policy>/`` (a PEFT
 folder vLLM serves with ``--enable-lora``) and ``policies.json`` naming the roles, which ``spanlab serve --model
@@ -22,32 +22,35 @@ from spanlab.errors import ConfigError
 from spanlab.policies.serving import PolicyAdapters
 
 if TYPE_CHECKING:
-    from spanlab.jobs.job import Job
+    from collections.abc import Callable
+
+    from torch import nn
+
+    from spanlab.engine.weights import ReplicaWeightSync
+    from spanlab.jobs.config import TrainConfig
+    from spanlab.policies.config import PoliciesConfig
+    from spanlab.store.base import StoreAPI
+    from spanlab.training.policy import Policy
 
 logger = logging.getLogger(__name__)
 
 
-def open_job_policies(job: Job) -> PolicyAdapters:
-    """Add an adapter per policy to the job's model and serve every one's first version (their B is zero, so each
-    answers as the model trained so far does). Once per job: a per-role warm start opens them before the
-    algorithm does, which then gets the same adapters."""
+def open_policy_adapters(model: nn.Module, sync: ReplicaWeightSync, store: StoreAPI, policies: PoliciesConfig, *,
+                         engine_model: str, run_dir: Path,
+                         on_served: Callable[[str, str | None], None]) -> tuple[nn.Module, PolicyAdapters]:
+    """``model`` with an adapter per policy, and those adapters each served as their first version (their B is
+    zero, so each answers as the model trained so far does). Returns the new model (the caller keeps it in place of
+    ``model``) and the adapters' pushes. Once per job: the job keeps both (``Job.open_policies``)."""
     from spanlab.policies.adapters import multi_adapter_model
 
-    if job.policy_adapters is not None:
-        return job.policy_adapters
-
-    policy, policies = job.policy, job.config.policies
-    assert policy is not None and policies is not None, "policies need a weight-training job with policies:"
-    policy.model = multi_adapter_model(policy.model, policies)
-    start_adapters(job)
-    adapters = PolicyAdapters(policy.sync.client, job.rig.store, policies, job.config.run_dir / "policies",
-                              on_served=job.rig.gateway.set_policy_version)
-    adapters.push_all(policy.model)
-    job.policy_adapters = adapters
-    return adapters
+    model = multi_adapter_model(model, policies)
+    start_adapters(model, policies, engine_model)
+    adapters = PolicyAdapters(sync, store, policies, run_dir / "policies", on_served=on_served)
+    adapters.push_all(model)
+    return model, adapters
 
 
-def start_adapters(job: Job) -> list[str]:
+def start_adapters(model: nn.Module, policies: PoliciesConfig, engine_model: str) -> list[str]:
     """A run whose ``engine.model`` is another run's folder with a policy per role (``policies.json``) goes on from
     those policies: each policy of this config with an adapter folder there starts from its weights (the base
     weights come from the folder as for any run). Without this every adapter would start at B = 0 and the earlier
@@ -55,19 +58,19 @@ def start_adapters(job: Job) -> list[str]:
     from spanlab.engine.model import resolve_model
     from spanlab.policies.adapters import load_adapters
 
-    assert job.policy is not None and job.config.policies is not None
-    folder = Path(resolve_model(job.config.engine.model))
+    folder = Path(resolve_model(engine_model))
     if not (folder / POLICIES_FILE).is_file():
         return []
     try:
-        loaded = load_adapters(job.policy.model, folder, list(job.config.policies.names))
+        loaded = load_adapters(model, folder, list(policies.names))
     except ValueError as exc:
         raise ConfigError(f"engine.model {folder}: {exc}") from exc
     logger.info("policies %s start from their adapters in %s", ", ".join(loaded) or "(none)", folder)
     return loaded
 
 
-def write_policies_servable(job: Job, tag: str, info: dict[str, Any]) -> Path:
+def write_policies_servable(policy: Policy, adapters: PolicyAdapters, config: TrainConfig, tag: str,
+                            info: dict[str, Any]) -> Path:
     """``run_dir/tag``: the base model's weights as trained (no adapter merged in: each policy has its own), the
     tokenizer and config, an adapter folder per policy, and ``policies.json``."""
     from spanlab.engine.model import resolve_model
@@ -75,9 +78,6 @@ def write_policies_servable(job: Job, tag: str, info: dict[str, Any]) -> Path:
     from spanlab.policies.adapters import base_model_state, save_adapter
     from spanlab.training.export import write_servable
 
-    policy, adapters = job.policy, job.policy_adapters
-    assert policy is not None and adapters is not None
-    config = job.config
     base_dir = config.run_dir / f".{tag}-base-weights"
     try:
         save_weights(base_model_state(policy.model), base_dir)

@@ -64,7 +64,8 @@ def check_same_config(state: TrainState, config: TrainConfig) -> None:
 
 
 def resume(job: Job, state: TrainState) -> None:
-    """Put the saved state back into the freshly opened job (the report is restored before the job is built)."""
+    """Put the saved state back into the freshly opened job (the report is restored before the job is built, and
+    the job holds ``state`` as its ``resume_state``)."""
     from spanlab.training.resume import restore_rng, restore_weights
 
     store, run_id = job.rig.store, job.report.run_id
@@ -74,7 +75,6 @@ def resume(job: Job, state: TrainState) -> None:
         if job.policy.sync.version > 0:
             job.policy.sync.serve_again(job.policy.model)
     restore_rng(state)
-    job.resume_state = state
     recorded = {(m.step, m.name) for m in store.metrics(run_id) if m.algorithm == job.config.algorithm}
     for step, metrics in enumerate(job.report.steps):
         missing = {k: v for k, v in metrics.items() if (step, k) not in recorded}

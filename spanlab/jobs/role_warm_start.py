@@ -2,7 +2,7 @@
 
 Three stages, each through the parts a run already has:
 
-1. the task set's generated demonstrations (:func:`~spanlab.jobs.demos.warm_start_demonstrations`, e.g. the SQL
+1. the task set's generated demonstrations (:meth:`~spanlab.jobs.parts.Demonstrations.warm_start`, e.g. the SQL
    writer's) train the role they answer, so the next stage's drafts are worth mining: the full model, or with
    ``policies`` only the adapter of the policy answering that role;
 2. the job runs ``warm_start.mine_tasks`` train tasks once each, recorded like any rollout, and the task set
@@ -79,20 +79,18 @@ def mined_demonstrations(job: Job) -> tuple[dict[str, list[Sample]], dict[str, f
 
 def role_warm_start(job: Job) -> dict[str, float]:
     """The three stages (module doc); the metrics of each, namespaced by stage and policy."""
-    from spanlab.jobs.demos import warm_start_demonstrations
-    from spanlab.jobs.policies import open_job_policies
     from spanlab.policies.warm_start import demos_by_policy, warm_start_policies
     from spanlab.training.policy import warm_start
 
     ws, policy, policies = job.config.warm_start, job.policy, job.config.policies
     role = job.task_set.demonstrated_role
     assert ws is not None and policy is not None and role is not None
-    generated = warm_start_demonstrations(job)
+    generated = job.demonstrations.warm_start()
     metrics: dict[str, float] = {}
     if policies is None:
         metrics |= {f"generated/{k}": v for k, v in warm_start(policy, generated, ws, progress=job.progress).items()}
     else:
-        adapters = open_job_policies(job)
+        adapters = job.open_policies()
         first = demos_by_policy({role: generated}, policies)
         metrics |= {f"generated/{k}": v for k, v in warm_start_policies(policy.model, first, ws, pad_id=policy.pad_id,
                                                                          progress=job.progress).items()}

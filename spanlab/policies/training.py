@@ -11,7 +11,7 @@ adapter that sampled them. The update itself is the algorithm's
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -43,7 +43,18 @@ def policy_optimizers(model: nn.Module, policies: Sequence[str],
 
 def samples_by_policy(store: StoreAPI, rollout_ids: Sequence[str], policies: PoliciesConfig, *,
                       agents: Sequence[str] | None = None, **adapter_options: Any) -> dict[str, list[Sample]]:
-    """Each policy's samples of these rollouts: the calls of the roles it answers, as the gateway routed them.
+    """Each policy's samples of these rollouts as the adapter reads them from ``store``
+    (:func:`split_by_policy`)."""
+    def read(roles: Sequence[str] | None) -> Iterable[Sample]:
+        return iter_samples(store, list(rollout_ids), agents=roles, **adapter_options)
+
+    return split_by_policy(read, policies, agents=agents)
+
+
+def split_by_policy(read: Callable[[Sequence[str] | None], Iterable[Sample]], policies: PoliciesConfig, *,
+                    agents: Sequence[str] | None = None) -> dict[str, list[Sample]]:
+    """Each policy's samples of a step: the calls of the roles it answers, as the gateway routed them. ``read(roles)``
+    gives the step's samples of those roles (None: every role).
 
     ``policies.default`` answers, besides its own roles, every role the map leaves out and the calls that name no
     role, so it gets those calls too. ``agents``: only these roles are trained at all (the train config's
@@ -58,10 +69,10 @@ def samples_by_policy(store: StoreAPI, rollout_ids: Sequence[str], policies: Pol
     out: dict[str, list[Sample]] = {policy: [] for policy, roles in mapped.items() if roles}
     if not out and policies.default is None:
         return out
-    read = sorted(trained) if trained is not None else None
+    roles = sorted(trained) if trained is not None else None
     if policies.default is None:  # the base model answers the other calls: never read them
-        read = sorted(set().union(*mapped.values()))
-    for sample in iter_samples(store, list(rollout_ids), agents=read, **adapter_options):
+        roles = sorted(set().union(*mapped.values()))
+    for sample in read(roles):
         if trained is not None and sample.role not in trained:
             continue
         policy = policies.policy_for(sample.role)

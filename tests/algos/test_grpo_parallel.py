@@ -161,3 +161,33 @@ def test_more_processes_than_devices_is_a_config_error_naming_the_key() -> None:
     lora = parse_train_config({"trainer": {"processes": 2, "sharding": "fsdp"}, "grpo": {"lora": {"rank": 4}}})
     with pytest.raises(ConfigError, match=r"^trainer.sharding: fsdp trains full weights, not a LoRA adapter"):
         build_algorithm(lora)
+
+
+def test_the_jobs_trainer_on_two_ranks_takes_its_one_process_step(toy_model_dir: Path, tmp_path: Path) -> None:
+    """The framework's trainer (``Job.trainer``) chosen by ``trainer.processes``: two ranks run GRPO's step function
+    (a ``functools.partial``, pickled into the spawned rank) and leave rank 0's model where one process does."""
+    from contextlib import ExitStack
+
+    from spanlab.jobs.trainer import build_trainer
+    from spanlab.training.policy import Policy
+    from spanlab.training.trainers import OneProcessTrainer, RanksTrainer
+
+    samples = _batch(SAMPLES_SEED, 12)
+    step = partial(grpo_step, config=CONFIG, pad_id=0)  # as grpo_step_function builds it (without kl_beta)
+    base = {"algorithm": "grpo", "dataset": {"name": "calc"}, "engine": {"model": str(toy_model_dir)},
+            "db": str(tmp_path / "r.duckdb"), "out_dir": str(tmp_path / "runs"), "torch_threads": 2}
+    got = {}
+    for processes in (1, 2):
+        config = parse_train_config({**base, "trainer": {"processes": processes}})
+        policy = Policy(load_trainable_model(toy_model_dir), None, 0, None)  # type: ignore[arg-type]  # no push
+        start_P = _flat(policy.model)
+        with ExitStack() as stack:
+            trainer = build_trainer(policy, config, stack, step, partial(torch.optim.SGD, lr=1.0), lora=None,
+                                    adapters=None)
+            metrics = trainer.update(lambda roles: iter(samples), demos=None)
+        got[processes] = (type(trainer), metrics, _flat(policy.model))
+    assert got[1][0] is OneProcessTrainer and got[2][0] is RanksTrainer
+    assert (got[1][2] - start_P).abs().max() > 1e-2  # the step really moved the parameters
+    torch.testing.assert_close(got[2][2], got[1][2], rtol=0, atol=1e-6)
+    for key in ("loss", "grad_norm", "n_samples_used"):
+        assert got[2][1][key] == pytest.approx(got[1][1][key], rel=1e-5), key

@@ -116,10 +116,10 @@ def test_dynamic_sampling_samples_new_tasks_until_enough_groups_have_a_signal() 
         rewards = [r for t in tasks for r in ([1.0, 0.0] if t["level"] == 4 else [1.0, 1.0])]
         return RolloutBatch([f"r{len(asked)}-{i}" for i in range(len(rewards))], rewards, 1.0, 0)
 
-    job = Job.__new__(Job)
-    job.config, job.splits, job.collect = config, splits, collect
+    job = Job.__new__(Job)  # the task stream's draws read only the config and the rl split
+    job.config, job.splits = config, splits
     first = next(job.task_draws(4))  # 1 x level 2, 1 x level 3, 2 x level 4: two groups with a signal
-    batch = _collect(job, config.section, first, 0)
+    batch = _collect(config.section, config.dataset.seed, collect, job.draw, first, 0)
     assert [m for _, m in asked] == [{"step": 0}, {"step": 0, "round": 1}]  # one more round gave 4 signals
     assert len({i for ids, _ in asked for i in ids}) == 8  # no task asked twice in a step
     assert len(batch.rollout_ids) == 16 and groups_with_signal(batch.rewards, 2) == 4 and batch.seconds == 2.0
@@ -127,4 +127,5 @@ def test_dynamic_sampling_samples_new_tasks_until_enough_groups_have_a_signal() 
     asked.clear()
     strict = config.section.model_copy(update={"dynamic_sampling": config.section.dynamic_sampling.model_copy(
         update={"min_groups": 100})})
-    assert len(_collect(job, strict, first, 1).rollout_ids) == 24 and len(asked) == 3  # capped at max_rounds
+    assert len(_collect(strict, config.dataset.seed, collect, job.draw, first, 1).rollout_ids) == 24
+    assert len(asked) == 3  # capped at max_rounds

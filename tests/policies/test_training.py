@@ -192,3 +192,32 @@ def test_a_policy_whose_samples_did_not_vary_in_a_group_is_not_updated() -> None
     assert moved == {"lora-a": False, "lora-b": True}
     assert metrics["lora-a/skipped"] == 1.0 and metrics["lora-a/n_groups_cancelled"] == TASKS
     assert metrics["lora-b/skipped"] == 0.0
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_the_per_role_trainer_steps_each_policy_on_its_roles_and_marks_only_the_changed_for_the_push(
+        tmp_path) -> None:
+    """The framework's trainer for ``policies:`` (``spanlab.policies.trainer``): one read split by policy, each
+    policy stepped on its own adapter exactly as ``step_each_policy`` does, and only the policies that moved are
+    left for the push (the writer's identical calls give it no signal)."""
+    from functools import partial
+
+    from spanlab.policies.serving import PolicyAdapters
+    from spanlab.policies.trainer import PolicyTrainer
+
+    make = partial(torch.optim.AdamW, lr=CONFIG.lr, weight_decay=CONFIG.weight_decay)
+    model, expected = _model(), _model()
+    with SpanStore(":memory:") as store:
+        ids = _record(store, same_writer=True)
+        trainer = PolicyTrainer(model, PolicyAdapters(None, store, POLICIES, tmp_path),  # type: ignore[arg-type]
+                                partial(grpo_step, config=CONFIG, pad_id=0), make, agents=None)
+        metrics = trainer.update(lambda roles: iter_samples(store, ids, agents=roles, group_key="task_id"))
+        samples = samples_by_policy(store, ids, POLICIES, group_key="task_id")
+    want = step_each_policy(expected, policy_optimizers(expected, POLICIES.names, make), samples, _step)
+    assert trainer.changed == ["lora-b"]  # the push serves lora-b's next version only
+    assert metrics["lora-a/skipped"] == 1.0 and metrics["lora-b/loss"] == want["lora-b/loss"]
+    assert metrics["skipped"] == 0.0 and metrics["policies_updated"] == 1.0
+    assert metrics["n_samples"] == float(sum(len(s) for s in samples.values()))
+    for policy in POLICIES.names:
+        for mine, theirs in zip(policy_parameters(model, policy), policy_parameters(expected, policy), strict=True):
+            assert torch.equal(mine, theirs), policy

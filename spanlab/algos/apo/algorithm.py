@@ -34,7 +34,7 @@ from spanlab.progress import running_mean
 if TYPE_CHECKING:
     from spanlab.algos.apo.search import Candidate
     from spanlab.jobs.config import TrainConfig
-    from spanlab.jobs.job import Job
+    from spanlab.jobs.job import Evaluator, Job
     from spanlab.jobs.rollouts import RolloutBatch
     from spanlab.progress import Phase
 
@@ -88,10 +88,13 @@ class APO(Algorithm[APOConfig]):
         self.root = self.best = self.search.root(template)
         self.held_out: dict[str, list[float]] = {}
         self.held_out_rollouts = 0
-        job.evaluator = self._evaluate
         logger.info("APO: beam %d x branch %d, %d rounds, %d val / %d test tasks; optimizer %s / %s at %s",
                     apo.beam_width, apo.branch_factor, apo.rounds, len(val), len(job.splits["eval"]),
                     self.optimizer.critique_model, self.optimizer.edit_model, self.optimizer.client.base_url)
+
+    def evaluator(self) -> Evaluator:
+        """The held-out evaluation runs the current best prompt through the search's cache."""
+        return self._evaluate
 
     def run(self, job: Job) -> None:
         self.best = self.search.run(self.root)

@@ -68,6 +68,11 @@ class GRPO(Algorithm[GRPOSection]):
         return self.settings.lora
 
     def run(self, job: Job) -> None:
-        from spanlab.algos.grpo.loop import train_grpo
+        from spanlab.algos.grpo.loop import grpo_step_function, train_grpo
 
-        train_grpo(job, self.settings)
+        assert job.policy is not None, "GRPO trains weights: the framework loads the policy"
+        policy, collector, tasks, log, store = job.policy, job.collector, job.task_stream, job.step_log, job.rig.store
+        trainer = job.trainer(*grpo_step_function(self.settings, policy), lora=self.settings.lora)
+        demos = job.demonstrations if self.settings.demonstrations is not None else None
+        train_grpo(self.settings, self.config, policy=policy, trainer=trainer, store=store, collector=collector,
+                   tasks=tasks, log=log, demos=demos)

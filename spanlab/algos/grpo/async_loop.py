@@ -31,8 +31,10 @@ from spanlab.engine.errors import WeightSyncError
 from spanlab.engine.weights import ReplicaWeightSync
 from spanlab.errors import ConfigError
 from spanlab.jobs.background import BackgroundRollouts
+from spanlab.jobs.config import LoopConfig
 from spanlab.jobs.groups import EndCounts, GroupQueue
-from spanlab.jobs.job import Job
+from spanlab.jobs.parts import Collector, StepLog, TaskStream
+from spanlab.training.policy import Policy
 
 logger = logging.getLogger(__name__)
 
@@ -68,25 +70,22 @@ def check_engines_can_pause(engines: ReplicaWeightSync) -> None:
                           f"engine at each push, which needs vLLM's dev routes: {exc}") from exc
 
 
-def train_grpo_async(job: Job, settings: GRPOSection, parts: StepParts) -> None:
-    """The async loop on the job's store, collector and policy; the end counts go to ``train_metrics``."""
-    assert job.policy is not None
-    loop, policy, collector = job.config.loop, job.policy, job.rig.collector
+def train_grpo_async(settings: GRPOSection, loop: LoopConfig, parts: StepParts, *, policy: Policy,
+                     collector: Collector, tasks: TaskStream, log: StepLog) -> None:
+    """The async loop on the collector's store and workers and the policy's engines; the end counts go to
+    ``train_metrics`` (``log.record``)."""
     check_engines_can_pause(policy.sync.client)
     if settings.tis_cap is None:
         logger.warning("grpo.tis_cap is null: the async loop trains on older versions' samples uncorrected")
     policy.sync.pause_lora = True
     if policy.sync.version == 0 and hasattr(policy.model, "peft_config"):
         policy.push()  # serve the adapter before any rollout: every rollout then asks for the name pushes update
-    per_step = min(settings.tasks_per_step, len(job.splits["rl"]))
-    tasks = itertools.chain.from_iterable(job.task_draws(settings.tasks_per_step))
-    queue = GroupQueue(collector, tasks, settings.group_size, in_flight=loop.groups_in_flight(per_step),
-                       max_staleness=loop.staleness, metadata={"run_id": job.report.run_id, "loop": "async"},
-                       on_wait=lambda ready, wanted: job.step_note(
+    per_step = min(settings.tasks_per_step, tasks.size)
+    queued = itertools.chain.from_iterable(tasks.draws(settings.tasks_per_step))
+    queue = GroupQueue(collector.rollouts, queued, settings.group_size, in_flight=loop.groups_in_flight(per_step),
+                       max_staleness=loop.staleness, metadata={"run_id": collector.run_id, "loop": "async"},
+                       on_wait=lambda ready, wanted: tasks.note(
                            f"{ready}/{wanted} groups ready" if ready < wanted else "updating"))
-    temperature = job.config.rollouts.temperature
-    overrides = {} if temperature is None else {"temperature": temperature}
-    steps = (step for step, _ in job.steps(settings.steps, settings.tasks_per_step, "GRPO async"))
-    end = run_async(parts, queue, collector.background(model=job.served_name, **overrides), steps, per_step,
-                    flush=job.rig.gateway.flush)
-    job.rig.store.add_metrics(job.report.run_id, job.config.algorithm, len(job.report.steps), end.metrics())
+    steps = (step for step, _ in tasks.steps(settings.steps, settings.tasks_per_step, "GRPO async"))
+    end = run_async(parts, queue, collector.background(), steps, per_step, flush=collector.flush)
+    log.record(end.metrics())

@@ -3,19 +3,21 @@
 The loop is the data path of spanlab end to end, nothing sideways: rollouts run the real agent
 through the recording gateway against vLLM; the adapter reads the exact sampled token IDs back from
 the store; the GRPO step updates the policy; the engine reloads the new weights before the next
-collection. Per-step metrics go into the store's ``train_metrics`` table. With ``trainer.processes: N``
-the update runs on N data-parallel ranks (:mod:`spanlab.training.data_parallel`); this process stays
-rank 0: it alone reads the samples from the store and pushes the weights (with ``sharding: fsdp``,
-the weights gathered from all ranks). ``loop: {mode: async}`` runs the same parts with rollouts that
-never wait for the trainer (:mod:`spanlab.algos.grpo.async_loop`). With ``policies`` (a policy per role) the sync
-loop runs each policy's update on its roles' calls (:mod:`spanlab.algos.grpo.policy_parts`).
+collection. Per-step metrics go into the store's ``train_metrics`` table.
+
+The loop takes named parts, never the job (:mod:`spanlab.jobs.parts`): a collector, a task stream, the
+step log, the policy, the demonstrations and a trainer. The trainer (:mod:`spanlab.training.trainers`) is
+the framework's: it runs :func:`~spanlab.algos.grpo.update.grpo_step` in this process, on
+``trainer.processes: N`` data-parallel ranks (FSDP or not), or with ``policies`` once per policy on its
+roles' calls (:mod:`spanlab.policies.trainer`), and pushes what changed. ``loop: {mode: async}`` runs
+the same parts with rollouts that never wait for the trainer (:mod:`spanlab.algos.grpo.async_loop`).
 """
 
 from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import Any
 
@@ -27,62 +29,74 @@ from spanlab.adapters.trainable import Dropped
 from spanlab.algos.grpo.config import GRPOSection
 from spanlab.algos.grpo.step_parts import StepParts
 from spanlab.algos.grpo.update import grpo_step
-from spanlab.jobs.job import Job
+from spanlab.jobs.config import TrainConfig
+from spanlab.jobs.parts import Collector, Demonstrations, StepLog, TaskStream
 from spanlab.jobs.rollouts import RolloutBatch
-from spanlab.training.data_parallel import DataParallel, load_trainable_model
+from spanlab.store.base import StoreAPI
+from spanlab.training.policy import Policy
+from spanlab.training.trainers import MakeOptimizer, Trainer, TrainStep
 
 logger = logging.getLogger(__name__)
 
 
-def train_grpo(job: Job, settings: GRPOSection) -> None:
-    """``settings.steps`` GRPO updates of the job's policy, each on ``tasks_per_step`` x ``group_size`` rollouts."""
-    assert job.policy is not None, "GRPO trains weights: the framework loads the policy"
-    policy, config = job.policy, job.config
-    if config.policies is not None:  # a policy per role: the sync loop with each policy's update and push
-        from spanlab.algos.grpo.policy_parts import policy_step_parts
+def grpo_step_function(settings: GRPOSection, policy: Policy) -> tuple[TrainStep, MakeOptimizer]:
+    """The GRPO update as a trainer runs it (picklable: it crosses into data-parallel ranks) and its optimizer;
+    with ``kl_beta`` the step holds a frozen copy of the policy as RL starts."""
+    ref_model = _reference(policy.model) if settings.kl_beta > 0 else None
+    step = partial(grpo_step, config=settings, pad_id=policy.pad_id, ref_model=ref_model)
+    return step, partial(torch.optim.AdamW, lr=settings.lr, weight_decay=settings.weight_decay)
 
-        run_sync(policy_step_parts(job, settings), partial(_collect, job, settings),
-                 job.steps(settings.steps, settings.tasks_per_step, "GRPO"))
-        return
-    update, push = _update(job, settings)
+
+def train_grpo(settings: GRPOSection, config: TrainConfig, *, policy: Policy, trainer: Trainer, store: StoreAPI,
+               collector: Collector, tasks: TaskStream, log: StepLog, demos: Demonstrations | None) -> None:
+    """``settings.steps`` GRPO updates of ``policy`` through ``trainer``, each on ``tasks_per_step`` x ``group_size``
+    rollouts read back from ``store``. ``config``: how samples are read (token source, roles) and which loop runs;
+    ``demos``: the run's demonstrations, for ``grpo.demonstrations``."""
+    draw_demos = _demonstration_draws(settings, config, demos, log.done)
     group_key = None if config.loop.mode == "async" else "task_id"  # async groups carry their own group_id
 
-    def adapt_and_update(rollout_ids: list[str]) -> dict[str, float]:
+    def update(rollout_ids: list[str]) -> dict[str, float]:
         dropped = Dropped()  # what the sample rule left out of this step (adapters/trainable.py)
-        samples = list(iter_samples(job.rig.store, rollout_ids, group_key=group_key,
-                                    token_source=config.token_source, tokenizer=policy.tokenizer,
-                                    chat_template=config.retokenize_template, agents=config.agents,
-                                    credit=settings.credit, failed_attempts=settings.failed_attempts,
-                                    dropped=dropped))
-        return update(samples) | dropped.metrics()
+        read = partial(_read_samples, store, rollout_ids, group_key=group_key, token_source=config.token_source,
+                       tokenizer=policy.tokenizer, chat_template=config.retokenize_template, credit=settings.credit,
+                       failed_attempts=settings.failed_attempts, dropped=dropped)
+        return trainer.update(read, demos=draw_demos()) | dropped.metrics()
 
-    parts = StepParts(adapt_and_update, push, job.log_step)
+    parts = StepParts(update, trainer.push, log.log)
     if config.loop.mode == "async":
         from spanlab.algos.grpo.async_loop import train_grpo_async
 
-        train_grpo_async(job, settings, parts)
+        train_grpo_async(settings, config.loop, parts, policy=policy, collector=collector, tasks=tasks, log=log)
         return
-    collect = partial(_collect, job, settings)
-    run_sync(parts, collect, job.steps(settings.steps, settings.tasks_per_step, "GRPO"))
+    collect = partial(_collect, settings, config.dataset.seed, collector.collect, tasks.draw)
+    run_sync(parts, collect, tasks.steps(settings.steps, settings.tasks_per_step, "GRPO"))
 
 
-def _collect(job: Job, settings: GRPOSection, tasks: list[dict[str, Any]], step: int) -> RolloutBatch:
-    """A step's groups; with ``dynamic_sampling``, more rounds of new tasks while too few groups have a signal."""
+def _read_samples(store: StoreAPI, rollout_ids: list[str], agents: Sequence[str] | None,
+                  **adapter_options: Any) -> list[Sample]:
+    """A step's samples of the roles ``agents`` (None: every role), as the adapter reads them from the store."""
+    return list(iter_samples(store, rollout_ids, agents=agents, **adapter_options))
+
+
+def _collect(settings: GRPOSection, seed: int, collect: Callable[..., RolloutBatch], draw: Callable[..., Any],
+             tasks: list[dict[str, Any]], step: int) -> RolloutBatch:
+    """A step's groups; with ``dynamic_sampling``, more rounds of new tasks (``draw``, seeded by the dataset
+    ``seed`` and the step) while too few groups have a signal."""
     g, dynamic = settings.group_size, settings.dynamic_sampling
-    batch = job.collect(tasks, group_size=g, step=step)
+    batch = collect(tasks, group_size=g, step=step)
     if dynamic is None:
         return batch
-    rng, asked = random.Random(f"spanlab-dynamic:{job.config.dataset.seed}:{step}"), {t["task_id"] for t in tasks}
+    rng, asked = random.Random(f"spanlab-dynamic:{seed}:{step}"), {t["task_id"] for t in tasks}
     for round_ in range(1, dynamic.max_rounds + 1):
         if (have := groups_with_signal(batch.rewards, g)) >= dynamic.min_groups:
             break
-        more = job.draw(rng, len(tasks), exclude=asked)
+        more = draw(rng, len(tasks), exclude=asked)
         if not more:
             break
         logger.info("step %d: %d of %d groups have a reward signal (want %d); sampling %d more tasks", step, have,
                     len(batch.rewards) // g, dynamic.min_groups, len(more))
         asked |= {t["task_id"] for t in more}
-        extra = job.collect(more, group_size=g, step=step, round=round_)
+        extra = collect(more, group_size=g, step=step, round=round_)
         batch = RolloutBatch(batch.rollout_ids + extra.rollout_ids, batch.rewards + extra.rewards,
                              batch.seconds + extra.seconds, batch.failed + extra.failed)
     return batch
@@ -106,56 +120,26 @@ def run_sync(parts: StepParts, collect: Callable[[list[dict[str, Any]], int], Ro
         parts.log_step(metrics)
 
 
-def _update(job: Job, settings: GRPOSection) -> tuple[Callable[[list[Sample]], dict[str, float]], Callable[[], float]]:
-    """One GRPO update of a step's samples (in this process, or on the configured data-parallel ranks), and the
-    push of the updated weights to the engine (its seconds)."""
-    assert job.policy is not None
-    policy, trainer = job.policy, job.config.trainer
-    make_optimizer = partial(torch.optim.AdamW, lr=settings.lr, weight_decay=settings.weight_decay)
-    if trainer.processes == 1:  # the job keeps the optimizer: its state is saved with each step for --resume
-        optimizer = job.attach_optimizer(make_optimizer(p for p in policy.model.parameters() if p.requires_grad))
-        ref_model = _reference(policy.model) if settings.kl_beta > 0 else None
-        draw_demos = _demonstration_draws(job, settings)
-
-        def update_here(samples: list[Sample]) -> dict[str, float]:
-            return grpo_step(policy.model, optimizer, samples, settings, pad_id=policy.pad_id, ref_model=ref_model,
-                             demos=draw_demos())
-
-        return update_here, policy.push
-    from spanlab.engine.model import resolve_model
-
-    make_model = partial(load_trainable_model, resolve_model(job.config.engine.model), settings.lora)
-    dp = job.stack.enter_context(DataParallel(policy.model, make_model, make_optimizer, trainer,
-                                              threads=job.config.torch_threads))
-
-    def update(samples: list[Sample]) -> dict[str, float]:
-        return dp.run(grpo_step, samples=samples, config=settings, pad_id=policy.pad_id)
-
-    if trainer.sharding == "none":
-        return update, policy.push
-    return update, lambda: policy.sync.push_state(dp.full_state_dict()).total_s  # rank 0 holds only its shard
-
-
-def _demonstration_draws(job: Job, settings: GRPOSection) -> Callable[[], list[Sample] | None]:
+def _demonstration_draws(settings: GRPOSection, config: TrainConfig, demos: Demonstrations | None,
+                         steps_done: Callable[[], int]) -> Callable[[], list[Sample] | None]:
     """Each update's demonstrations for ``grpo.demonstrations`` (None without it): ``per_step`` of the run's
     stored ones, drawn with a seed of the step, so a resumed run draws what the first would have."""
     term = settings.demonstrations
     if term is None:
         return lambda: None
-    from spanlab.jobs.demos import stored_demonstrations, warm_start_demonstrations
-
-    data = job.config.dataset
-    if job.config.warm_start is not None:  # the warm start recorded its demonstrations: the term replays those
-        pool = warm_start_demonstrations(job)
+    assert demos is not None, "grpo.demonstrations: the run's demonstrations are a part of the job"
+    data = config.dataset
+    if config.warm_start is not None:  # the warm start recorded its demonstrations: the term replays those
+        pool = demos.warm_start()
     else:
         levels = set(term.levels or data.levels)
-        tasks = [t for t in job.splits["train"] if t.get("level") in levels or "level" not in t][: term.demos]
-        pool = stored_demonstrations(job, tasks, "grpo.demonstrations", key="grpo.demonstrations")
+        tasks = [t for t in demos.train if t.get("level") in levels or "level" not in t][: term.demos]
+        pool = demos.stored(tasks, "grpo.demonstrations", key="grpo.demonstrations")
     logger.info("grpo.demonstrations: %d stored demonstrations, %d per update, coef %g", len(pool), term.per_step,
                 term.coef)
 
     def draw() -> list[Sample]:
-        rng = random.Random(f"spanlab-demos:{data.seed}:{len(job.report.steps)}")
+        rng = random.Random(f"spanlab-demos:{data.seed}:{steps_done()}")
         return rng.sample(pool, min(term.per_step, len(pool)))
 
     return draw

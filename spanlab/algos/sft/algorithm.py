@@ -39,6 +39,10 @@ class SFTRounds(Algorithm[SFTRoundsConfig]):
         return self.settings.rounds * self.settings.tasks_per_round
 
     def run(self, job: Job) -> None:
-        from spanlab.algos.sft.rounds import train_sft
+        from spanlab.algos.sft.rounds import replay_pool, train_sft
 
-        train_sft(job, self.settings)
+        assert job.policy is not None, "SFT rounds train weights: the framework loads the policy"
+        replay_from = replay_pool(job.splits["demos"], self.config.warm_start, self.settings.replay)
+        train_sft(self.settings, self.config, policy=job.policy, train_policy=job.train_policy, store=job.rig.store,
+                  collector=job.collector, tasks=job.task_stream, log=job.step_log, progress=job.progress,
+                  demonstration=job.task_set.demonstration, replay_from=replay_from)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,30 +37,37 @@ from spanlab.adapters.samples import Sample
 from spanlab.adapters.trainable import Dropped
 from spanlab.algos.sft.config import SFTRoundsConfig
 from spanlab.errors import ConfigError
-from spanlab.jobs.job import Job
+from spanlab.jobs.config import TrainConfig, WarmStartConfig
+from spanlab.jobs.parts import Collector, StepLog, TaskStream
 from spanlab.progress import PhaseProgress
+from spanlab.store.base import StoreAPI
 from spanlab.training.model import MissingDependencyError, apply_lora
+from spanlab.training.policy import Policy
 from spanlab.training.supervised import sft_sample, sft_train
+
+Demonstration = Callable[[dict[str, Any]], dict[str, Any]]  # a task set's demonstration(task)
+TrainPolicy = Callable[[Callable[[torch.nn.Module], tuple[torch.nn.Module, dict[str, float]]]], dict[str, float]]
 
 logger = logging.getLogger(__name__)
 
 
-def train_sft(job: Job, rounds: SFTRoundsConfig) -> None:
-    """``rounds.rounds`` rounds of collect -> filter -> train -> serve on the job's policy."""
-    assert job.policy is not None, "SFT rounds train weights: the framework loads the policy"
-    policy, config = job.policy, job.config
+def train_sft(rounds: SFTRoundsConfig, config: TrainConfig, *, policy: Policy, train_policy: TrainPolicy,
+              store: StoreAPI, collector: Collector, tasks: TaskStream, log: StepLog, progress: PhaseProgress,
+              demonstration: Demonstration | None, replay_from: list[dict[str, Any]]) -> None:
+    """``rounds.rounds`` rounds of collect -> filter -> train -> serve on ``policy``. ``train_policy``: the job's
+    torch round (it keeps the model a round returns); ``demonstration`` and ``replay_from``: what ``sft.replay``
+    draws from (:func:`replay_pool`)."""
     backend = choose_backend(rounds)
     model_dir: Path | None = None  # Unsloth trains from a folder: the latest full weights
-    pool = replay_pool(job, rounds.replay)
 
     def replay(r: int) -> list[Sample]:
-        return replay_samples(job.task_set.demonstration, pool, policy.tokenizer, rounds.replay,
+        return replay_samples(demonstration, replay_from, policy.tokenizer, rounds.replay,
                               seed=config.dataset.seed, round_index=r)
 
-    for r, tasks in job.steps(rounds.rounds, rounds.tasks_per_round, "SFT rounds"):
-        batch = job.collect(tasks, group_size=rounds.samples_per_task, round=r)
+    for r, round_tasks in tasks.steps(rounds.rounds, rounds.tasks_per_round, "SFT rounds"):
+        batch = collector.collect(round_tasks, group_size=rounds.samples_per_task, round=r)
         dropped = Dropped()  # what the sample rule left out before the filter (adapters/trainable.py)
-        table, stats = build_sft_dataset(job.rig.store, batch.rollout_ids, rounds.filter, agents=config.agents,
+        table, stats = build_sft_dataset(store, batch.rollout_ids, rounds.filter, agents=config.agents,
                                          dropped=dropped)
         write_dataset(table, config.run_dir / f"round-{r}.parquet")
         metrics: dict[str, float] = {"reward_mean": batch.mean_reward, "rollout_s": batch.seconds,
@@ -76,13 +84,13 @@ def train_sft(job: Job, rounds: SFTRoundsConfig) -> None:
         else:
             replayed = replay(r)
             samples, weights = samples_from_table(table)
-            policy.model, trained = _torch_round(policy.model, samples + replayed, weights + [1.0] * len(replayed),
-                                                 rounds, pad_id=policy.pad_id, progress=job.progress,
-                                                 label=f"round {r}")
+            trained = train_policy(partial(_torch_round, samples=samples + replayed,
+                                           weights=weights + [1.0] * len(replayed), rounds=rounds,
+                                           pad_id=policy.pad_id, progress=progress, label=f"round {r}"))
             metrics.update(trained, replay_examples=len(replayed), sync_s=policy.push())
-        job.log_step(metrics)
+        log.log(metrics)
         if rounds.eval_each_round and r < rounds.rounds - 1:
-            job.held_out(f"round_{r + 1}")
+            log.held_out(f"round_{r + 1}")
 
 
 def choose_backend(rounds: SFTRoundsConfig) -> str:
@@ -106,14 +114,13 @@ def choose_backend(rounds: SFTRoundsConfig) -> str:
     return backend
 
 
-def replay_pool(job: Job, n: int) -> list[dict[str, Any]]:
-    """The train tasks replay draws from: the warm start's demonstrations (its first ``demos`` train tasks), or
-    the first ``n`` train tasks when the run has no warm start."""
-    ws = job.config.warm_start
-    return job.splits["demos"][: ws.demos if ws is not None else n]
+def replay_pool(demo_tasks: list[dict[str, Any]], warm_start: WarmStartConfig | None, n: int) -> list[dict[str, Any]]:
+    """The train tasks replay draws from: the warm start's demonstrations (its first ``demos`` demo tasks), or
+    the first ``n`` of them when the run has no warm start."""
+    return demo_tasks[: warm_start.demos if warm_start is not None else n]
 
 
-def replay_samples(demonstration: Callable[[dict[str, Any]], dict[str, Any]] | None, pool: list[dict[str, Any]],
+def replay_samples(demonstration: Demonstration | None, pool: list[dict[str, Any]],
                    tokenizer: Any, n: int, *, seed: int, round_index: int) -> list[Sample]:
     """``n`` demonstrations of tasks drawn from ``pool`` (seeded by ``seed`` and the round, so each round replays
     another draw), encoded with the policy's chat template exactly as the warm start encodes them."""
@@ -141,7 +148,7 @@ def samples_from_table(table: pa.Table) -> tuple[list[Sample], list[float]]:
     return samples, weights
 
 
-def _torch_round(model: torch.nn.Module, samples: list[Sample], weights: list[float], rounds: SFTRoundsConfig, *,
+def _torch_round(model: torch.nn.Module, *, samples: list[Sample], weights: list[float], rounds: SFTRoundsConfig,
                  pad_id: int, progress: PhaseProgress, label: str) -> tuple[torch.nn.Module, dict[str, float]]:
     """One round of the plain trainer. A LoRA config wraps the model first; ``save: merged`` folds the adapter
     back in after the round (the engine reloads full weights, the next round starts a fresh adapter),
