@@ -340,9 +340,13 @@ class TrainConfig(_Section):
                 and self.engine.gpu_memory_utilization is None):
             share = round(COLOCATED_ENGINE_SHARE / self.engine.replicas, 4)
             object.__setattr__(self, "engine", self.engine.model_copy(update={"gpu_memory_utilization": share}))
-        # A LoRA policy served as an adapter needs vLLM started with LoRA on; turn it on rather than fail later.
-        if getattr(self.section, "serves_lora", False) and not self.engine.enable_lora and running is None:
-            object.__setattr__(self, "engine", self.engine.model_copy(update={"enable_lora": True}))
+        # A LoRA policy served as an adapter needs vLLM started with LoRA on and a rank that holds it (vLLM refuses
+        # a larger adapter at the first weight push, minutes in); set both rather than fail later.
+        if getattr(self.section, "serves_lora", False) and running is None:
+            lora = getattr(self.section, "lora", None)
+            rank = max(self.engine.max_lora_rank, lora.rank if lora is not None else 0)
+            update = {"enable_lora": True, "max_lora_rank": rank}
+            object.__setattr__(self, "engine", self.engine.model_copy(update=update))
         if self.policies is not None:
             self._serve_policies(self.policies, running)
         return self

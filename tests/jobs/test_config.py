@@ -110,7 +110,11 @@ def test_check_prints_the_resolved_settings_of_the_chosen_algorithm_only(tmp_pat
 
 def test_lora_serving_is_turned_on_for_an_adapter_policy() -> None:
     config = parse_train_config({"grpo": {"lora": {"rank": 4}}})
-    assert config.engine.enable_lora and config.engine.dev_routes
+    assert config.engine.enable_lora and config.engine.dev_routes and config.engine.max_lora_rank == 8
+    # An adapter above the engine's default rank raises it: vLLM refused rank 32 at the first push (max 8).
+    assert parse_train_config({"grpo": {"lora": {"rank": 32}}}).engine.max_lora_rank == 32
+    assert parse_train_config({"sft": {"lora": {"rank": 16}, "save": "adapter"}, "algorithm": "sft"}
+                              ).engine.max_lora_rank == 16
     with pytest.raises(ConfigError, match=r"grpo: .*group_size must be >= 2"):
         parse_train_config({"grpo": {"group_size": 1}})
 
