@@ -22,7 +22,7 @@ SPANLAB = str(Path(sys.executable).with_name("spanlab"))
 
 
 def test_serve_config_errors_name_the_key() -> None:
-    with pytest.raises(ConfigError, match=r"gateway\.prot: Extra inputs"):
+    with pytest.raises(ConfigError, match=r"gateway\.prot: unknown key; did you mean port\?"):
         parse(ServeConfig, {"gateway": {"prot": 1}})
     with pytest.raises(ConfigError, match="must differ"):
         parse(ServeConfig, {"gateway": {"port": 9000}, "store_server": {"port": 9000}})

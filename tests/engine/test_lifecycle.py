@@ -48,7 +48,6 @@ def test_parent_sigkill_leaves_no_vllm_processes(tiny_model_dir: Path) -> None:
         import json, sys, time
         from spanlab.engine.config import EngineConfig
         from spanlab.engine.server import VLLMServer
-from spanlab.engine.watch import EngineDiedError, watch_engines
         server = VLLMServer(EngineConfig(model=sys.argv[1], max_model_len=512)).start()
         print(json.dumps({"pgid": server.pgid, "pids": server.pids()}), flush=True)
         time.sleep(3600)
