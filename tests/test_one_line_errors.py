@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import http.server
 import socket
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import httpx
@@ -30,6 +28,7 @@ from spanlab.store.spans import spans_to_arrow
 from spanlab.threaded_server import ThreadedServer
 from spanlab.ui.app import create_app as create_ui_app
 from tests.conftest import llm_span
+from tests.local_http import serve_handler
 
 
 def _sql(url: str) -> tuple[int, str, float]:
@@ -51,17 +50,9 @@ class _QuietFiles(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-@contextmanager
-def _static_file_server() -> Iterator[str]:
+def _static_file_server() -> AbstractContextManager[str]:
     """Python's own http.server: GET serves files, POST is 501 with an HTML page."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _QuietFiles)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    return serve_handler(_QuietFiles)
 
 
 def test_spanlab_sql_on_a_server_that_is_not_a_store_server_says_so_in_one_line(tmp_path: Path) -> None:

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import http.server
 import json
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import ClassVar
 
@@ -24,6 +22,7 @@ from spanlab.store.server import create_store_app
 from spanlab.store.wire import SQL_COLUMNS_HEADER
 from spanlab.threaded_server import ThreadedServer
 from spanlab.types import LLMCall, Span
+from tests.local_http import serve_handler
 from tests.stores import TOKEN
 
 ENV = {"SPANLAB_STORE_TOKEN": None, "COLUMNS": "200"}
@@ -94,17 +93,8 @@ class _NotAStore(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@contextmanager
-def _server(body: bytes, headers: dict[str, str]) -> Iterator[str]:
-    handler = type("Handler", (_NotAStore,), {"body": body, "headers_out": headers})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+def _server(body: bytes, headers: dict[str, str]) -> AbstractContextManager[str]:
+    return serve_handler(type("Handler", (_NotAStore,), {"body": body, "headers_out": headers}))
 
 
 NOT_A_STORE = {
