@@ -10,6 +10,7 @@ its final reward. The same cases written through the store API are in test_train
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any
 
@@ -29,7 +30,10 @@ from tests.stores import wait_until
 pytestmark = pytest.mark.vllm
 
 MESSAGES = [{"role": "user", "content": "Name three colors."}]
-TIMEOUT_S = 15.0  # the timed-out case's limit: its call and reward come well before (the others get 300 s)
+# The timed-out case's limit (the others get 300 s). Its call and reward must come before it: the other cases
+# wait for its reward (CasesAgent.verdict_recorded), so its one short call has vLLM to itself. A 15 s limit with
+# three calls at once was missed once on a loaded CI machine (no verdict stored).
+TIMEOUT_S = 30.0
 
 
 class CasesAgent(Agent):
@@ -38,10 +42,14 @@ class CasesAgent(Agent):
 
     def __init__(self, model: str) -> None:
         self.model = model
+        self.verdict_recorded = asyncio.Event()  # the worker runs the three attempts in one event loop
 
     async def run(self, task: Any, ctx: RolloutContext) -> float | None:
         assert ctx.llm_base_url is not None
         client = AsyncOpenAI(base_url=ctx.llm_base_url, api_key=ctx.llm_api_key, max_retries=0)
+        if task["case"] != "timeout":  # bounded: a missed verdict fails the assertions below, not a 300 s hang
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.verdict_recorded.wait(), TIMEOUT_S)
         if task["case"] == "retry":
             body = {"model": self.model, "messages": MESSAGES, "max_tokens": 200, "temperature": 1.0,
                     "stream": True, "ignore_eos": True}
@@ -57,6 +65,7 @@ class CasesAgent(Agent):
             raise RuntimeError("scripted failure after one call")
         if task["case"] == "timeout":
             await asyncio.to_thread(ctx.add_reward, 1.0, name="check.verdict")
+            self.verdict_recorded.set()
             await asyncio.Event().wait()  # until the runner's timeout cancels it
         return 1.0
 
