@@ -120,7 +120,8 @@ class AttemptRewards:
         cols = ("attempt_id", "reward_call_span_id", "reward_value", "attributes")
         tbl = store.spans_table(attempt_ids=list(attempt_ids), kinds=["reward"], columns=list(cols))  # in order
         by_attempt: dict[str, list[tuple[str | None, float, bool | None]]] = defaultdict(list)
-        for aid, call_id, value, attrs in zip(*(tbl[c].to_pylist() for c in cols), strict=True):
+        for aid, call_id, value, text in zip(*(tbl[c].to_pylist() for c in cols), strict=True):
+            attrs = json.loads(text) if isinstance(text, str) else text  # parsed once for both marks
             if is_late(attrs):
                 continue
             by_attempt[aid].append((call_id, float(value), final_mark(attrs)))

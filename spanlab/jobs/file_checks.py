@@ -22,7 +22,7 @@ def check_store_file(db: Path) -> None:
     was). A file a process holds (this one included) is left to the run's own open, which names the holder."""
     import duckdb
 
-    from spanlab.store.schema import SCHEMA_VERSION
+    from spanlab.store.schema import schema_version_problem
 
     if not db.is_file():
         return
@@ -58,11 +58,8 @@ def check_store_file(db: Path) -> None:
         raise ConfigError(f"db: {db} cannot be read as a span store: {one_line(exc, 200)}") from exc
     finally:
         conn.close()
-    if not version or not str(version[0][0]).isdigit():
-        raise ConfigError(f"db: {db} has a spanlab_meta table without a schema version: not a span store")
-    if int(version[0][0]) > SCHEMA_VERSION:
-        raise ConfigError(f"db: {db} was written by a newer spanlab (schema {version[0][0]} > {SCHEMA_VERSION}); "
-                          "upgrade spanlab")
+    if problem := schema_version_problem(str(db), version[0][0] if version else None):
+        raise ConfigError(f"db: {problem}")
 
 
 def model_folder_problem(model: str) -> str | None:

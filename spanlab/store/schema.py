@@ -158,6 +158,16 @@ def _create(table: str, columns: dict[str, str], *constraints: str) -> str:
     return f"CREATE TABLE IF NOT EXISTS {table} ({', '.join(parts)});"
 
 
+def schema_version_problem(path: str, stored: object) -> str | None:
+    """Why a store whose ``spanlab_meta`` says ``stored`` cannot be opened by this spanlab; None when it can. One
+    rule for opening a store and for ``spanlab train --check`` (:mod:`spanlab.jobs.file_checks`)."""
+    if not str(stored).isdigit():
+        return f"{path} has a spanlab_meta table without a schema version: not a span store"
+    if int(str(stored)) > SCHEMA_VERSION:
+        return f"{path} was written by a newer spanlab (schema {stored} > {SCHEMA_VERSION}); upgrade spanlab"
+    return None
+
+
 def init(cur: duckdb.DuckDBPyConnection, path: str) -> None:
     """Create the tables and views a file lacks (in the caller's transaction); refuse a newer schema."""
     cur.execute(_create("spanlab_meta", META_COLUMNS) + _create("train_metrics", METRIC_COLUMNS)
@@ -167,9 +177,8 @@ def init(cur: duckdb.DuckDBPyConnection, path: str) -> None:
     rows = cur.execute("SELECT value FROM spanlab_meta WHERE key = 'schema_version'").fetchall()
     if not rows:
         cur.execute("INSERT INTO spanlab_meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
-    elif int(rows[0][0]) > SCHEMA_VERSION:
-        raise StoreError(f"{path} was written by a newer spanlab (schema {rows[0][0]} > {SCHEMA_VERSION}); "
-                         "upgrade spanlab")
+    elif problem := schema_version_problem(path, rows[0][0]):
+        raise StoreError(problem)
     cur.execute("INSERT OR IGNORE INTO spanlab_meta VALUES ('store_id', uuid()::VARCHAR)")  # pairs the hot store
     cur.execute("INSERT OR IGNORE INTO spanlab_meta VALUES ('hot_seq', '0')")  # the last write copied from it
     cur.execute(VIEWS_DDL)
