@@ -39,13 +39,20 @@ DbOption = Annotated[
 
 @app.callback()
 def _main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug logging")] = False) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(message)s",
-        handlers=[RichHandler(console=Console(stderr=True), show_path=False)],
-    )
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[log_handler(Console(stderr=True))])
     for name in ("httpx", "httpx2"):  # one INFO line per HTTP request is noise here (openai 3.5x logs via httpx2)
         logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def log_handler(console: Console) -> logging.Handler:
+    """Rich's handler on a terminal (colours, and the progress bars draw on its console); a plain one-line-a-record
+    handler when stderr is a file or a pipe, where rich would wrap every line at 80 columns, or pad it to its width
+    (a run's log file is read with grep and tail, not a terminal)."""
+    if console.is_terminal:
+        return RichHandler(console=console, show_path=False)
+    handler = logging.StreamHandler(console.file)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(message)s", "%H:%M:%S"))
+    return handler
 
 
 def _stderr() -> Console:

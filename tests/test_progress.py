@@ -170,3 +170,15 @@ def test_a_step_note_names_the_open_step(caplog: pytest.LogCaptureFixture) -> No
             notes.append(job._steps_bar.text)
             report.steps.append({"reward_mean": 0.5})
     assert notes == ["step 1/3: 1/4 groups ready", "step 2/3: 1/4 groups ready", "step 3/3: 1/4 groups ready"]
+
+
+def test_log_lines_to_a_file_or_pipe_are_whole_lines_and_a_terminal_gets_rich() -> None:
+    from spanlab.cli import log_handler
+
+    out = io.StringIO()
+    handler = log_handler(Console(file=out))  # not a terminal: a log file, a pipe
+    line = "GRPO: 2/9 (22%) reward 0.47 | 7m07s elapsed, ETA 24m55s " + "and a long tail" * 10
+    handler.handle(logging.LogRecord("spanlab.x", logging.INFO, __file__, 1, line, None, None))
+    (written,) = out.getvalue().splitlines()  # one line, not wrapped at 80 columns, not padded to a width
+    assert written.endswith(f"INFO    {line}") and not written.endswith(" ")
+    assert isinstance(log_handler(Console(file=io.StringIO(), force_terminal=True)), RichHandler)
