@@ -217,8 +217,9 @@ BASE = {"agent": {"name": "calc"}, "dataset": {"name": "calc", "levels": [1, 2, 
 @pytest.mark.parametrize(("extra", "message"), [
     ({"trainer": {"processes": 2}}, r"grpo\.replay: the replay term trains one policy in one trainer process"),
     ({"policies": {"roles": {"writer": "a"}}}, r"grpo\.replay: .* drop policies"),
-    ({"grpo": {"replay": {"coef": 1.0, "levels": [1, 5]}}},
-     r"grpo\.replay\.levels: \[1, 5\] not among the levels RL trains on \[3, 4\]"),
+    ({"grpo": {"replay": {"coef": 1.0, "levels": [1, 5]}}}, r"grpo\.replay\.levels: \[5\] not among dataset\.levels"),
+    ({"grpo": {"replay": {"coef": 1.0, "levels": [1, 2]}}},
+     r"grpo\.replay\.levels: none of \[1, 2\] is a level RL trains on \[3, 4\]"),
 ])
 def test_replay_where_it_cannot_run_is_refused_before_anything_starts(extra: dict[str, object], message: str,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
@@ -227,7 +228,7 @@ def test_replay_where_it_cannot_run_is_refused_before_anything_starts(extra: dic
     config = parse_train_config(data)
     with pytest.raises(ConfigError, match=message):
         build_algorithm(config)
-    build_algorithm(parse_train_config(copy.deepcopy(BASE) | {"grpo": {"replay": {"coef": 1.0, "levels": [3]}}}))
+    build_algorithm(parse_train_config(copy.deepcopy(BASE) | {"grpo": {"replay": {"coef": 1.0, "levels": [1, 2, 3]}}}))
 
 
 def test_the_cli_check_gives_the_levels_error_in_one_line(tmp_path: Path) -> None:
@@ -238,5 +239,5 @@ def test_the_cli_check_gives_the_levels_error_in_one_line(tmp_path: Path) -> Non
     result = CliRunner().invoke(app, ["train", str(path), "--check"])
     assert result.exit_code == 2, result.output
     assert result.output.startswith("error:") and "Traceback" not in result.output
-    assert re.search(r"grpo\.replay\.levels: \[3\] not among the levels RL trains on \[1, 2\]",
+    assert re.search(r"grpo\.replay\.levels: \[3\] not among dataset\.levels \[1, 2\]",
                      " ".join(result.output.split())), result.output

@@ -55,10 +55,15 @@ class GRPO(Algorithm[GRPOSection]):
         if self.config.trainer.processes > 1 or self.config.policies:
             raise ConfigError("grpo.replay: the replay term trains one policy in one trainer process; "
                               "set trainer.processes: 1 and drop policies, or remove grpo.replay")
-        trained = sorted(self.config.dataset.train_levels or self.config.dataset.levels)
-        if replay.levels is not None and (unknown := sorted(set(replay.levels) - set(trained))):
-            raise ConfigError(f"grpo.replay.levels: {unknown} not among the levels RL trains on {trained} "
-                              "(dataset.train_levels, else dataset.levels); no group of those levels is ever drawn")
+        if replay.levels is None:
+            return
+        dataset = self.config.dataset
+        if unknown := sorted(set(replay.levels) - set(dataset.levels)):
+            raise ConfigError(f"grpo.replay.levels: {unknown} not among dataset.levels {list(dataset.levels)}")
+        trained = sorted(dataset.train_levels or dataset.levels)
+        if not set(replay.levels) & set(trained):
+            raise ConfigError(f"grpo.replay.levels: none of {list(replay.levels)} is a level RL trains on {trained} "
+                              "(dataset.train_levels), so no group is ever replayed")
 
     def _check_policies(self) -> None:
         """What the loop with a policy per role does not run (yet): each refused with the key to change."""
