@@ -56,7 +56,8 @@ def test_one_grpo_step_runs_the_whole_data_path(tmp_path: Path, restored_engine:
         "dataset": {"name": "calc", "seed": 1, "levels": [1]},
         "eval": {"tasks": 2},
         "warm_start": {"demos": 4, "batch_size": 2},
-        "grpo": {"group_size": 2, "lr": 1e-6, "steps": 1, "tasks_per_step": 2},
+        "grpo": {"group_size": 2, "lr": 1e-6, "steps": 1, "tasks_per_step": 2,
+                 "replay": {"coef": 1.0, "levels": [1]}},  # its level read from the store's rollouts; its rows, if any
         "rollouts": {"concurrency": 4},
     })
     report = train(config)
@@ -66,6 +67,9 @@ def test_one_grpo_step_runs_the_whole_data_path(tmp_path: Path, restored_engine:
     assert report.warm_start is not None and report.warm_start["sft_steps"] == 2
     (step,) = report.steps
     assert step["n_samples"] >= 4  # 2 tasks x 2 samples, at least one session each
+    assert 0 <= step["replay_groups_solved"] <= 2, step  # grpo.replay reached the update
+    if not step.get("skipped"):  # one TITO session per rollout: one row per replayed group
+        assert step["replay_rows"] == step["replay_groups"] == step["replay_groups_solved"], step
     assert (tmp_path / "runs" / "smoke" / "report.json").is_file()
     stop_served_store()
     with SpanStore(db) as store:

@@ -40,11 +40,30 @@ class GRPO(Algorithm[GRPOSection]):
         if self.settings.demonstrations is not None and (self.config.trainer.processes > 1 or self.config.policies):
             raise ConfigError("grpo.demonstrations: the demonstration term trains one policy in one trainer process; "
                               "set trainer.processes: 1 and drop policies, or remove grpo.demonstrations")
+        if self.settings.replay is not None:
+            self._check_replay()
         if self.config.trainer.sharding == "fsdp" and self.settings.lora is not None:
             raise ConfigError("trainer.sharding: fsdp trains full weights, not a LoRA adapter; "
                               "set grpo.lora: null or trainer.sharding: none")
         if self.config.policies is not None:
             self._check_policies()
+
+    def _check_replay(self) -> None:
+        """``grpo.replay`` runs where the demonstration term does (one policy, one process), on levels the job has."""
+        replay = self.settings.replay
+        assert replay is not None
+        if self.config.trainer.processes > 1 or self.config.policies:
+            raise ConfigError("grpo.replay: the replay term trains one policy in one trainer process; "
+                              "set trainer.processes: 1 and drop policies, or remove grpo.replay")
+        if replay.levels is None:
+            return
+        dataset = self.config.dataset
+        if unknown := sorted(set(replay.levels) - set(dataset.levels)):
+            raise ConfigError(f"grpo.replay.levels: {unknown} not among dataset.levels {list(dataset.levels)}")
+        trained = sorted(dataset.train_levels or dataset.levels)
+        if not set(replay.levels) & set(trained):
+            raise ConfigError(f"grpo.replay.levels: none of {list(replay.levels)} is a level RL trains on {trained} "
+                              "(dataset.train_levels), so no group is ever replayed")
 
     def _check_policies(self) -> None:
         """What the loop with a policy per role does not run (yet): each refused with the key to change."""

@@ -45,6 +45,27 @@ class DemonstrationTerm(BaseModel):
         "task levels of the generated ones; None: every level of dataset.levels"))
 
 
+class ReplayTerm(BaseModel):
+    """``grpo.replay``: on-policy replay of what the policy already solves. A group whose samples all reached
+    ``solved_reward`` has no reward variance, so GRPO's advantage is zero there and the update drops it; this term
+    keeps one rollout of each such group (at most ``per_step`` groups) and adds ``coef`` x their mean token NLL to
+    the update, as ``grpo.demonstrations`` does with demonstrations. The rows are the policy's own current answers,
+    from the samples the step already read, filtered by reward ("retaining by doing"); beside the demonstration
+    term the two NLL terms add up."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    coef: float = Field(gt=0, le=100, description="weight of the replayed rows' mean token NLL in the loss")
+    per_step: int = Field(default=16, ge=1, le=100_000, description=(
+        "all-solved groups replayed per update at most (one rollout of each, drawn with a seed of the step)"))
+    levels: tuple[int, ...] | None = Field(default=None, min_length=1, description=(
+        "only groups of tasks of these levels (the task's 'level'; a task without one always counts); "
+        "None: every level"))
+    solved_reward: float = Field(default=1.0, allow_inf_nan=False, description=(
+        "a group is all-solved when every one of its samples' rewards is at least this (a correct answer's "
+        "reward) and GRPO dropped it for want of variance"))
+
+
 class GRPOConfig(BaseModel):
     """Library config of the GRPO update; validated when built so a bad option fails before any rollout."""
 
@@ -73,6 +94,10 @@ class GRPOConfig(BaseModel):
         "fp32): less GPU memory, faster only with large micro-batches (docs/gpu.md)"))
     demonstrations: DemonstrationTerm | None = Field(default=None, description=(
         "PPO-ptx: {coef, per_step, demos, levels}: the demonstrations' NLL in every update; None: RL alone"))
+    replay: ReplayTerm | None = Field(default=None, description=(
+        "on-policy replay: {coef, per_step, levels, solved_reward}: the NLL of one rollout of each group the "
+        "policy solved in every sample (which GRPO drops), in every update; beside or instead of demonstrations; "
+        "None: off"))
     credit: GRPOCredit = Field(default_factory=GRPOCredit, description=(
         "per-turn credit: {mode: broadcast|per_turn, discount, normalize: group|group_role}; "
         "default: the final reward broadcast to every turn"))

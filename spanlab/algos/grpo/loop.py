@@ -27,6 +27,7 @@ from spanlab.adapters.sample_reader import iter_samples
 from spanlab.adapters.samples import Sample
 from spanlab.adapters.trainable import Dropped
 from spanlab.algos.grpo.config import GRPOSection
+from spanlab.algos.grpo.nll_terms import ReplayDraw
 from spanlab.algos.grpo.step_parts import StepParts
 from spanlab.algos.grpo.update import grpo_step
 from spanlab.jobs.config import TrainConfig
@@ -53,6 +54,7 @@ def train_grpo(settings: GRPOSection, config: TrainConfig, *, policy: Policy, tr
     rollouts read back from ``store``. ``config``: how samples are read (token source, roles) and which loop runs;
     ``demos``: the run's demonstrations, for ``grpo.demonstrations``."""
     draw_demos = _demonstration_draws(settings, config, demos, log.done)
+    draw_replay = _replay_draws(settings, config.dataset.seed, store, log.done)
     group_key = None if config.loop.mode == "async" else "task_id"  # async groups carry their own group_id
 
     def update(rollout_ids: list[str]) -> dict[str, float]:
@@ -60,7 +62,7 @@ def train_grpo(settings: GRPOSection, config: TrainConfig, *, policy: Policy, tr
         read = partial(_read_samples, store, rollout_ids, group_key=group_key, token_source=config.token_source,
                        tokenizer=policy.tokenizer, chat_template=config.retokenize_template, credit=settings.credit,
                        failed_attempts=settings.failed_attempts, dropped=dropped)
-        return trainer.update(read, demos=draw_demos()) | dropped.metrics()
+        return trainer.update(read, demos=draw_demos(), replay=draw_replay(rollout_ids)) | dropped.metrics()
 
     parts = StepParts(update, trainer.push, log.log)
     if config.loop.mode == "async":
@@ -143,6 +145,33 @@ def _demonstration_draws(settings: GRPOSection, config: TrainConfig, demos: Demo
         return rng.sample(pool, min(term.per_step, len(pool)))
 
     return draw
+
+
+def _replay_draws(settings: GRPOSection, seed: int, store: StoreAPI,
+                  steps_done: Callable[[], int]) -> Callable[[list[str]], ReplayDraw | None]:
+    """Each update's :class:`ReplayDraw` for ``grpo.replay`` (None without it): a seed of the step, so a resumed run
+    replays what the first would have, and with ``levels`` the step's rollouts whose task (the rollout's input, as
+    the store holds it) is of those levels. The rows themselves are the step's samples (:mod:`.nll_terms`)."""
+    term = settings.replay
+    if term is None:
+        return lambda rollout_ids: None
+    levels = None if term.levels is None else set(term.levels)
+    logger.info("grpo.replay: up to %d all-solved groups per update (levels %s), coef %g", term.per_step,
+                "all" if levels is None else sorted(levels), term.coef)
+
+    def draw(rollout_ids: list[str]) -> ReplayDraw:
+        step_seed = f"spanlab-replay:{seed}:{steps_done()}"
+        if levels is None:
+            return ReplayDraw(step_seed)
+        of_levels = frozenset(r.rollout_id for r, _ in store.last_attempts(rollout_ids) if _of_levels(r.input, levels))
+        return ReplayDraw(step_seed, of_levels)
+
+    return draw
+
+
+def _of_levels(task: Any, levels: set[int]) -> bool:
+    """A task of one of ``levels``; a task with no level counts (as ``grpo.demonstrations.levels`` filters)."""
+    return not isinstance(task, dict) or "level" not in task or task["level"] in levels
 
 
 def _reference(model: torch.nn.Module) -> torch.nn.Module:

@@ -33,6 +33,7 @@ from spanlab.adapters.retokenize import drift_stats
 from spanlab.adapters.samples import Batch, Sample, collate
 from spanlab.algos.grpo.advantages import cancel_identical, group_advantages, sample_advantages, turn_advantages
 from spanlab.algos.grpo.config import Aggregation, GRPOConfig
+from spanlab.algos.grpo.nll_terms import ReplayDraw, nll_term, replay_metrics, replayed_rows
 from spanlab.training.logprobs import token_logprobs
 from spanlab.training.model import apply_lora, peak_rss_mb
 from spanlab.training.packing import packed_micro_batches
@@ -172,6 +173,7 @@ def grpo_step(
     ref_model: nn.Module | None = None,
     ranks: Ranks | None = None,
     demos: list[Sample] | None = None,
+    replay: ReplayDraw | None = None,
 ) -> dict[str, float]:
     """One GRPO update on ``samples``; returns a flat metrics dict (``skipped`` 1.0 when no group has signal).
 
@@ -187,10 +189,15 @@ def grpo_step(
     micro-batches than another runs copies of one with a zero weight.
 
     ``demos`` (with ``config.demonstrations``): demonstration rows whose mean token NLL, times its ``coef``, is
-    added to the loss of this update (PPO-ptx); one process only.
+    added to the loss of this update (PPO-ptx); one process only. With ``config.replay``, one rollout of each group
+    whose samples all reached ``solved_reward`` (dropped by GRPO) adds ``coef`` x its mean token NLL the same way
+    (:mod:`~spanlab.algos.grpo.nll_terms`; ``replay``: the step's seed and level filter); one process only. Both
+    ride on a GRPO update: a step with no group with signal trains neither.
     """
     if config.kl_beta > 0 and ref_model is None:
         raise ValueError("kl_beta > 0 needs a ref_model")
+    if config.replay is not None and ranks is not None:
+        raise ValueError("grpo.replay runs in one trainer process")
     start = time.perf_counter()
     rewards_N = np.array([s.reward for s in samples], dtype=np.float64)
     adv_N = turn_advantages(samples, scale=config.scale_rewards, normalize=config.credit.normalization)
@@ -207,6 +214,10 @@ def grpo_step(
         "n_groups_cancelled": float(len(groups_with_variance - groups_with_signal)),
         "n_samples_used": float(len(keep)),
     } | drift_stats(samples)
+    replayed = None
+    if config.replay is not None:  # nothing drawn without it: a seeded run without replay stays bit-identical
+        replayed = replayed_rows(samples, groups_with_signal, config.replay, replay or ReplayDraw())
+        metrics["replay_groups_solved"] = float(replayed.groups_solved)
     if not keep:
         logger.info("grpo_step: no group has reward variance among %d samples; no update", len(samples))
         return metrics | {"skipped": 1.0, "peak_rss_mb": peak_rss_mb()}
@@ -229,7 +240,7 @@ def grpo_step(
     model.train()
     sums: dict[str, float] = defaultdict(float)
     total_loss, grad_norm = 0.0, 0.0
-    demo_metrics: dict[str, float] = {}
+    term_metrics: dict[str, float] = {}
     drift_sum, drift_n = 0.0, 0  # |logp_trainer - logp_engine| at the step's start, over aligned trained tokens
     for _epoch in range(config.epochs_per_batch):
         for j, b in enumerate(batches):
@@ -254,7 +265,11 @@ def grpo_step(
             for k, v in m.items():  # token-weighted sums, averaged below
                 sums[k] += v * m["loss_tokens"] if k != "loss_tokens" else v
         if demos and config.demonstrations is not None:
-            demo_metrics = _demonstration_term(model, demos, config, pad_id, device)
+            nll, n_tokens = nll_term(model, demos, config.demonstrations.coef, config, pad_id, device)
+            term_metrics |= {"demo_nll": nll, "demo_tokens": n_tokens, "demo_samples": float(len(demos))}
+        if replayed is not None and config.replay is not None:
+            nll, n_tokens = nll_term(model, replayed.rows, config.replay.coef, config, pad_id, device)
+            term_metrics |= replay_metrics(replayed, nll, n_tokens)
         if ranks is not None:
             ranks.reduce_grads(params)
         grad_norm = _norm_value(torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm))
@@ -278,25 +293,7 @@ def grpo_step(
         "peak_rss_mb": peak_rss_mb(),
         "peak_rss_mb_all_ranks": rss_all_ranks,
         "drift_logp_abs_diff": drift_sum / drift_n if drift_n else math.nan,
-    } | demo_metrics
-
-
-def _demonstration_term(model: nn.Module, demos: list[Sample], config: GRPOConfig, pad_id: int,
-                        device: torch.device) -> dict[str, float]:
-    """Backward of ``coef`` x the demonstrations' mean token NLL (over all their trained tokens, in micro-batches),
-    into the gradients the GRPO loss left; its metrics. The NLL is at temperature 1: the model's own distribution,
-    the one SFT trained."""
-    assert config.demonstrations is not None
-    coef, n_tokens = config.demonstrations.coef, float(sum(int(d.loss_mask.sum()) for d in demos))
-    nll_sum = 0.0
-    for chunk in packed_micro_batches([d.input_ids for d in demos], config.micro_batch_tokens):
-        b = collate([demos[k] for k in chunk], [0.0] * len(chunk), pad_id).to(device)
-        with _autocast(model, config):
-            logprobs_B_T = token_logprobs(model, b.input_ids, b.attention_mask, positions_mask=b.loss_mask > 0)
-        nll = -(logprobs_B_T * b.loss_mask.to(logprobs_B_T.dtype)).sum() / max(n_tokens, 1.0)
-        (coef * nll).backward()
-        nll_sum += float(nll.detach())
-    return {"demo_nll": nll_sum, "demo_tokens": n_tokens, "demo_samples": float(len(demos))}
+    } | term_metrics
 
 
 def _norm_value(norm: torch.Tensor) -> float:
