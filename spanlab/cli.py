@@ -440,6 +440,8 @@ def compare(
                                                   "(default: the first)")] = None,
     splits: Annotated[str | None, typer.Option("--splits", help="comma-separated (default: every split the start "
                                                "evaluated)")] = None,
+    pool: Annotated[list[str] | None, typer.Option("--pool", metavar="NAME=SPLIT+SPLIT", help="also compare these "
+                                                   "splits as one (repeatable): \"levels 1-3=test+family\"")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="also write the markdown here")] = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="write the comparison as JSON here")] = None,
 ) -> None:
@@ -455,7 +457,7 @@ def compare(
         if list(arms) != arm or len(ctx.args) != sum(len(runs) for runs in arms.values()):
             raise ConfigError(f"unexpected arguments {' '.join(ctx.args)}: give runs after --arm NAME")
         text = run(start, arms, start_phase=start_phase, reference=reference, out=out, json_path=json_path,
-                   splits=[s for s in splits.split(",") if s] if splits else None)
+                   pools=pool or (), splits=[s for s in splits.split(",") if s] if splits else None)
     except SpanlabError as exc:
         _fail(exc)
         return

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 from spanlab.compare.gains import Run, Settings, check_arms, compare_split
+from spanlab.compare.pools import parse_pools, with_pools
 from spanlab.compare.render import ArmSummary, Comparison, markdown
 from spanlab.compare.runs import HeldOutScores, load_evaluation
 from spanlab.errors import ConfigError
@@ -75,11 +76,14 @@ def arm_groups(args: Sequence[str]) -> dict[str, list[Path]]:
 
 def run(start: Path, arms: Mapping[str, Sequence[Path]], *, start_phase: str = "warm_start",
         reference: str | None = None, splits: Sequence[str] | None = None, out: Path | None = None,
-        json_path: Path | None = None) -> str:
-    """Load the runs, compare, write ``out`` (markdown) and ``json_path``; returns the markdown."""
+        json_path: Path | None = None, pools: Sequence[str] = ()) -> str:
+    """Load the runs, compare, write ``out`` (markdown) and ``json_path``; returns the markdown. ``pools``:
+    ``NAME=SPLIT+SPLIT`` each, compared as one more split (:mod:`spanlab.compare.pools`)."""
+    pooled = parse_pools(pools)
     first = load_evaluation(start, start_phase, splits)
-    loaded = {name: [load_evaluation(path, "final", list(first.rewards)) for path in paths]
+    loaded = {name: [with_pools(load_evaluation(path, "final", list(first.rewards)), pooled) for path in paths]
               for name, paths in arms.items()}
+    first = with_pools(first, pooled)
     result = compare(first, loaded, reference=reference)
     text = markdown(result)
     for path, content in ((out, text), (json_path, result.model_dump_json(indent=2) + "\n")):

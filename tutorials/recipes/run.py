@@ -2,7 +2,7 @@
 
 Run from the repo root (each variant run: about the main job's GRPO phase, ~25 min on 2 idle cores):
 
-    PYTHONPATH=. .venv/bin/python tutorials/recipes/run.py --arms reference,lora,kl --seeds 0,1,2
+    PYTHONPATH=. .venv/bin/python tutorials/recipes/run.py --arms reference,lora,kl,replay --seeds 0,1,2
     PYTHONPATH=. .venv/bin/python tutorials/recipes/run.py --quick --arms reference,lora --seeds 0   # a try
 
 Stages, each a plain ``spanlab train`` config written to ``OUT/configs/NAME.yaml`` (the main job,
@@ -76,9 +76,11 @@ def sealed_config(run: str, base: dict[str, Any], out: Path, tasks: int) -> dict
     return config
 
 
-def compare_command(out: Path, arms: list[str], seeds: list[int]) -> str:
+def compare_command(out: Path, arms: list[str], seeds: list[int], *, pool: bool = True) -> str:
+    """The table's command; ``pool``: also levels 1-3 pooled over test and family (the main job evaluates both)."""
     groups = " ".join(f"--arm {arm} " + " ".join(str(out / f"{arm}-s{s}") for s in seeds) for arm in arms)
-    return f".venv/bin/spanlab compare --start {out / 'start'} --start-phase warm_start {groups}"
+    pooled = " --pool 'levels 1-3=test+family'" if pool else ""
+    return f".venv/bin/spanlab compare --start {out / 'start'} --start-phase warm_start {groups}{pooled}"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -118,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
                 run_stage(name, stage_config(name, base, out, train_tasks), out, resume=args.resume)
     except ConfigError as exc:
         raise SystemExit(f"error: {exc}") from None
-    sys.stdout.write(f"the table:\n  {compare_command(out, arms, seeds)}\n")
+    sys.stdout.write(f"the table:\n  {compare_command(out, arms, seeds, pool=not args.quick)}\n")
 
 
 if __name__ == "__main__":
