@@ -464,7 +464,7 @@ def run_job(config: TrainConfig, *, console: Console | None = None, resume: bool
                           db=str(config.db), seed=config.rollouts.seed))
     earlier_s = report.seconds
     with interrupts_stop_the_job(), ExitStack() as stack:
-        rig = open_rig(stack, config, console)
+        rig = open_rig(stack, config)
         progress = stack.enter_context(PhaseProgress(console))
         job = Job(config, rig, task_set, splits, report, progress, stack,
                   saves_state=algorithm.resumable and algorithm.trains_weights and config.checkpoints.resume_state

@@ -12,6 +12,7 @@ gateway only as :class:`RecordingGateway` (its URL and a flush), through the gat
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import tempfile
 from contextlib import ExitStack
@@ -20,13 +21,14 @@ from pathlib import Path
 from typing import Protocol
 
 import httpx
-from rich.console import Console
 
 from spanlab.errors import ConfigError
 from spanlab.jobs.config import TrainConfig
 from spanlab.jobs.rig_backends import open_gateway, open_ray_runner, open_store
 from spanlab.jobs.rollouts import RolloutCollector, cancel_leftovers
 from spanlab.store.base import StoreAPI
+
+logger = logging.getLogger(__name__)
 
 
 class RecordingGateway(Protocol):
@@ -72,7 +74,7 @@ def check_writable(*paths: Path, keep: bool = False) -> None:
                     p.rmdir()
 
 
-def open_rig(stack: ExitStack, config: TrainConfig, console: Console) -> Rig:
+def open_rig(stack: ExitStack, config: TrainConfig) -> Rig:
     """Open everything on ``stack`` (closed in reverse order when the job ends, also on errors and Ctrl-C)."""
     check_writable(config.db, config.run_dir, keep=True)
     runner = config.runner
@@ -81,7 +83,7 @@ def open_rig(stack: ExitStack, config: TrainConfig, console: Console) -> Rig:
     stack.callback(cancel_leftovers, store, "never run: the job stopped early")  # nothing stays queued
     # Ray before the engine: a cluster that cannot host the workers fails in seconds, not after vLLM's minute.
     remote = open_ray_runner(stack, runner, store, store_url, store_token) if store_url is not None else None
-    root_urls, served = engines(stack, config, console)
+    root_urls, served = engines(stack, config)
     gateway, gateway_url, gateway_token = open_gateway(stack, config.gateway, store, root_urls, tito=config.tito,
                                                        tool_call_parser=config.engine.tool_call_parser,
                                                        reasoning_parser=config.engine.reasoning_parser,
@@ -103,7 +105,7 @@ def served_model(root: str, key: str) -> str:
         raise ConfigError(f"{key}: no vLLM answers at {root}/v1/models: {exc}") from exc
 
 
-def engines(stack: ExitStack, config: TrainConfig, console: Console) -> tuple[list[str], str]:
+def engines(stack: ExitStack, config: TrainConfig) -> tuple[list[str], str]:
     """(root URLs, served model name): the configured running vLLM(s), or ``engine.replicas`` started here."""
     if config.engine_url:
         root = config.engine_url.rstrip("/").removesuffix("/v1")
@@ -115,8 +117,8 @@ def engines(stack: ExitStack, config: TrainConfig, console: Console) -> tuple[li
             raise ConfigError(f"engine_urls: the engines serve different models ({names}); replicas must serve one")
         return roots, names[roots[0]]
     n = config.engine.replicas
-    console.log(f"starting {f'{n} vLLM replicas' if n > 1 else 'vLLM'} for {config.engine.model} "
-                "(about a minute on CPU)")
+    logger.info("starting %s for %s (about a minute on CPU)", f"{n} vLLM replicas" if n > 1 else "vLLM",
+                config.engine.model)
     if n > 1:
         from spanlab.engine.replicas import EngineReplicas
 

@@ -8,7 +8,6 @@ real replicas is tests/engine/test_replicas_vllm.py.
 
 from __future__ import annotations
 
-import os
 import socket
 import stat
 import sys
@@ -17,7 +16,6 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
-from rich.console import Console
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route
@@ -120,13 +118,12 @@ def test_engine_urls_with_an_unreachable_or_different_engine_is_one_line_naming_
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{s.getsockname()[1]}"
-    console = Console(file=open(os.devnull, "w"))  # noqa: SIM115 - closed with the test process
     with ThreadedServer(_models_app("m"), name="engine-a") as a, ThreadedServer(_models_app("x"), name="b") as b:
         with ExitStack() as stack, pytest.raises(ConfigError) as err:
-            engines(stack, TrainConfig(engine_urls=[a.url, closed]), console)
+            engines(stack, TrainConfig(engine_urls=[a.url, closed]))
         assert str(err.value).startswith(f"engine_urls: no vLLM answers at {closed}/v1/models")
         assert "\n" not in str(err.value)
         with ExitStack() as stack, pytest.raises(ConfigError, match="engine_urls: the engines serve different"):
-            engines(stack, TrainConfig(engine_urls=[a.url, b.url]), console)
+            engines(stack, TrainConfig(engine_urls=[a.url, b.url]))
         with ExitStack() as stack:
-            assert engines(stack, TrainConfig(engine_urls=[a.url + "/v1"]), console) == ([a.url], "m")
+            assert engines(stack, TrainConfig(engine_urls=[a.url + "/v1"])) == ([a.url], "m")
