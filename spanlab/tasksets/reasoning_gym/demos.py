@@ -3,7 +3,7 @@ the family's reference answer between the tags.
 
 Only a reference answer that the family's own ``score_answer`` scores 1.0 is demonstrated: in some families the
 ``answer`` field is not a scored solution (reasoning-gym 0.1.25: boxnet, graph_color, propositional_logic,
-rubiks_cube, rush_hour score it 0.0), and a warm start on it would teach wrong answers.
+rubiks_cube, rush_hour score it below 1.0), and a warm start on it would teach wrong answers.
 """
 
 from __future__ import annotations

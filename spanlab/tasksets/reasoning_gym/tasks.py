@@ -7,8 +7,9 @@ questions (chain_sum at level 1) can still draw one question under two seeds: di
 text. ``train``, ``val`` and ``test`` draw from ``tasks``; ``held_out`` draws from the ``held_out`` families only,
 which no split that trains ever holds. Which family each task comes from is a seeded draw by ``weights``, levels
 take turns within a family, so ``make_tasks`` is deterministic for its arguments and a larger ``n`` extends a
-smaller one. A task carries what scoring needs (:mod:`~spanlab.tasksets.reasoning_gym.scoring`): the family, its
-settings (the level's, then ``config``'s), the item's seed, size and index, and the generated entry.
+smaller one (the tasks' ``size`` aside; acre draws its whole dataset from its size, so its questions change too).
+A task carries what scoring needs (:mod:`~spanlab.tasksets.reasoning_gym.scoring`): the family, its settings
+(the level's, then ``config``'s), the item's seed, size and index, and the generated entry.
 
 Five families (``HASH_SEEDED``) iterate over sets of strings, so their questions also depend on Python's hash
 seed: set ``PYTHONHASHSEED`` for the same questions in every process.
