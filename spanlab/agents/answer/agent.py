@@ -109,7 +109,7 @@ class AnswerAgent(Agent):
                                            self.answer_tag)
         output, calls = await self._ask(messages, ctx)
         for call in calls:
-            await asyncio.to_thread(ctx.add_span, "tool:" + call["name"], "tool_call", **call)
+            await asyncio.to_thread(ctx.add_span, "tool:" + call["tool"], "tool_call", **call)
         answer = extract_answer(output, self.answer_tag)
         if answer is None:
             await asyncio.to_thread(ctx.add_span, "no_answer_tag", output=output, tag=self.answer_tag,

@@ -36,7 +36,7 @@ async def call_tool(server: Any, name: str, arguments: str) -> str:
 async def chat_with_tools(client: AsyncOpenAI, server: Any, messages: list[dict[str, Any]], *, max_turns: int,
                           **create: Any) -> tuple[str | None, list[dict[str, str]]]:
     """The final text after at most ``max_turns`` model calls (None: the last call still asked for a tool) and
-    the tool calls made, each as ``{name, arguments, result}``."""
+    the tool calls made, each as ``{tool, arguments, result}``."""
     tools = openai_tools(await server.list_tools())
     names = {t["function"]["name"] for t in tools}
     calls: list[dict[str, str]] = []
@@ -53,5 +53,5 @@ async def chat_with_tools(client: AsyncOpenAI, server: Any, messages: list[dict[
             result = await call_tool(server, name, call.function.arguments) if name in names else \
                 f"error: unknown tool {name!r}; tools: {', '.join(sorted(names))}"
             messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
-            calls.append({"name": name, "arguments": call.function.arguments, "result": result})
+            calls.append({"tool": name, "arguments": call.function.arguments, "result": result})
     return None, calls
