@@ -22,6 +22,9 @@ from spanlab.store import SpanStore
 from tests.jobs.quick_runs import TUTORIALS
 
 QUICK = sorted((TUTORIALS / "reasoning_gym").glob("quick_*.yaml"))
+# Runs longer than about two minutes on 2 busy cores, left to `pytest -m slow`: APO's critique and edit calls,
+# each candidate's POML check and its val rollouts add up to several minutes.
+SLOW = {"quick_apo"}
 
 
 def test_there_is_a_quick_config_per_algorithm() -> None:
@@ -31,7 +34,8 @@ def test_there_is_a_quick_config_per_algorithm() -> None:
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("path", QUICK, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [pytest.param(p, marks=[pytest.mark.slow] if p.stem in SLOW else [])
+                                  for p in QUICK], ids=lambda p: p.stem)
 def test_a_reasoning_gym_quick_config_runs_the_whole_loop(path: Path, tmp_path: Path, restored_engine: str,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(TUTORIALS.parent)
