@@ -23,8 +23,9 @@ from tests.jobs.quick_runs import TUTORIALS
 
 QUICK = sorted((TUTORIALS / "reasoning_gym").glob("quick_*.yaml"))
 # Runs longer than about two minutes on 2 busy cores, left to `pytest -m slow`: APO's critique and edit calls,
-# each candidate's POML check and its val rollouts add up to several minutes.
-SLOW = {"quick_apo"}
+# each candidate's POML check and its val rollouts; GRPO's policy load, update and weight push beside three held-out
+# evaluations. SFT's round stays in the default suite.
+SLOW = {"quick_apo", "quick_grpo"}
 
 
 def test_there_is_a_quick_config_per_algorithm() -> None:
