@@ -44,7 +44,7 @@ class StoreConfig(_Config):
 class AgentConfig(_Config):
     """Which agent runs each rollout: a registered name or ``package.module:ClassName``."""
 
-    name: str = Field(description="a registered agent (calc, sql, rooms) or package.module:ClassName")
+    name: str = Field(description="a registered agent (calc, sql, rooms, answer) or package.module:ClassName")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the agent's class; "
                                    "sampling settings among them (temperature, top_p, max_tokens, ...) must be in "
                                    "the engine's range")

@@ -250,17 +250,19 @@ LATE_ATTRIBUTE = "late"
 
 
 def reward_span(rollout_id: str, attempt_id: str, value: float, *, name: str = "reward",
-                call_span_id: str | None = None, final: bool | None = None) -> Span:
+                call_span_id: str | None = None, final: bool | None = None,
+                attributes: dict[str, Any] | None = None) -> Span:
     """A reward span for an attempt; ``call_span_id`` ties it to one call. ``final`` marks it the attempt's outcome
     (True: what the runner records from the agent's return) or an intermediate reward (False: ``ctx.add_reward``);
     None leaves it unmarked, read as stores before the marker were: final when it is the attempt's last reward
-    tied to no call and none is marked final (:mod:`spanlab.adapters.trainable`)."""
+    tied to no call and none is marked final (:mod:`spanlab.adapters.trainable`). ``attributes``: what the reward
+    was scored on (a task family and its settings), kept beside the marker."""
     return Span(
         rollout_id=rollout_id,
         attempt_id=attempt_id,
         name=name,
         kind="reward",
-        attributes={} if final is None else {"final": final},
+        attributes={**(attributes or {}), **({} if final is None else {"final": final})},
         reward=Reward(name=name, value=value, call_span_id=call_span_id),
     )
 

@@ -59,8 +59,8 @@ class _Section(BaseModel):
 class DatasetConfig(_Section):
     """Tasks from a registered task set (``calc``) or a module exposing ``make_tasks`` (and ``demonstration``)."""
 
-    name: str = Field(default="calc", description="a registered task set (calc, sql, rooms) or a module with "
-                      "make_tasks")
+    name: str = Field(default="calc", description="a registered task set (calc, sql, rooms, reasoning_gym) or a "
+                      "module with make_tasks")
     seed: int = Field(default=0, description="seeds task generation, the splits and each step's draw of tasks")
     levels: tuple[int, ...] = Field(default=(1, 2, 3), min_length=1, description="difficulty levels generated "
                                     "(calc: 1 = one operation ... 4 = three)")

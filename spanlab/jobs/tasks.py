@@ -20,6 +20,7 @@ from spanlab.errors import ConfigError
 # Tutorial task sets by short name; anything else is a module path.
 TASK_SETS: dict[str, str] = {
     "calc": "spanlab.agents.calc",
+    "reasoning_gym": "spanlab.tasksets.reasoning_gym",
     "rooms": "spanlab.agents.rooms",
     "sql": "spanlab.agents.sql",
 }

@@ -22,6 +22,7 @@ from spanlab.types import Attempt, Resource, Rollout, Span, metric_span, reward_
 
 # Tutorial agents by short name; anything else is given as "package.module:ClassName".
 REGISTERED_AGENTS: dict[str, str] = {
+    "answer": "spanlab.agents.answer:AnswerAgent",
     "calc": "spanlab.agents.calc:CalcAgent",
     "rooms": "spanlab.agents.rooms:RoomsAgent",
     "sql": "spanlab.agents.sql:SQLAgent",
@@ -71,6 +72,19 @@ class RolloutContext:
                                    name=name, kind=kind, attributes=attributes)])
 
 
+@dataclass(frozen=True)
+class Scored:
+    """A final reward with what it was scored on, for an agent to return instead of a bare float: the runner
+    records it as the attempt's reward span with ``attributes`` (e.g. the task family and its settings), so the
+    reward itself says where it came from."""
+
+    value: float
+    attributes: dict[str, Any] = field(default_factory=dict)
+
+    def __float__(self) -> float:
+        return float(self.value)
+
+
 class Agent(ABC):
     """Subclass and implement :meth:`run`. Keep it async: a blocking agent stalls its worker's heartbeats.
 
@@ -81,8 +95,9 @@ class Agent(ABC):
     roles: tuple[str, ...] | None = None
 
     @abstractmethod
-    async def run(self, task: Any, ctx: RolloutContext) -> float | None:
-        """Solve ``task`` (the rollout's input); return the final reward, or None to record none."""
+    async def run(self, task: Any, ctx: RolloutContext) -> float | Scored | None:
+        """Solve ``task`` (the rollout's input); return the final reward (:class:`Scored`: with what it was scored
+        on), or None to record none."""
 
 
 def load_agent(name: str, kwargs: dict[str, Any] | None = None) -> Agent:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from spanlab.runner.agent import Agent, RolloutContext
+from spanlab.runner.agent import Agent, RolloutContext, Scored
 from spanlab.store.base import StoreAPI
 from spanlab.types import ACTIVE_ATTEMPT_STATUSES, Attempt, FinishedAttemptStatus, Resource, Rollout, Span, reward_span
 
@@ -122,7 +122,8 @@ class Worker:
             reward = await asyncio.wait_for(agent_task, None if limit is None else limit - (time.monotonic() - started))
             status = "succeeded"
             if reward is not None:
-                spans.append(reward_span(rollout.rollout_id, attempt.attempt_id, float(reward), final=True))
+                spans.append(reward_span(rollout.rollout_id, attempt.attempt_id, float(reward), final=True,
+                                         attributes=reward.attributes if isinstance(reward, Scored) else None))
         except asyncio.TimeoutError:
             status = "timeout"
         except asyncio.CancelledError:

@@ -80,7 +80,8 @@ class APO(Algorithm[APOConfig]):
         self.optimizer = Optimizer(apo.optimizer, default_base_url=f"{job.rig.root_url}/v1",
                                    default_model=job.served_name)
         job.stack.callback(self.optimizer.close)
-        val = job.task_set.make_tasks("val", n=apo.val_tasks, seed=config.dataset.seed, levels=config.dataset.levels)
+        val = job.task_set.make_tasks("val", n=apo.val_tasks, seed=config.dataset.seed, levels=config.dataset.levels,
+                                      **config.dataset.kwargs)  # the task set's own options, as every split has
         search = GEPASearch if apo.search == "gepa" else BeamSearch
         self.search = search(apo, self.runner, self.optimizer, bank, required=required,
                                  train=job.splits["train"], val=val, run_id=job.report.run_id)
