@@ -20,7 +20,7 @@ import asyncio
 import importlib
 import logging
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from openai import AsyncOpenAI
 
@@ -28,6 +28,9 @@ from spanlab.agents.answer.prompt import default_template, extract_answer, rende
 from spanlab.agents.answer.tools import TOOLS, chat_with_tools
 from spanlab.prompts import DEFAULT_RENDERER, PromptRenderer
 from spanlab.runner.agent import Agent, RolloutContext, Scored
+
+if TYPE_CHECKING:
+    from spanlab.agents.calc.agent import Calculators
 
 logger = logging.getLogger(__name__)
 
@@ -69,28 +72,25 @@ class AnswerAgent(Agent):
             prompt_resource, seed
         self.score = load_scorer(scorer)
         self.renderer = renderer or DEFAULT_RENDERER
-        self._calculators: dict[asyncio.AbstractEventLoop, Any] = {}
+        self._calculator_pool: Calculators | None = None  # with tools only
 
     def template(self, ctx: RolloutContext) -> str:
         res = ctx.resources.get(self.prompt_resource)
         return str(res.payload["template"]) if res is not None else default_template()
 
-    def _calculator(self) -> Any:
-        """This loop's calculator process (the calc agent's), started on first use and shared by its rollouts."""
-        from spanlab.agents.calc.agent import CalculatorProcess
+    def _calculators(self) -> Calculators:
+        """The calc agent's per-loop calculator processes, made on first use: without tools, the calc agent's
+        module (the Agents SDK) is never imported."""
+        if self._calculator_pool is None:
+            from spanlab.agents.calc.agent import Calculators
 
-        loop = asyncio.get_running_loop()
-        self._calculators = {lp: p for lp, p in self._calculators.items() if not lp.is_closed()}
-        proc = self._calculators.get(loop)
-        if proc is None or not proc.alive:
-            proc = self._calculators[loop] = CalculatorProcess()
-        return proc
+            self._calculator_pool = Calculators()
+        return self._calculator_pool
 
     async def aclose(self) -> None:
         """Stop this event loop's calculator process, if one was started."""
-        proc = self._calculators.pop(asyncio.get_running_loop(), None)
-        if proc is not None:
-            await proc.close()
+        if self._calculator_pool is not None:
+            await self._calculator_pool.close_current()
 
     async def _ask(self, messages: list[dict[str, Any]], ctx: RolloutContext) -> tuple[str | None, list[Any]]:
         create = {"model": self.model, "temperature": self.temperature, "max_tokens": self.max_tokens,
@@ -99,7 +99,7 @@ class AnswerAgent(Agent):
             if not self.tools:
                 response = await client.chat.completions.create(messages=messages, **create)
                 return response.choices[0].message.content, []
-            server = await self._calculator().ready()
+            server = await self._calculators().current().ready()
             return await chat_with_tools(client, server, messages, max_turns=self.max_turns, **create)
 
     async def run(self, task: Any, ctx: RolloutContext) -> Scored:

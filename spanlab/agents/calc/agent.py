@@ -169,6 +169,30 @@ class CalculatorProcess:
         await self._task
 
 
+class Calculators:
+    """One :class:`CalculatorProcess` per event loop, for an agent whose rollouts share a calculator: an agent
+    object may outlive its loop (a worker per ``asyncio.run``), and a process belongs to the loop that started it."""
+
+    def __init__(self) -> None:
+        self._processes: dict[asyncio.AbstractEventLoop, CalculatorProcess] = {}
+
+    def current(self) -> CalculatorProcess:
+        """The running loop's process, started on first use or after it died (no await: concurrent rollouts of
+        the loop share it); processes of closed loops are forgotten."""
+        loop = asyncio.get_running_loop()
+        self._processes = {lp: p for lp, p in self._processes.items() if not lp.is_closed()}
+        proc = self._processes.get(loop)
+        if proc is None or not proc.alive:
+            proc = self._processes[loop] = CalculatorProcess()
+        return proc
+
+    async def close_current(self) -> None:
+        """Stop the running loop's process, if one was started."""
+        proc = self._processes.pop(asyncio.get_running_loop(), None)
+        if proc is not None:
+            await proc.close()
+
+
 class CalcAgent(Agent):
     """Solves one task dict (``question``, ``answer``) with the calculator; returns the 0/1 reward.
 
@@ -209,22 +233,15 @@ class CalcAgent(Agent):
         self.model_settings = ModelSettings(
             temperature=temperature, max_tokens=max_tokens, tool_choice=tool_choice, extra_body=extra_body
         )
-        self._processes: dict[asyncio.AbstractEventLoop, CalculatorProcess] = {}
+        self._calculators = Calculators()
 
     def _process(self) -> CalculatorProcess:
         """This loop's server process, started on first use (no await here: concurrent rollouts share it)."""
-        loop = asyncio.get_running_loop()
-        self._processes = {lp: p for lp, p in self._processes.items() if not lp.is_closed()}
-        proc = self._processes.get(loop)
-        if proc is None or not proc.alive:
-            proc = self._processes[loop] = CalculatorProcess()
-        return proc
+        return self._calculators.current()
 
     async def aclose(self) -> None:
         """Stop this event loop's calculator process (call before the loop ends for a clean exit)."""
-        proc = self._processes.pop(asyncio.get_running_loop(), None)
-        if proc is not None:
-            await proc.close()
+        await self._calculators.close_current()
 
     def sdk_agent(self, client: AsyncOpenAI, server: MCPServerStdio, instructions: str | None = None) -> SDKAgent[Any]:
         return SDKAgent(
