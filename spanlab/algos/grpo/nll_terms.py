@@ -3,8 +3,8 @@
 Two feed it. ``grpo.demonstrations`` (PPO-ptx): demonstrations drawn in the loop, the warm start's when it recorded
 them. ``grpo.replay``: the step's own all-solved groups, which GRPO drops (equal rewards, zero advantage); chosen
 here (:func:`replayed_rows`) from the samples the step already read, so the rows are the policy's current answers
-as the engine sampled them, and no second read of the store is needed. Each term is backed into the gradients
-the GRPO loss left, before the optimizer step, and reports its own metrics (``demo_*``, ``replay_*``).
+as the engine sampled them (only ``levels`` reads the rollouts' tasks, in the loop). Each term is backed into the
+gradients the GRPO loss left, before the optimizer step, and reports its own metrics (``demo_*``, ``replay_*``).
 
 Why a module of its own: the update (:mod:`.update`) runs the terms; what a term's rows are and how its NLL is
 taken is the same for both, and neither needs the clipped surrogate.
@@ -26,7 +26,13 @@ from spanlab.algos.grpo.config import GRPOConfig, ReplayTerm
 from spanlab.training.logprobs import token_logprobs
 from spanlab.training.packing import packed_micro_batches
 
-__all__ = ["ReplayDraw", "nll_term", "replay_metrics", "replayed_rows"]
+__all__ = ["ReplayDraw", "autocast", "nll_term", "replay_metrics", "replayed_rows"]
+
+
+def autocast(model: nn.Module, config: GRPOConfig) -> torch.autocast:
+    """bfloat16 forward passes when ``config.bf16`` (on the model's device), else a no-op: the GRPO loss's forward
+    passes (:mod:`.update`) and the NLL terms' alike."""
+    return torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16, enabled=config.bf16)
 
 
 @dataclass(frozen=True)
@@ -87,7 +93,7 @@ def nll_term(model: nn.Module, rows: Sequence[Sample], coef: float, config: GRPO
     nll_sum = 0.0
     for chunk in packed_micro_batches([r.input_ids for r in rows], config.micro_batch_tokens):
         b = collate([rows[k] for k in chunk], [0.0] * len(chunk), pad_id).to(device)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.bf16):
+        with autocast(model, config):
             logprobs_B_T = token_logprobs(model, b.input_ids, b.attention_mask, positions_mask=b.loss_mask > 0)
         nll = -(logprobs_B_T * b.loss_mask.to(logprobs_B_T.dtype)).sum() / max(n_tokens, 1.0)
         (coef * nll).backward()

@@ -33,7 +33,7 @@ from spanlab.adapters.retokenize import drift_stats
 from spanlab.adapters.samples import Batch, Sample, collate
 from spanlab.algos.grpo.advantages import cancel_identical, group_advantages, sample_advantages, turn_advantages
 from spanlab.algos.grpo.config import Aggregation, GRPOConfig
-from spanlab.algos.grpo.nll_terms import ReplayDraw, nll_term, replay_metrics, replayed_rows
+from spanlab.algos.grpo.nll_terms import ReplayDraw, autocast, nll_term, replay_metrics, replayed_rows
 from spanlab.training.logprobs import token_logprobs
 from spanlab.training.model import apply_lora, peak_rss_mb
 from spanlab.training.packing import packed_micro_batches
@@ -146,17 +146,12 @@ def _aggregate(per_token_B_T: torch.Tensor, mask_B_T: torch.Tensor, aggregation:
     raise ValueError(f"unknown aggregation {aggregation!r}")
 
 
-def _autocast(model: nn.Module, config: GRPOConfig) -> torch.autocast:
-    """bfloat16 forward passes when ``config.bf16`` (on the model's device), else a no-op."""
-    return torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16, enabled=config.bf16)
-
-
 @torch.no_grad()
 def _frozen_logprobs(model: nn.Module, batches: list[Batch], config: GRPOConfig) -> list[torch.Tensor]:
     was_training = model.training
     model.eval()
     try:
-        with _autocast(model, config):
+        with autocast(model, config):
             return [token_logprobs(model, b.input_ids, b.attention_mask, positions_mask=b.loss_mask > 0,
                                    temperature=config.temperature) for b in batches]
     finally:
@@ -244,7 +239,7 @@ def grpo_step(
     drift_sum, drift_n = 0.0, 0  # |logp_trainer - logp_engine| at the step's start, over aligned trained tokens
     for _epoch in range(config.epochs_per_batch):
         for j, b in enumerate(batches):
-            with _autocast(model, config):  # the loss and the backward outside it, as torch.autocast advises
+            with autocast(model, config):  # the loss and the backward outside it, as torch.autocast advises
                 logprobs_B_T = token_logprobs(model, b.input_ids, b.attention_mask, positions_mask=b.loss_mask > 0,
                                               temperature=config.temperature)
             loss, m = policy_loss(
