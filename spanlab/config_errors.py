@@ -20,6 +20,12 @@ from pydantic_core import ErrorDetails
 _PREFIXES = ("Value error, ", "Assertion failed, ")
 
 
+def did_you_mean(word: str, choices: Sequence[str], n: int = 3) -> str | None:
+    """``did you mean a or b?`` for the choices close to a misspelt ``word``; None when none is close."""
+    close = difflib.get_close_matches(word, list(choices), n=n, cutoff=0.6)
+    return f"did you mean {' or '.join(close)}?" if close else None
+
+
 def problem_line(model: type[BaseModel], err: ErrorDetails) -> str:
     """One error of ``model``'s validation as ``where: why`` (just ``why`` for a whole-config problem)."""
     loc = err["loc"]
@@ -29,8 +35,8 @@ def problem_line(model: type[BaseModel], err: ErrorDetails) -> str:
         why = why.removeprefix(prefix)
     if err["type"] == "extra_forbidden" and loc:
         keys = known_keys(model, loc[:-1])
-        close = difflib.get_close_matches(str(loc[-1]), keys, n=3, cutoff=0.6) if keys else []
-        why = "unknown key" + (f"; did you mean {' or '.join(close)}?" if close else
+        hint = did_you_mean(str(loc[-1]), keys)
+        why = "unknown key" + (f"; {hint}" if hint else
                                f" (known: {', '.join(sorted(keys))})" if 0 < len(keys) <= 12 else "")
     return f"{_short(where)}: {why}" if where else why
 

@@ -10,11 +10,11 @@ must refuse each in one line naming the family. Levels: level ``L`` is the famil
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import json
 from typing import Any
 
+from spanlab.config_errors import did_you_mean
 from spanlab.errors import ConfigError, one_line
 
 # Not families a task set can name: ``composite`` mixes other families, which ``tasks`` + ``weights`` already do.
@@ -43,8 +43,7 @@ def check_family(name: str) -> None:
         raise ValueError(f"{name!r}: {NOT_FAMILIES[name]}")
     names = family_names()
     if name not in names:
-        close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
-        hint = f"did you mean {' or '.join(close)}?" if close else f"{len(names)} families, e.g. {', '.join(names[:4])}"
+        hint = did_you_mean(name, names) or f"{len(names)} families, e.g. {', '.join(names[:4])}"
         raise ValueError(f"unknown reasoning-gym family {name!r}; {hint}")
 
 
@@ -60,8 +59,7 @@ def check_settings(family: str, settings: dict[str, Any], key: str) -> None:
         if name in RESERVED_SETTINGS:
             raise ConfigError(f"{key}.{name}: set by the task set (splits come from disjoint seeds); use dataset.seed")
         if name not in names:
-            close = difflib.get_close_matches(name, names, n=2, cutoff=0.6)
-            hint = f"did you mean {' or '.join(close)}?" if close else f"settings: {', '.join(names)}"
+            hint = did_you_mean(name, names, n=2) or f"settings: {', '.join(names)}"
             raise ConfigError(f"{key}.{name}: {family} has no such setting; {hint}")
 
 
